@@ -1,0 +1,213 @@
+//! The one error type of `baton-blocks`, [`BlocksError`], and its mapping to
+//! the errno a FUSE reply should carry.
+//!
+//! Every variant names the object, path or inode it concerns and, where an
+//! operator can act, the next step.
+
+use std::path::PathBuf;
+
+/// Convenience alias used throughout the crate.
+pub type Result<T, E = BlocksError> = std::result::Result<T, E>;
+
+/// Errors from the block store, the block cache and the write staging area.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlocksError {
+    /// The object store URL uses a scheme this build does not support.
+    #[error("unsupported scheme in object store URL {url:?}: use file:///absolute/dir or memory:// (s3:// is not supported yet)")]
+    UnsupportedScheme {
+        /// The URL as given.
+        url: String,
+    },
+
+    /// The object store URL could not be understood.
+    #[error("invalid object store URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The object store did not answer a probe (or could not be opened).
+    #[error("object store {url} is unreachable: {source}; check that it exists and is writable, then restart")]
+    StorageUnreachable {
+        /// The store URL.
+        url: String,
+        /// The underlying object store error.
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// Uploading a block object failed, after retries when the error was transient.
+    #[error("upload of object {key} failed after {attempt_count} attempt(s): {source}; the data is still staged and the upload can be retried")]
+    Put {
+        /// Object key.
+        key: String,
+        /// Attempts made.
+        attempt_count: u32,
+        /// Last error.
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// Reading a block object failed, after retries when the error was transient.
+    #[error("read of object {key} bytes {start}..{end} failed after {attempt_count} attempt(s): {source}")]
+    Get {
+        /// Object key.
+        key: String,
+        /// First byte requested.
+        start: u64,
+        /// One past the last byte requested.
+        end: u64,
+        /// Attempts made.
+        attempt_count: u32,
+        /// Last error.
+        #[source]
+        source: object_store::Error,
+    },
+
+    /// A block object referenced by metadata does not exist in the store.
+    #[error("object {key} is missing from the store although metadata references it; the file's data is lost, check the store and run a metadata/object consistency check")]
+    ObjectMissing {
+        /// Object key.
+        key: String,
+    },
+
+    /// A block object is shorter than metadata says.
+    #[error("object {key} returned {got_bytes} bytes where {expected_bytes} were expected; the object or its metadata is corrupt")]
+    ShortObject {
+        /// Object key.
+        key: String,
+        /// Length metadata recorded.
+        expected_bytes: u64,
+        /// Length actually returned.
+        got_bytes: u64,
+    },
+
+    /// A string is not a valid block object key.
+    #[error(
+        "invalid object key {key:?}: expected blocks/{{ino:016x}}/{{index:08x}}-{{unique:016x}}"
+    )]
+    InvalidKey {
+        /// The offending string.
+        key: String,
+    },
+
+    /// A caller passed an argument outside the supported range.
+    #[error("invalid argument: {what}")]
+    InvalidArgument {
+        /// What was wrong.
+        what: String,
+    },
+
+    /// The staging filesystem is out of space (ENOSPC or EDQUOT).
+    #[error("staging directory {dir} is full: the write was not applied and earlier staged data is intact; free space on that filesystem or let dirty files flush, then retry")]
+    StagingFull {
+        /// Staging root directory.
+        dir: PathBuf,
+    },
+
+    /// Any other I/O error in the staging area.
+    #[error("staging I/O error during {op} on {path}: {source}")]
+    StagingIo {
+        /// What was being done.
+        op: &'static str,
+        /// File or directory concerned.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The staging area holds a record that fails its checks.
+    #[error("staging record {path} is corrupt: {reason}; move the staging directory aside and inspect it before restarting")]
+    StagingCorrupt {
+        /// Record file.
+        path: PathBuf,
+        /// What check failed.
+        reason: String,
+    },
+
+    /// An I/O error in the block cache directory.
+    #[error("block cache I/O error during {op} on {path}: {source}")]
+    CacheIo {
+        /// What was being done.
+        op: &'static str,
+        /// File or directory concerned.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The caller-provided base reader (committed content of a block) failed.
+    #[error("reading committed content of inode {ino} block {index} failed: {source}")]
+    BaseRead {
+        /// Inode.
+        ino: u64,
+        /// Block index.
+        index: u64,
+        /// Caller's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// The internal tokio runtime could not be started.
+    #[error("could not start the block I/O runtime: {source}")]
+    Runtime {
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BlocksError {
+    /// The errno a FUSE reply should carry for this error (positive value).
+    pub fn errno(&self) -> i32 {
+        match self {
+            BlocksError::StagingFull { .. } => libc::ENOSPC,
+            BlocksError::InvalidArgument { .. } | BlocksError::InvalidKey { .. } => libc::EINVAL,
+            BlocksError::StagingIo { source, .. } | BlocksError::CacheIo { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EIO)
+            }
+            BlocksError::StorageUnreachable { .. } => libc::EIO,
+            _ => libc::EIO,
+        }
+    }
+
+    /// Whether an I/O error means the filesystem is out of space.
+    pub(crate) fn is_no_space(err: &std::io::Error) -> bool {
+        matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+    }
+
+    /// Staging I/O error constructor that turns ENOSPC/EDQUOT into
+    /// [`BlocksError::StagingFull`].
+    pub(crate) fn staging(
+        dir: &std::path::Path,
+        op: &'static str,
+        path: &std::path::Path,
+        source: std::io::Error,
+    ) -> Self {
+        if Self::is_no_space(&source) {
+            BlocksError::StagingFull {
+                dir: dir.to_path_buf(),
+            }
+        } else {
+            BlocksError::StagingIo {
+                op,
+                path: path.to_path_buf(),
+                source,
+            }
+        }
+    }
+
+    /// Cache I/O error constructor.
+    pub(crate) fn cache(op: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
+        BlocksError::CacheIo {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! `baton-blocks` is the data layer of Baton's POSIX filesystem: file data
+//! cut into fixed-size blocks, stored as immutable objects in an
+//! `object_store::ObjectStore`, cached on local disk, and staged durably on
+//! local disk between an acknowledged write and its upload.
+//!
+//! # Brief overview
+//!
+//! - [`ObjectKey`]: `blocks/{ino:016x}/{index:08x}-{unique:016x}`, fresh per
+//!   upload, so objects are never overwritten.
+//! - [`BlockStore`]: synchronous put / ranged get / delete / reachability
+//!   probe over an object store ([`store_from_url`]: `file://`, `memory://`),
+//!   with bounded retries and bounded parallel uploads.
+//! - [`BlockCache`]: bounded on-disk LRU cache of whole blocks keyed by
+//!   object key, surviving restarts, with background prefetch.
+//! - [`Staging`]: per-inode staged block files and size record that make an
+//!   acknowledged write survive process death, and the take/clear halves of
+//!   a flush ([`UploadSet`]).
+//! - [`BlocksError`]: the crate's one error type, with [`BlocksError::errno`].
+//!
+//! # Architecture invariants
+//!
+//! - This crate knows nothing of FUSE or SQLite. Callers pass inode numbers,
+//!   block indices and object keys; the metadata engine maps
+//!   (inode, block index) to (object key, length).
+//! - Objects are immutable: a key is written once, never overwritten, so the
+//!   cache needs eviction but no invalidation.
+//! - The API is synchronous, for FUSE worker threads. [`BlockStore`] owns a
+//!   2-thread tokio runtime and `block_on`s it; never call it from inside an
+//!   async runtime.
+//! - A staged block file always holds the complete new content of its block
+//!   up to its length; staging is cleared only after the caller committed
+//!   metadata, so a crash between any two flush steps loses nothing.
+//! - Every queue, retry and parallelism has a named `*_MAX` const.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use baton_blocks::{BlockCache, BlockStore, Staging};
+//!
+//! # fn main() -> Result<(), baton_blocks::BlocksError> {
+//! let tmp = std::env::temp_dir().join(format!("baton-blocks-doc-{}", std::process::id()));
+//! let store = Arc::new(BlockStore::open("memory://")?);
+//! store.check_reachable()?;
+//! let cache = BlockCache::open(&tmp.join("cache"), 64 << 20, store.clone())?;
+//! let staging = Staging::open(&tmp.join("staging"), 4 << 20)?;
+//!
+//! // A FUSE WRITE: staged on disk before it is acknowledged.
+//! staging.write(7, 0, b"hello", &|_index| Ok(None))?;
+//!
+//! // Flush: upload, commit metadata (caller), then clear.
+//! let set = staging.take_for_upload(7)?;
+//! let blocks = set.blocks.iter().map(|b| (7, b.index, b.data.clone())).collect();
+//! let keys = store.put_blocks(blocks)?;
+//! // ... the caller commits (7, index) -> (key, len) and the size here ...
+//! staging.clear(&set)?;
+//!
+//! // A later READ goes through the cache.
+//! assert_eq!(&cache.read(&keys[0], 5, 0, 5)?[..], b"hello");
+//! # drop(cache);
+//! # std::fs::remove_dir_all(&tmp).ok();
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+mod cache;
+mod error;
+mod key;
+mod staging;
+mod store;
+
+pub use cache::{
+    BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
+};
+pub use error::{BlocksError, Result};
+pub use key::{ObjectKey, KEY_PREFIX};
+pub use staging::{
+    Overlay, OverlaySegment, StagedBlock, StagedSize, Staging, UploadSet, BLOCK_SIZE_BYTES_MAX,
+    FILE_SIZE_BYTES_MAX, OVERLAY_READ_BYTES_MAX, STAGING_LOCK_STRIPE_COUNT,
+    UPLOAD_SET_BLOCK_COUNT_MAX,
+};
+pub use store::{
+    store_from_url, BlockStore, DELETE_PARALLEL_MAX, PROBE_PREFIX, RETRY_ATTEMPT_COUNT_MAX,
+    RETRY_BACKOFF_MS_INITIAL, RETRY_BACKOFF_MS_MAX, RUNTIME_BLOCKING_THREAD_COUNT_MAX,
+    RUNTIME_WORKER_COUNT, UPLOAD_PARALLEL_MAX,
+};

@@ -1,0 +1,88 @@
+//! Small file helpers for the staging area: positional reads padded with
+//! zeros, space reservation before writes, atomic replace, directory listing.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// Reserves disk space for `len` bytes at `offset` without changing the file
+/// size, so that the following `pwrite` cannot fail half way with ENOSPC.
+/// Filesystems without `fallocate` are accepted as they are.
+pub(crate) fn reserve(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: fallocate only reads its integer arguments; the fd is owned by
+    // `file`, which outlives the call.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_KEEP_SIZE, off, len) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
+        _ => Err(err),
+    }
+}
+
+/// Writes `data` at `offset` after reserving its space.
+pub(crate) fn write_at_reserved(file: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+    reserve(file, offset, data.len() as u64)?;
+    file.write_all_at(data, offset)
+}
+
+/// Reads `len` bytes at `offset`; bytes past end of file read as zeros.
+pub(crate) fn read_padded(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(buf)
+}
+
+/// Replaces `path` with `data` atomically (write `tmp`, rename). No fsync:
+/// the page cache survives process death; `Staging::sync` adds durability.
+pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
+    let res = File::create(tmp)
+        .and_then(|mut f| f.write_all(data))
+        .and_then(|()| fs::rename(tmp, path));
+    if res.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    res
+}
+
+/// Opens an existing file for positional writing.
+pub(crate) fn open_rw(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
+
+/// Opens a file, mapping "not found" to `None`.
+pub(crate) fn open_optional(path: &Path) -> io::Result<Option<File>> {
+    match File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes a file; a missing file is fine.
+pub(crate) fn remove_optional(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Fsyncs a file or directory.
+pub(crate) fn fsync_path(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}

@@ -1,0 +1,348 @@
+//! [`BlockStore`]: a synchronous facade over an `object_store::ObjectStore`
+//! that uploads immutable block objects, reads byte ranges of them, deletes
+//! them, and probes reachability.
+//!
+//! The store owns a small tokio runtime and `block_on`s it from the
+//! caller's (FUSE worker) thread. Transient errors are retried with bounded
+//! exponential backoff; uploads of many blocks run at most
+//! [`UPLOAD_PARALLEL_MAX`] at once.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use crate::error::{BlocksError, Result};
+use crate::key::ObjectKey;
+
+/// Maximum attempts for one object operation (first try included).
+pub const RETRY_ATTEMPT_COUNT_MAX: u32 = 5;
+/// First backoff between attempts.
+pub const RETRY_BACKOFF_MS_INITIAL: u64 = 25;
+/// Upper bound of one backoff sleep.
+pub const RETRY_BACKOFF_MS_MAX: u64 = 1_000;
+/// Maximum uploads in flight for one [`BlockStore::put_blocks`] call.
+pub const UPLOAD_PARALLEL_MAX: usize = 8;
+/// Maximum deletes in flight for one [`BlockStore::delete`] call.
+pub const DELETE_PARALLEL_MAX: usize = 16;
+/// Worker threads of the internal runtime.
+pub const RUNTIME_WORKER_COUNT: usize = 2;
+/// Maximum blocking threads of the internal runtime (LocalFileSystem I/O).
+pub const RUNTIME_BLOCKING_THREAD_COUNT_MAX: usize = 16;
+/// Key prefix under which [`BlockStore::check_reachable`] writes its probe.
+pub const PROBE_PREFIX: &str = "probe";
+
+/// Builds an object store from a URL.
+///
+/// Supported: `file:///absolute/dir` (the directory must exist) and
+/// `memory://` (in-process, for tests). Anything else is
+/// [`BlocksError::UnsupportedScheme`].
+pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| BlocksError::InvalidUrl {
+            url: url.to_string(),
+            reason: "missing scheme (expected file:///dir or memory://)".to_string(),
+        })?;
+    match scheme {
+        "file" => {
+            if !rest.starts_with('/') {
+                return Err(BlocksError::InvalidUrl {
+                    url: url.to_string(),
+                    reason: "file:// URLs need an absolute path (file:///dir)".to_string(),
+                });
+            }
+            let local =
+                object_store::local::LocalFileSystem::new_with_prefix(rest).map_err(|source| {
+                    BlocksError::StorageUnreachable {
+                        url: url.to_string(),
+                        source,
+                    }
+                })?;
+            Ok(Arc::new(local))
+        }
+        "memory" => Ok(Arc::new(object_store::memory::InMemory::new())),
+        _ => Err(BlocksError::UnsupportedScheme {
+            url: url.to_string(),
+        }),
+    }
+}
+
+/// Whether an object store error is worth retrying.
+fn is_transient(err: &object_store::Error) -> bool {
+    matches!(
+        err,
+        object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+    )
+}
+
+/// Backoff before attempt `attempt` (1-based count of failures so far).
+fn backoff(attempt: u32) -> Duration {
+    let shift = attempt.saturating_sub(1).min(16);
+    let ms = RETRY_BACKOFF_MS_INITIAL.saturating_mul(1u64 << shift);
+    Duration::from_millis(ms.min(RETRY_BACKOFF_MS_MAX))
+}
+
+/// Runs `op` until it succeeds, fails permanently or reaches
+/// [`RETRY_ATTEMPT_COUNT_MAX`] attempts. Returns the result and attempt count.
+async fn with_retry<T, F, Fut>(what: &str, mut op: F) -> (Result<T, object_store::Error>, u32)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, object_store::Error>>,
+{
+    let mut attempt_count = 0;
+    loop {
+        attempt_count += 1;
+        match op().await {
+            Ok(v) => return (Ok(v), attempt_count),
+            Err(err) if is_transient(&err) && attempt_count < RETRY_ATTEMPT_COUNT_MAX => {
+                tracing::warn!(object = what, attempt_count, error = %err, "transient object store error, retrying");
+                tokio::time::sleep(backoff(attempt_count)).await;
+            }
+            Err(err) => return (Err(err), attempt_count),
+        }
+    }
+}
+
+/// Synchronous access to immutable block objects.
+pub struct BlockStore {
+    store: Arc<dyn ObjectStore>,
+    url: String,
+    // Invariant: Some until Drop; taken there to shut down without blocking.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for BlockStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockStore")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl BlockStore {
+    /// Opens the store named by `url` (see [`store_from_url`]).
+    pub fn open(url: &str) -> Result<Self> {
+        Self::new(store_from_url(url)?, url)
+    }
+
+    /// Wraps an existing object store; `url` is used in messages only.
+    pub fn new(store: Arc<dyn ObjectStore>, url: &str) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(RUNTIME_WORKER_COUNT)
+            .max_blocking_threads(RUNTIME_BLOCKING_THREAD_COUNT_MAX)
+            .thread_name("baton-blocks-io")
+            .enable_all()
+            .build()
+            .map_err(|source| BlocksError::Runtime { source })?;
+        Ok(BlockStore {
+            store,
+            url: url.to_string(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The URL this store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn block_on<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
+        // Invariant: runtime is only None inside Drop, where no method runs.
+        match &self.runtime {
+            Some(rt) => Ok(rt.block_on(fut)),
+            None => Err(BlocksError::InvalidArgument {
+                what: "block store used after shutdown".to_string(),
+            }),
+        }
+    }
+
+    /// Uploads one block under a fresh key and returns the key.
+    pub fn put_block(&self, ino: u64, index: u64, data: Bytes) -> Result<ObjectKey> {
+        let store = self.store.clone();
+        self.block_on(put_one(store, ino, index, data))?
+    }
+
+    /// Uploads many blocks, at most [`UPLOAD_PARALLEL_MAX`] at once. Keys are
+    /// returned in input order. If any upload fails, the objects that did
+    /// upload are deleted (best effort) and the first error is returned.
+    pub fn put_blocks(&self, blocks: Vec<(u64, u64, Bytes)>) -> Result<Vec<ObjectKey>> {
+        let store = self.store.clone();
+        let results: Vec<Result<ObjectKey>> = self.block_on(async move {
+            futures::stream::iter(blocks)
+                .map(|(ino, index, data)| put_one(store.clone(), ino, index, data))
+                .buffered(UPLOAD_PARALLEL_MAX)
+                .collect()
+                .await
+        })?;
+        let mut keys = Vec::with_capacity(results.len());
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(k) => keys.push(k),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            None => Ok(keys),
+            Some(err) => {
+                self.delete(&keys);
+                Err(err)
+            }
+        }
+    }
+
+    /// Reads bytes `range` of object `key` (ranged GET). The result has
+    /// exactly `range.end - range.start` bytes or an error is returned.
+    pub fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {
+        if range.start > range.end {
+            return Err(BlocksError::InvalidArgument {
+                what: format!("range {}..{} of {key} is reversed", range.start, range.end),
+            });
+        }
+        if range.start == range.end {
+            return Ok(Bytes::new());
+        }
+        let store = self.store.clone();
+        self.block_on(get_range(store, key.clone(), range))?
+    }
+
+    /// Deletes objects, best effort: failures are logged, not returned
+    /// (an undeleted immutable object is garbage, never wrong data).
+    /// Returns how many deletes succeeded (a missing object counts as deleted).
+    pub fn delete(&self, keys: &[ObjectKey]) -> usize {
+        let store = self.store.clone();
+        let keys = keys.to_vec();
+        let fut = async move {
+            futures::stream::iter(keys)
+                .map(|key| {
+                    let store = store.clone();
+                    async move {
+                        let path = key.to_path();
+                        let (res, attempt_count) =
+                            with_retry(&key.to_string(), || store.delete(&path)).await;
+                        match res {
+                            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+                            Err(error) => {
+                                tracing::warn!(object = %key, attempt_count, %error, "delete of block object failed; it stays as garbage");
+                                false
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(DELETE_PARALLEL_MAX)
+                .filter(|ok| futures::future::ready(*ok))
+                .count()
+                .await
+        };
+        match self.block_on(fut) {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(%error, "delete skipped");
+                0
+            }
+        }
+    }
+
+    /// Probes the store by writing and deleting a small object under
+    /// `probe/`. Returns [`BlocksError::StorageUnreachable`] if it fails.
+    pub fn check_reachable(&self) -> Result<()> {
+        let store = self.store.clone();
+        let path = object_store::path::Path::from(format!(
+            "{PROBE_PREFIX}/{:016x}",
+            rand::random::<u64>()
+        ));
+        let res = self.block_on(async move {
+            let payload = PutPayload::from_static(b"baton-blocks probe");
+            let (put, _) = with_retry(path.as_ref(), || store.put(&path, payload.clone())).await;
+            put?;
+            let (del, _) = with_retry(path.as_ref(), || store.delete(&path)).await;
+            del
+        })?;
+        res.map_err(|source| BlocksError::StorageUnreachable {
+            url: self.url.clone(),
+            source,
+        })
+    }
+
+    /// Lists every block object key currently in the store (for garbage
+    /// collection by the caller and for tests).
+    pub fn list_keys(&self) -> Result<Vec<ObjectKey>> {
+        let store = self.store.clone();
+        let url = self.url.clone();
+        let metas: Vec<object_store::ObjectMeta> = self
+            .block_on(async move {
+                let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
+                store.list(Some(&prefix)).try_collect().await
+            })?
+            .map_err(|source| BlocksError::StorageUnreachable { url, source })?;
+        Ok(metas
+            .iter()
+            .filter_map(|m| ObjectKey::parse(m.location.as_ref()).ok())
+            .collect())
+    }
+}
+
+impl Drop for BlockStore {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Does not block, so dropping from any context is safe.
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn put_one(
+    store: Arc<dyn ObjectStore>,
+    ino: u64,
+    index: u64,
+    data: Bytes,
+) -> Result<ObjectKey> {
+    let key = ObjectKey::generate(ino, index);
+    let path = key.to_path();
+    let payload = PutPayload::from_bytes(data);
+    let (res, attempt_count) =
+        with_retry(path.as_ref(), || store.put(&path, payload.clone())).await;
+    match res {
+        Ok(_) => Ok(key),
+        Err(source) => Err(BlocksError::Put {
+            key: key.to_string(),
+            attempt_count,
+            source,
+        }),
+    }
+}
+
+async fn get_range(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectKey,
+    range: Range<u64>,
+) -> Result<Bytes> {
+    let path = key.to_path();
+    let (res, attempt_count) =
+        with_retry(path.as_ref(), || store.get_range(&path, range.clone())).await;
+    let expected_bytes = range.end - range.start;
+    match res {
+        Ok(bytes) if bytes.len() as u64 == expected_bytes => Ok(bytes),
+        Ok(bytes) => Err(BlocksError::ShortObject {
+            key: key.to_string(),
+            expected_bytes,
+            got_bytes: bytes.len() as u64,
+        }),
+        Err(object_store::Error::NotFound { .. }) => Err(BlocksError::ObjectMissing {
+            key: key.to_string(),
+        }),
+        Err(source) => Err(BlocksError::Get {
+            key: key.to_string(),
+            start: range.start,
+            end: range.end,
+            attempt_count,
+            source,
+        }),
+    }
+}

@@ -1,0 +1,93 @@
+//! A full staging filesystem: ENOSPC surfaces as `StagingFull` and earlier
+//! staged data stays intact. Needs root to mount a 1 MiB tmpfs; skipped with
+//! a printed reason otherwise.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use baton_blocks::{BlocksError, Staging};
+use bytes::Bytes;
+
+const BS: u64 = 64 << 10;
+
+/// Unmounts the tmpfs when dropped.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn mount_tiny_tmpfs(dir: &Path) -> Option<MountGuard> {
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(dir)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => Some(MountGuard(dir.to_path_buf())),
+        Ok(o) => {
+            eprintln!(
+                "skipping: mount tmpfs failed: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("skipping: cannot run mount: {e}");
+            None
+        }
+    }
+}
+
+fn no_base(_: u64) -> baton_blocks::Result<Option<Bytes>> {
+    Ok(None)
+}
+
+fn block_bytes(index: u64) -> Vec<u8> {
+    vec![(index as u8).wrapping_add(1); BS as usize]
+}
+
+#[test]
+fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(guard) = mount_tiny_tmpfs(tmp.path()) else {
+        return;
+    };
+    let dir = guard.0.join("staging");
+    let staging = Staging::open(&dir, BS).unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        assert!(written < 64, "1 MiB tmpfs never filled");
+        match staging.write(1, written * BS, &block_bytes(written), &no_base) {
+            Ok(()) => written += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(written > 0, "nothing fitted");
+    eprintln!("staged {written} blocks of {BS} bytes before ENOSPC");
+    assert!(matches!(err, BlocksError::StagingFull { .. }), "{err}");
+    assert_eq!(err.errno(), libc::ENOSPC);
+    assert!(
+        err.to_string().contains(&dir.display().to_string()),
+        "{err}"
+    );
+    // No partial block file for the failed write, earlier blocks intact.
+    let dirty = staging.dirty_blocks(1).unwrap();
+    assert_eq!(dirty, (0..written).collect::<Vec<_>>());
+    for index in 0..written {
+        let overlay = staging.read_overlay(1, index * BS, BS).unwrap();
+        assert_eq!(overlay.segments.len(), 1);
+        assert_eq!(&overlay.segments[0].data[..], &block_bytes(index)[..]);
+    }
+    // Overwriting already staged (allocated) bytes still works when full.
+    staging.write(1, 0, b"rewrite", &no_base).unwrap();
+    // A reopen on the full filesystem still recovers everything.
+    drop(staging);
+    let staging = Staging::open(&dir, BS).unwrap();
+    assert_eq!(staging.recover().unwrap(), vec![1]);
+    assert_eq!(staging.dirty_blocks(1).unwrap().len() as u64, written);
+    drop(staging);
+    drop(guard);
+}

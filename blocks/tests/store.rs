@@ -1,0 +1,206 @@
+//! BlockStore against real LocalFileSystem stores.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use baton_blocks::{
+    store_from_url, BlockStore, BlocksError, ObjectKey, RETRY_ATTEMPT_COUNT_MAX,
+    UPLOAD_PARALLEL_MAX,
+};
+use bytes::Bytes;
+use common::{file_url, pattern, Instrumented};
+
+#[test]
+fn put_block_then_ranged_gets_return_exact_bytes() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    let data = pattern(10_000, 3);
+    let key = store.put_block(42, 5, Bytes::from(data.clone())).unwrap();
+    assert_eq!((key.ino(), key.index()), (42, 5));
+    assert_eq!(&store.get_range(&key, 0..10).unwrap()[..], &data[0..10]);
+    assert_eq!(
+        &store.get_range(&key, 4096..10_000).unwrap()[..],
+        &data[4096..]
+    );
+    assert!(store.get_range(&key, 7..7).unwrap().is_empty());
+    // The object sits at the documented key path under the root.
+    let on_disk = root.path().join(key.to_string());
+    assert_eq!(std::fs::read(on_disk).unwrap(), data);
+}
+
+#[test]
+fn same_block_uploaded_twice_gets_distinct_keys_and_both_objects_survive() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    let a = store.put_block(1, 0, Bytes::from_static(b"first")).unwrap();
+    let b = store
+        .put_block(1, 0, Bytes::from_static(b"second"))
+        .unwrap();
+    assert_ne!(a, b);
+    assert_eq!(&store.get_range(&a, 0..5).unwrap()[..], b"first");
+    assert_eq!(&store.get_range(&b, 0..6).unwrap()[..], b"second");
+    assert_eq!(store.list_keys().unwrap().len(), 2);
+}
+
+#[test]
+fn missing_object_is_object_missing_with_eio() {
+    let store = BlockStore::open("memory://").unwrap();
+    let key = ObjectKey::from_parts(1, 2, 3);
+    let err = store.get_range(&key, 0..10).unwrap_err();
+    assert!(matches!(err, BlocksError::ObjectMissing { .. }), "{err}");
+    assert_eq!(err.errno(), libc::EIO);
+    assert!(err.to_string().contains(&key.to_string()));
+}
+
+#[test]
+fn short_object_is_reported() {
+    let store = BlockStore::open("memory://").unwrap();
+    let key = store.put_block(1, 0, Bytes::from_static(b"abc")).unwrap();
+    let err = store.get_range(&key, 0..10).unwrap_err();
+    assert!(
+        matches!(err, BlocksError::ShortObject { got_bytes: 3, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn put_blocks_keeps_order_and_reaches_upload_parallel_max() {
+    let inner = store_from_url("memory://").unwrap();
+    let inst = Arc::new(Instrumented::new(inner, 40, 0));
+    let store = BlockStore::new(inst.clone(), "instrumented://").unwrap();
+    let count = UPLOAD_PARALLEL_MAX * 3;
+    let blocks: Vec<_> = (0..count as u64)
+        .map(|i| (9, i, Bytes::from(pattern(100, i as u8))))
+        .collect();
+    let keys = store.put_blocks(blocks).unwrap();
+    assert_eq!(keys.len(), count);
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(key.index(), i as u64);
+        assert_eq!(
+            &store.get_range(key, 0..100).unwrap()[..],
+            &pattern(100, i as u8)[..]
+        );
+    }
+    assert_eq!(inst.peak.load(Ordering::SeqCst), UPLOAD_PARALLEL_MAX);
+}
+
+#[test]
+fn transient_put_failures_are_retried_up_to_the_max() {
+    let inner = store_from_url("memory://").unwrap();
+    let inst = Arc::new(Instrumented::new(inner, 0, RETRY_ATTEMPT_COUNT_MAX - 1));
+    let store = BlockStore::new(inst.clone(), "instrumented://").unwrap();
+    let key = store.put_block(1, 0, Bytes::from_static(b"x")).unwrap();
+    assert_eq!(&store.get_range(&key, 0..1).unwrap()[..], b"x");
+    assert_eq!(
+        inst.put_calls.load(Ordering::SeqCst),
+        RETRY_ATTEMPT_COUNT_MAX
+    );
+}
+
+#[test]
+fn put_gives_up_after_retry_attempt_count_max() {
+    let inner = store_from_url("memory://").unwrap();
+    let inst = Arc::new(Instrumented::new(inner, 0, RETRY_ATTEMPT_COUNT_MAX));
+    let store = BlockStore::new(inst.clone(), "instrumented://").unwrap();
+    let err = store.put_block(1, 0, Bytes::from_static(b"x")).unwrap_err();
+    match &err {
+        BlocksError::Put { attempt_count, .. } => {
+            assert_eq!(*attempt_count, RETRY_ATTEMPT_COUNT_MAX)
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert!(err.to_string().contains("still staged"));
+    assert_eq!(
+        inst.put_calls.load(Ordering::SeqCst),
+        RETRY_ATTEMPT_COUNT_MAX
+    );
+}
+
+#[test]
+fn failed_batch_deletes_the_objects_it_uploaded() {
+    let inner = store_from_url("memory://").unwrap();
+    let inst = Arc::new(Instrumented::new(inner, 0, 0));
+    let store = BlockStore::new(inst.clone(), "instrumented://").unwrap();
+    let kept = store.put_block(1, 0, Bytes::from_static(b"kept")).unwrap();
+    *inst.fail_paths_containing.lock().unwrap() = Some(format!("blocks/{:016x}/", 3));
+    let batch = (2..6)
+        .map(|ino| (ino, 0, Bytes::from_static(b"a")))
+        .collect();
+    let err = store.put_blocks(batch).unwrap_err();
+    assert!(matches!(err, BlocksError::Put { .. }), "{err}");
+    assert!(err.to_string().contains("0000000000000003"), "{err}");
+    assert_eq!(store.list_keys().unwrap(), vec![kept]);
+}
+
+#[test]
+fn delete_is_best_effort_and_counts_missing_as_deleted() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    let a = store.put_block(1, 0, Bytes::from_static(b"a")).unwrap();
+    let b = store.put_block(1, 1, Bytes::from_static(b"b")).unwrap();
+    let never = ObjectKey::from_parts(1, 2, 3);
+    assert_eq!(store.delete(&[a.clone(), b, never]), 3);
+    assert!(store.list_keys().unwrap().is_empty());
+    assert!(matches!(
+        store.get_range(&a, 0..1),
+        Err(BlocksError::ObjectMissing { .. })
+    ));
+}
+
+#[test]
+fn unsupported_and_invalid_urls_are_clear_errors() {
+    let err = store_from_url("s3://bucket/prefix").unwrap_err();
+    assert!(matches!(err, BlocksError::UnsupportedScheme { .. }));
+    assert!(err.to_string().contains("unsupported scheme"), "{err}");
+    assert!(matches!(
+        store_from_url("file://relative/dir"),
+        Err(BlocksError::InvalidUrl { .. })
+    ));
+    assert!(matches!(
+        store_from_url("/no/scheme"),
+        Err(BlocksError::InvalidUrl { .. })
+    ));
+}
+
+#[test]
+fn missing_file_root_is_storage_unreachable() {
+    let root = tempfile::tempdir().unwrap();
+    let url = file_url(&root.path().join("does-not-exist"));
+    let err = BlockStore::open(&url).unwrap_err();
+    assert!(
+        matches!(err, BlocksError::StorageUnreachable { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("does-not-exist"), "{err}");
+}
+
+#[test]
+fn unwritable_root_fails_the_reachability_probe() {
+    let root = tempfile::tempdir().unwrap();
+    // A regular file where the root directory should be: opening works,
+    // but nothing can be created under it (also as root).
+    let file = root.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    let store = BlockStore::open(&file_url(&file)).unwrap();
+    let err = store.check_reachable().unwrap_err();
+    assert!(
+        matches!(err, BlocksError::StorageUnreachable { .. }),
+        "{err}"
+    );
+    assert_eq!(err.errno(), libc::EIO);
+}
+
+#[test]
+fn reachable_store_passes_the_probe_and_leaves_no_probe_object() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    store.check_reachable().unwrap();
+    let probe_dir = root.path().join("probe");
+    let leftovers = std::fs::read_dir(&probe_dir)
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(leftovers, 0);
+}

@@ -1,0 +1,13 @@
+//! Baton's chaos and benchmark support, shared by the `baton-testfs` and
+//! `baton-bench` binaries and the integration tests in `tests/`.
+//!
+//! - [`memfs`]: an in-memory test filesystem for exercising fuse-wire.
+//! - [`mount_guard`]: unmount-on-every-path guards and deadlines for tests
+//!   and benches that mount real FUSE filesystems.
+//! - [`init_record`]: converting fuse-wire's INIT result to and from the
+//!   upgrade-protocol record.
+
+pub mod init_record;
+pub mod memfs;
+pub mod mount_guard;
+pub mod workload;

@@ -1,0 +1,630 @@
+//! `MemFs`: a small in-memory filesystem for testing and benchmarking
+//! fuse-wire. TEST CODE ONLY: nothing persists, and every generation starts
+//! from the same seeded tree (`hello`, `stall`, `big`), so a test can check
+//! what a read across a handover must return.
+//!
+//! Fault hooks for tests: reads of the file named by `stall_name` are never
+//! answered (the reply is abandoned), optionally after journaling the raw
+//! request, so a test can kill or stop the generation while an application
+//! waits on it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use fuse_wire::abi::{self, fattr, fopen};
+use fuse_wire::reply::{
+    DirentBuf, DirentRecord, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyWrite,
+};
+use fuse_wire::{Errno, Filesystem, Request};
+
+/// Content of the seeded file `hello`.
+pub const HELLO: &[u8] = b"hello from baton\n";
+/// Size of the seeded files `stall` and `big`.
+pub const PATTERN_FILE_LEN: usize = 1 << 20;
+
+/// The byte at `offset` of the seeded pattern files.
+pub fn pattern_byte(offset: u64) -> u8 {
+    (offset.wrapping_mul(2_654_435_761) >> 7) as u8
+}
+
+/// Test hooks and options.
+#[derive(Clone, Debug, Default)]
+pub struct MemFsOptions {
+    /// The first read of this file name is never answered (later reads
+    /// are, so readahead does not pile up more stalled requests).
+    pub stall_name: Option<OsString>,
+    /// Where to write the raw bytes of a stalled request (then the marker).
+    pub journal_path: Option<PathBuf>,
+    /// Created (empty) once a request has been stalled.
+    pub stall_marker: Option<PathBuf>,
+    /// Open files with FOPEN_DIRECT_IO so every read reaches the server.
+    pub direct_io: bool,
+    /// Attribute and entry cache time in seconds (0: every stat asks).
+    pub cache_secs: u64,
+}
+
+#[derive(Debug)]
+enum Content {
+    File(Vec<u8>),
+    Dir(BTreeMap<OsString, u64>),
+    Symlink(OsString),
+}
+
+#[derive(Debug)]
+struct Node {
+    content: Content,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    atime: (u64, u32),
+    mtime: (u64, u32),
+    ctime: (u64, u32),
+}
+
+struct State {
+    nodes: HashMap<u64, Node>,
+    next_ino: u64,
+    stalled: bool,
+}
+
+/// The in-memory test filesystem.
+pub struct MemFs {
+    state: Mutex<State>,
+    options: MemFsOptions,
+}
+
+fn now() -> (u64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs(), d.subsec_nanos())
+}
+
+fn file_node(data: Vec<u8>, mode: u32) -> Node {
+    let t = (1_700_000_000, 0);
+    Node {
+        content: Content::File(data),
+        mode: libc::S_IFREG | mode,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}
+
+impl MemFs {
+    /// A fresh seeded tree.
+    pub fn new(options: MemFsOptions) -> Self {
+        let pattern: Vec<u8> = (0..PATTERN_FILE_LEN as u64).map(pattern_byte).collect();
+        let mut nodes = HashMap::new();
+        let mut root = file_node(Vec::new(), 0o755);
+        root.mode = libc::S_IFDIR | 0o777;
+        root.nlink = 2;
+        let children: BTreeMap<OsString, u64> = [("hello", 2), ("stall", 3), ("big", 4)]
+            .into_iter()
+            .map(|(n, i)| (OsString::from(n), i))
+            .collect();
+        root.content = Content::Dir(children);
+        nodes.insert(abi::ROOT_ID, root);
+        nodes.insert(2, file_node(HELLO.to_vec(), 0o644));
+        nodes.insert(3, file_node(pattern.clone(), 0o644));
+        nodes.insert(4, file_node(pattern, 0o644));
+        MemFs {
+            state: Mutex::new(State {
+                nodes,
+                next_ino: 5,
+                stalled: false,
+            }),
+            options,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn attr_of(&self, ino: u64, node: &Node) -> abi::Attr {
+        let size = match &node.content {
+            Content::File(data) => data.len() as u64,
+            Content::Dir(children) => children.len() as u64,
+            Content::Symlink(target) => target.len() as u64,
+        };
+        abi::Attr {
+            ino,
+            size,
+            blocks: size.div_ceil(512),
+            atime: node.atime.0,
+            mtime: node.mtime.0,
+            ctime: node.ctime.0,
+            atimensec: node.atime.1,
+            mtimensec: node.mtime.1,
+            ctimensec: node.ctime.1,
+            mode: node.mode,
+            nlink: node.nlink,
+            uid: node.uid,
+            gid: node.gid,
+            blksize: 4096,
+            ..Default::default()
+        }
+    }
+
+    fn entry(&self, ino: u64, node: &Node) -> abi::EntryOut {
+        abi::EntryOut {
+            nodeid: ino,
+            generation: 1,
+            entry_valid: self.options.cache_secs,
+            attr_valid: self.options.cache_secs,
+            attr: self.attr_of(ino, node),
+            ..Default::default()
+        }
+    }
+
+    fn attr_out(&self, ino: u64, node: &Node) -> abi::AttrOut {
+        abi::AttrOut {
+            attr_valid: self.options.cache_secs,
+            attr: self.attr_of(ino, node),
+            ..Default::default()
+        }
+    }
+
+    /// Adds a node named `name` under `parent`.
+    fn insert(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mut node: Node,
+    ) -> Result<abi::EntryOut, Errno> {
+        let mut state = self.lock();
+        let ino = state.next_ino;
+        let dir = state.nodes.get_mut(&parent).ok_or(Errno::ENOENT)?;
+        let Content::Dir(children) = &mut dir.content else {
+            return Err(Errno::ENOTDIR);
+        };
+        if children.contains_key(name) {
+            return Err(Errno::EEXIST);
+        }
+        children.insert(name.to_owned(), ino);
+        dir.mtime = now();
+        dir.ctime = dir.mtime;
+        if matches!(node.content, Content::Dir(_)) {
+            dir.nlink += 1;
+        }
+        let (uid, gid, _) = req.caller();
+        (node.uid, node.gid) = (uid, gid);
+        (node.atime, node.mtime, node.ctime) = (now(), now(), now());
+        let entry = self.entry(ino, &node);
+        state.nodes.insert(ino, node);
+        state.next_ino += 1;
+        Ok(entry)
+    }
+
+    /// Removes `name` from `parent`; `dir` selects rmdir semantics.
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let mut state = self.lock();
+        let ino = match &state.nodes.get(&parent).ok_or(Errno::ENOENT)?.content {
+            Content::Dir(children) => *children.get(name).ok_or(Errno::ENOENT)?,
+            _ => return Err(Errno::ENOTDIR),
+        };
+        let node = state.nodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
+        match (&node.content, dir) {
+            (Content::Dir(children), true) if !children.is_empty() => return Err(Errno::ENOTEMPTY),
+            (Content::Dir(_), true) => node.nlink = 0,
+            (Content::Dir(_), false) => return Err(Errno::EISDIR),
+            (_, true) => return Err(Errno::ENOTDIR),
+            (_, false) => node.nlink -= 1,
+        }
+        node.ctime = now();
+        let parent_node = state.nodes.get_mut(&parent).ok_or(Errno::ENOENT)?;
+        if let Content::Dir(children) = &mut parent_node.content {
+            children.remove(name);
+        }
+        if dir {
+            parent_node.nlink -= 1;
+        }
+        parent_node.mtime = now();
+        // Nodes stay in the table: the kernel may still hold the nodeid, and
+        // an open file stays readable. Nodeids are never reused.
+        Ok(())
+    }
+
+    fn rename_entry(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        if flags & !libc::RENAME_NOREPLACE != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let mut state = self.lock();
+        let dir_children =
+            |state: &State, dir: u64| match &state.nodes.get(&dir).map(|n| &n.content) {
+                Some(Content::Dir(children)) => Ok(children.clone()),
+                Some(_) => Err(Errno::ENOTDIR),
+                None => Err(Errno::ENOENT),
+            };
+        let source = *dir_children(&state, parent)?
+            .get(name)
+            .ok_or(Errno::ENOENT)?;
+        let target = dir_children(&state, newparent)?.get(newname).copied();
+        if let Some(target) = target {
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(Errno::EEXIST);
+            }
+            if target == source {
+                return Ok(());
+            }
+            let is_dir = |ino| {
+                matches!(
+                    state.nodes.get(&ino).map(|n| &n.content),
+                    Some(Content::Dir(_))
+                )
+            };
+            match (is_dir(source), is_dir(target)) {
+                (true, false) => return Err(Errno::ENOTDIR),
+                (false, true) => return Err(Errno::EISDIR),
+                _ => {}
+            }
+            if let Some(Content::Dir(c)) = state.nodes.get(&target).map(|n| &n.content) {
+                if !c.is_empty() {
+                    return Err(Errno::ENOTEMPTY);
+                }
+            }
+            if let Some(node) = state.nodes.get_mut(&target) {
+                node.nlink = node.nlink.saturating_sub(1);
+            }
+        }
+        for (dir, entry_name, value) in [(parent, name, None), (newparent, newname, Some(source))] {
+            if let Some(Content::Dir(children)) = state.nodes.get_mut(&dir).map(|n| &mut n.content)
+            {
+                match value {
+                    None => children.remove(entry_name),
+                    Some(ino) => children.insert(entry_name.to_owned(), ino),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn stall(&self, req: &Request<'_>, reply: ReplyData) {
+        if let Some(path) = &self.options.journal_path {
+            if let Err(err) = std::fs::write(path, req.raw()) {
+                tracing::error!(%err, path = %path.display(), "cannot journal the stalled request");
+            }
+        }
+        if let Some(marker) = &self.options.stall_marker {
+            if let Err(err) = std::fs::write(marker, format!("{:#x}\n", req.unique())) {
+                tracing::error!(%err, "cannot write the stall marker");
+            }
+        }
+        tracing::info!(
+            unique = req.unique(),
+            "stalling a READ on purpose (test hook)"
+        );
+        reply.abandon();
+    }
+
+    /// True (once) for the first read of the stalled file.
+    fn take_stall(&self, nodeid: u64) -> bool {
+        let Some(name) = &self.options.stall_name else {
+            return false;
+        };
+        let mut state = self.lock();
+        let is_target = matches!(&state.nodes.get(&abi::ROOT_ID).map(|n| &n.content),
+            Some(Content::Dir(children)) if children.get(name.as_os_str()) == Some(&nodeid));
+        let first = is_target && !state.stalled;
+        state.stalled |= first;
+        first
+    }
+}
+
+fn dirent_type(mode: u32) -> u32 {
+    (mode & libc::S_IFMT) >> 12
+}
+
+impl Filesystem for MemFs {
+    fn lookup(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let state = self.lock();
+        let found = match state.nodes.get(&parent).map(|n| &n.content) {
+            Some(Content::Dir(children)) => children
+                .get(name)
+                .and_then(|ino| Some((*ino, state.nodes.get(ino)?))),
+            _ => None,
+        };
+        match found {
+            Some((ino, node)) => reply.entry(&self.entry(ino, node)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request<'_>, nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let state = self.lock();
+        match state.nodes.get(&nodeid) {
+            Some(node) => reply.attr(&self.attr_out(nodeid, node)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn setattr(&self, _req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+        let mut state = self.lock();
+        let Some(node) = state.nodes.get_mut(&nodeid) else {
+            return reply.error(Errno::ENOENT);
+        };
+        if arg.valid & fattr::MODE != 0 {
+            node.mode = (node.mode & libc::S_IFMT) | (arg.mode & 0o7777);
+        }
+        if arg.valid & fattr::UID != 0 {
+            node.uid = arg.uid;
+        }
+        if arg.valid & fattr::GID != 0 {
+            node.gid = arg.gid;
+        }
+        if arg.valid & fattr::SIZE != 0 {
+            match &mut node.content {
+                Content::File(data) => data.resize(arg.size as usize, 0),
+                _ => return reply.error(Errno::EISDIR),
+            }
+            node.mtime = now();
+        }
+        if arg.valid & fattr::ATIME != 0 {
+            node.atime = (arg.atime, arg.atimensec);
+        }
+        if arg.valid & fattr::ATIME_NOW != 0 {
+            node.atime = now();
+        }
+        if arg.valid & fattr::MTIME != 0 {
+            node.mtime = (arg.mtime, arg.mtimensec);
+        }
+        if arg.valid & fattr::MTIME_NOW != 0 {
+            node.mtime = now();
+        }
+        node.ctime = now();
+        let out = self.attr_out(nodeid, node);
+        reply.attr(&out);
+    }
+
+    fn readlink(&self, _req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+        match self.lock().nodes.get(&nodeid).map(|n| &n.content) {
+            Some(Content::Symlink(target)) => reply.data(target.as_bytes()),
+            Some(_) => reply.error(Errno::EINVAL),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        target: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let mut node = file_node(Vec::new(), 0o777);
+        node.mode = libc::S_IFLNK | 0o777;
+        node.content = Content::Symlink(target.to_owned());
+        match self.insert(req, parent, name, node) {
+            Ok(entry) => reply.entry(&entry),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MknodIn,
+        reply: ReplyEntry,
+    ) {
+        if arg.mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        match self.insert(req, parent, name, file_node(Vec::new(), arg.mode & 0o7777)) {
+            Ok(entry) => reply.entry(&entry),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MkdirIn,
+        reply: ReplyEntry,
+    ) {
+        let mut node = file_node(Vec::new(), 0);
+        node.mode = libc::S_IFDIR | (arg.mode & 0o7777);
+        node.nlink = 2;
+        node.content = Content::Dir(BTreeMap::new());
+        match self.insert(req, parent, name, node) {
+            Ok(entry) => reply.entry(&entry),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn unlink(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        match self.remove(parent, name, false) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        match self.remove(parent, name, true) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        match self.rename_entry(parent, name, newparent, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request<'_>,
+        nodeid: u64,
+        newparent: u64,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let mut state = self.lock();
+        if matches!(
+            state.nodes.get(&nodeid).map(|n| &n.content),
+            Some(Content::Dir(_))
+        ) {
+            return reply.error(Errno::EPERM);
+        }
+        match state.nodes.get_mut(&newparent).map(|n| &mut n.content) {
+            Some(Content::Dir(children)) if children.contains_key(newname) => {
+                return reply.error(Errno::EEXIST)
+            }
+            Some(Content::Dir(children)) => {
+                children.insert(newname.to_owned(), nodeid);
+            }
+            _ => return reply.error(Errno::ENOENT),
+        }
+        match state.nodes.get_mut(&nodeid) {
+            Some(node) => {
+                node.nlink += 1;
+                let entry = self.entry(nodeid, node);
+                reply.entry(&entry);
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request<'_>, _nodeid: u64, _arg: &abi::OpenIn, reply: ReplyOpen) {
+        reply.opened(
+            0,
+            if self.options.direct_io {
+                fopen::DIRECT_IO
+            } else {
+                0
+            },
+        );
+    }
+
+    fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+        if self.take_stall(nodeid) {
+            return self.stall(req, reply);
+        }
+        let state = self.lock();
+        match state.nodes.get(&nodeid).map(|n| &n.content) {
+            Some(Content::File(data)) => {
+                let start = (arg.offset as usize).min(data.len());
+                let end = (start + arg.size as usize).min(data.len());
+                reply.data(&data[start..end]);
+            }
+            Some(_) => reply.error(Errno::EISDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request<'_>,
+        nodeid: u64,
+        arg: &abi::WriteIn,
+        data: &[u8],
+        reply: ReplyWrite,
+    ) {
+        let mut state = self.lock();
+        let Some(node) = state.nodes.get_mut(&nodeid) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Content::File(content) = &mut node.content else {
+            return reply.error(Errno::EISDIR);
+        };
+        let start = arg.offset as usize;
+        if content.len() < start + data.len() {
+            content.resize(start + data.len(), 0);
+        }
+        content[start..start + data.len()].copy_from_slice(data);
+        node.mtime = now();
+        reply.written(data.len() as u32);
+    }
+
+    fn create(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::CreateIn,
+        reply: ReplyCreate,
+    ) {
+        match self.insert(req, parent, name, file_node(Vec::new(), arg.mode & 0o7777)) {
+            Ok(entry) => reply.created(
+                &entry,
+                0,
+                if self.options.direct_io {
+                    fopen::DIRECT_IO
+                } else {
+                    0
+                },
+            ),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request<'_>,
+        nodeid: u64,
+        arg: &abi::ReadIn,
+        mut entries: DirentBuf,
+        reply: ReplyData,
+    ) {
+        let state = self.lock();
+        let Some(Content::Dir(children)) = state.nodes.get(&nodeid).map(|n| &n.content) else {
+            return reply.error(Errno::ENOTDIR);
+        };
+        let listing = [
+            (OsString::from("."), nodeid),
+            (OsString::from(".."), nodeid),
+        ]
+        .into_iter()
+        .chain(children.iter().map(|(name, ino)| (name.clone(), *ino)));
+        for (index, (name, ino)) in listing.enumerate().skip(arg.offset as usize) {
+            let Some(node) = state.nodes.get(&ino) else {
+                continue;
+            };
+            let dot = index < 2;
+            let entry = (entries.is_plus() && !dot).then(|| self.entry(ino, node));
+            let record = DirentRecord {
+                ino,
+                offset_next: index as u64 + 1,
+                typ: dirent_type(node.mode),
+                name: name.as_bytes(),
+            };
+            if !entries.push(record, entry.as_ref()) {
+                break;
+            }
+        }
+        reply.data(entries.as_bytes());
+    }
+}

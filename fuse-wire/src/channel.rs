@@ -1,0 +1,93 @@
+//! The /dev/fuse open file: reading requests and writing replies.
+//!
+//! A [`Channel`] wraps an fd that may be shared with other processes (the
+//! supervisor, the previous generation) through SCM_RIGHTS: the same open
+//! file description, so a reply to a request read by any of them is
+//! accepted. The fd stays in blocking mode: O_NONBLOCK is shared by every
+//! copy, so setting it here would change every other holder.
+
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use crate::reply::ReplyChannel;
+use crate::Error;
+
+/// What a read from the device produced besides a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// A request of this many bytes is in the buffer.
+    Request(usize),
+    /// Nothing to do this time (interrupted, or a request vanished); retry.
+    Retry,
+    /// The filesystem was unmounted or the connection aborted: stop for good.
+    Ended(Errno),
+}
+
+/// One open /dev/fuse file description.
+#[derive(Debug)]
+pub struct Channel {
+    fd: OwnedFd,
+}
+
+impl Channel {
+    /// Wraps an fd of /dev/fuse that is already mounted.
+    pub fn new(fd: OwnedFd) -> Self {
+        Channel { fd }
+    }
+
+    /// The fd, e.g. to pass a copy to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Reads one request into `buf` (which must hold max_write plus a page).
+    pub fn receive(&self, buf: &mut [u8]) -> ReadOutcome {
+        match nix::unistd::read(self.fd.as_fd(), buf) {
+            Ok(len) => ReadOutcome::Request(len),
+            // EINTR: kicked by a stop signal. ENOENT: the request was
+            // interrupted before we got it. EAGAIN: someone set O_NONBLOCK.
+            Err(Errno::EINTR | Errno::ENOENT | Errno::EAGAIN) => ReadOutcome::Retry,
+            Err(errno) => ReadOutcome::Ended(errno),
+        }
+    }
+
+    /// Waits until a request may be readable or `wake` becomes readable.
+    /// Returns true when the device is readable.
+    pub fn wait_readable(&self, wake: BorrowedFd<'_>) -> Result<bool, Error> {
+        let mut fds = [
+            PollFd::new(self.fd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(wake, PollFlags::POLLIN),
+        ];
+        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(Errno::EINTR) => return Ok(false),
+            Err(errno) => return Err(Error::Poll(errno)),
+        }
+        let device = fds[0].revents().unwrap_or(PollFlags::empty());
+        // POLLERR: the connection was aborted or unmounted; a read tells which.
+        Ok(device.intersects(PollFlags::POLLIN | PollFlags::POLLERR | PollFlags::POLLHUP))
+    }
+
+    /// Writes one whole message.
+    pub fn write_message(&self, message: &[IoSlice<'_>]) -> std::io::Result<()> {
+        let expected: usize = message.iter().map(|s| s.len()).sum();
+        let written =
+            nix::sys::uio::writev(self.fd.as_fd(), message).map_err(std::io::Error::from)?;
+        if written != expected {
+            return Err(std::io::Error::other(format!(
+                "short write to /dev/fuse: {written} of {expected} bytes (fd {})",
+                self.fd.as_raw_fd()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ReplyChannel for Channel {
+    fn send(&self, message: &[IoSlice<'_>]) -> std::io::Result<()> {
+        self.write_message(message)
+    }
+}

@@ -1,0 +1,143 @@
+//! Opening /dev/fuse and mounting it with mount(2), without fusermount.
+//!
+//! Mounting and answering INIT are separate steps (see [`crate::init`]):
+//! the supervisor mounts and keeps the fd; a generation serves it.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{open, OFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::Mode;
+
+use crate::Error;
+
+/// Options of a FUSE mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Shown as the source in /proc/mounts (e.g. the volume name).
+    pub source: String,
+    /// Filesystem subtype shown as `fuse.SUBTYPE`.
+    pub subtype: String,
+    /// Let users other than the mounter use the mount.
+    pub allow_other: bool,
+    /// Let the kernel check permissions from the file modes.
+    pub default_permissions: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            source: "baton".to_string(),
+            subtype: "baton".to_string(),
+            allow_other: true,
+            default_permissions: true,
+        }
+    }
+}
+
+/// Opens /dev/fuse (O_RDWR | O_CLOEXEC) and mounts it at `mountpoint`.
+///
+/// The kernel queues INIT at once; nothing on the mount answers (stat blocks)
+/// until someone answers it through the returned fd.
+pub fn mount_fuse(mountpoint: &Path, options: &MountOptions) -> Result<OwnedFd, Error> {
+    let dev = open("/dev/fuse", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty())
+        .map_err(|errno| Error::OpenDevice { errno })?;
+    let meta = std::fs::metadata(mountpoint).map_err(|source| Error::Mountpoint {
+        path: mountpoint.to_path_buf(),
+        source,
+    })?;
+    use std::os::unix::fs::MetadataExt;
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={},group_id={}",
+        dev.as_raw_fd(),
+        meta.mode() & libc::S_IFMT,
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    if options.allow_other {
+        data.push_str(",allow_other");
+    }
+    if options.default_permissions {
+        data.push_str(",default_permissions");
+    }
+    let fstype = format!("fuse.{}", options.subtype);
+    mount(
+        Some(options.source.as_str()),
+        mountpoint,
+        Some(fstype.as_str()),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|errno| Error::Mount {
+        path: mountpoint.to_path_buf(),
+        errno,
+    })?;
+    Ok(dev)
+}
+
+/// Detaches the mount at `mountpoint` (MNT_DETACH): safe on every path,
+/// including when nobody serves the connection.
+pub fn unmount(mountpoint: &Path) -> Result<(), Error> {
+    umount2(mountpoint, MntFlags::MNT_DETACH).map_err(|errno| Error::Unmount {
+        path: mountpoint.to_path_buf(),
+        errno,
+    })
+}
+
+/// The fusectl connection number of the FUSE mount at `mountpoint`, read
+/// from /proc/self/mountinfo (it is the minor device number; `stat` on the
+/// mountpoint would block until INIT is answered).
+pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
+    let wanted = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| Error::Mountpoint {
+            path: PathBuf::from("/proc/self/mountinfo"),
+            source,
+        })?;
+    // Later lines are newer mounts: the last match is the top of the stack.
+    text.lines()
+        .rev()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let devno = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (Path::new(&unescape_mountinfo(point)) == wanted).then_some(devno)
+        })
+        .find_map(|devno| devno.split_once(':')?.1.parse().ok())
+        .ok_or_else(|| Error::NotMounted {
+            path: mountpoint.to_path_buf(),
+        })
+}
+
+/// Aborts the connection of the mount at `mountpoint` through fusectl: every
+/// waiting caller gets ECONNABORTED and the mount is dead. Last resort only.
+pub fn abort_connection(mountpoint: &Path) -> Result<(), Error> {
+    let id = connection_id(mountpoint)?;
+    let path = PathBuf::from(format!("/sys/fs/fuse/connections/{id}/abort"));
+    std::fs::write(&path, b"1").map_err(|source| Error::Mountpoint { path, source })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let Some(digits) = octal {
+            out.push(
+                digits
+                    .iter()
+                    .fold(0u8, |acc, d| acc.wrapping_mul(8).wrapping_add(d - b'0')),
+            );
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,98 @@
+//! `baton-meta`: the metadata engine of a Baton volume.
+//!
+//! It stores everything about a POSIX file system except file contents:
+//! inodes, directory entries, symlink targets, extended attributes, the
+//! block map of each regular file (block index → object key and length) and
+//! the volume record, in a transactional store. File contents live in object
+//! storage; this crate only keeps object keys as strings.
+//!
+//! # Brief overview
+//! - [`MetaStore`]: the engine-neutral trait the FUSE server (`fsclient`)
+//!   calls from many worker threads; every mutation is one transaction.
+//! - [`SqliteMeta`]: the embedded SQLite engine (WAL, `synchronous=FULL`),
+//!   created by [`format`] (`fsctl format`) and opened by [`open`].
+//! - [`Attr`], [`CreateArgs`], [`SetAttr`], [`CommitBlocks`], ...: values in
+//!   and out, in [`types`]. [`MetaError`] with [`MetaError::errno`].
+//! - [`record::Recorded`]: the byte encoding of mutation results kept for
+//!   exactly-once execution ([`MetaStore::completed_request`]).
+//!
+//! # Invariants
+//! - Inode numbers are allocated monotonically and never reused; the root is
+//!   [`ROOT_INO`] (1). [`Attr::mode`] holds permission bits only.
+//! - An inode whose link count drops to 0 is not deleted: it is recorded as
+//!   an orphan until [`MetaStore::reclaim`], because the kernel may still
+//!   have it open.
+//! - A directory's nlink is 2 + its subdirectories.
+//! - Every block-map row lies within the file: `index * block_size + len <=
+//!   size`.
+//! - Object keys reported as released are referenced by no block-map row;
+//!   callers delete those objects only after the call returned.
+//! - [`MetaStore::commit_blocks`] is the durability point of a write.
+//!
+//! # Architecture invariant
+//! This crate knows nothing of FUSE, generations or object storage.
+//!
+//! # Design choice
+//! A PostgreSQL engine is planned, so callers hold a `dyn MetaStore` (or a
+//! generic) rather than a SQLite connection; engine-specific code stays in
+//! [`sqlite`]-private modules. The exactly-once record is written inside the
+//! mutation's transaction (an optional [`RequestKey`] argument on each
+//! mutating method), so a result is recorded if and only if its mutation
+//! committed.
+//!
+//! # Example
+//! ```
+//! use std::ffi::OsStr;
+//! use baton_meta::{CreateArgs, FileKind, MetaStore, VolumeConfig, ROOT_INO};
+//!
+//! # fn main() -> Result<(), baton_meta::MetaError> {
+//! let dir = tempfile::tempdir().map_err(|source| baton_meta::MetaError::Io {
+//!     path: "tempdir".into(),
+//!     source,
+//! })?;
+//! let path = dir.path().join("meta.db");
+//! let url = format!("sqlite://{}", path.display());
+//! let config = VolumeConfig {
+//!     name: "vol".into(),
+//!     storage_url: "file:///tmp/objects".into(),
+//!     block_size_bytes: 4 << 20,
+//! };
+//! let meta = baton_meta::format(&url, &config)?;
+//! let file = meta.create(ROOT_INO, OsStr::new("a.txt"), &CreateArgs::new(FileKind::Regular, 0o644), None)?;
+//! assert_eq!(meta.lookup(ROOT_INO, OsStr::new("a.txt"))?.ino, file.ino);
+//! drop(meta);
+//! let meta = baton_meta::open(&url)?;
+//! assert_eq!(meta.volume().name, "vol");
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod limits;
+pub mod record;
+pub mod sqlite;
+pub mod store;
+pub mod types;
+
+pub use error::{MetaError, Result};
+pub use record::Recorded;
+pub use sqlite::SqliteMeta;
+pub use store::{Location, MetaStore};
+pub use types::*;
+
+/// Metadata format version written by this build and the newest it opens.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Creates a new volume's metadata database at `url_or_path`
+/// (`sqlite:///abs/path/meta.db` or a plain path) and opens it.
+/// See [`SqliteMeta::format`].
+pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<SqliteMeta> {
+    SqliteMeta::format(url_or_path, config)
+}
+
+/// Opens an existing volume's metadata database. See [`SqliteMeta::open`].
+pub fn open(url_or_path: &str) -> Result<SqliteMeta> {
+    SqliteMeta::open(url_or_path)
+}

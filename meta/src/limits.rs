@@ -1,0 +1,35 @@
+//! Every bound the metadata engine enforces, in one place (style: a limit on
+//! everything, units last). Each one is reached by a test in `meta/tests/`.
+
+/// Longest directory entry name, in bytes (`NAME_MAX`).
+pub const NAME_LEN_MAX: usize = 255;
+/// Longest symlink target, in bytes (`PATH_MAX` less the NUL).
+pub const SYMLINK_TARGET_LEN_MAX: usize = 4095;
+/// Longest xattr name, in bytes (`XATTR_NAME_MAX`).
+pub const XATTR_NAME_LEN_MAX: usize = 255;
+/// Largest xattr value, in bytes (`XATTR_SIZE_MAX`).
+pub const XATTR_VALUE_LEN_MAX: usize = 65536;
+/// Most xattrs on one inode; with [`XATTR_NAME_LEN_MAX`] this keeps a
+/// `listxattr` answer under 64 KiB (`XATTR_LIST_MAX`).
+pub const XATTR_COUNT_PER_INODE_MAX: u64 = 128;
+/// Highest link count of an inode (`EMLINK` past it).
+pub const NLINK_MAX: u32 = 65000;
+/// Deepest directory chain walked when checking that a directory is not
+/// moved into its own subtree; deeper means the tree is corrupt.
+pub const DIR_DEPTH_MAX: u32 = 65536;
+/// Most entries one `readdir` call returns; larger limits are clamped.
+pub const READDIR_ENTRIES_MAX: u32 = 4096;
+/// Most block-map rows one `blocks` call returns; larger counts are clamped.
+pub const BLOCKS_QUERY_COUNT_MAX: u32 = 65536;
+/// Most rows (written plus punched) one `commit_blocks` call may change.
+pub const COMMIT_BLOCKS_ROWS_MAX: usize = 65536;
+/// Smallest block size accepted by `format`.
+pub const BLOCK_SIZE_BYTES_MIN: u32 = 512;
+/// Largest block size accepted by `format`.
+pub const BLOCK_SIZE_BYTES_MAX: u32 = 256 * 1024 * 1024;
+/// Longest file size: what fits SQLite's signed 64-bit integers.
+pub const FILE_SIZE_BYTES_MAX: u64 = i64::MAX as u64;
+/// Read-only connections in the SQLite reader pool.
+pub const READ_CONNECTIONS_MAX: usize = 4;
+/// How long a SQLite connection waits for a lock before failing.
+pub const BUSY_TIMEOUT_MS: u64 = 5000;

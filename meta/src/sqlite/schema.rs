@@ -1,0 +1,263 @@
+//! The SQLite schema (v1), connection pragmas, and the checks `open` runs
+//! before touching a file so a foreign file is never modified.
+//!
+//! The format version is kept twice and both must agree: `PRAGMA
+//! user_version` and `volume.format_version`. The tables:
+//!
+//! ```text
+//! volume(id=1, magic='baton-meta', format_version, name, uuid BLOB(16, big-endian),
+//!        storage_url, block_size_bytes, created_sec, created_nsec)
+//! inodes(ino INTEGER PRIMARY KEY AUTOINCREMENT   -- AUTOINCREMENT: never reused
+//!        generation, kind (1 reg 2 dir 3 symlink 4 fifo 5 sock 6 chr 7 blk),
+//!        mode (permission bits only), nlink, uid, gid, rdev, size,
+//!        atime_sec/nsec, mtime_sec/nsec, ctime_sec/nsec,
+//!        parent -- directories only: the directory holding its entry (for ..))
+//! dentries(cookie INTEGER PRIMARY KEY AUTOINCREMENT -- readdir cookie, never reused
+//!        parent -> inodes, name BLOB, ino -> inodes, UNIQUE(parent, name))
+//! symlinks(ino -> inodes PRIMARY KEY, target BLOB)
+//! xattrs(ino -> inodes, name BLOB, value BLOB, PRIMARY KEY(ino, name))
+//! blocks(ino -> inodes, idx, object_key TEXT, len, PRIMARY KEY(ino, idx))
+//!        + index on object_key (a key is released only when no row uses it)
+//! orphans(ino -> inodes PRIMARY KEY, since_sec)  -- nlink 0, awaiting reclaim
+//! completed_requests(request_key PRIMARY KEY, result BLOB, recorded_sec)
+//! ```
+//! u64 values (request keys) are stored bit-cast to i64.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+
+use crate::error::{MetaError, Result};
+use crate::limits::BUSY_TIMEOUT_MS;
+use crate::types::{Timespec, VolumeRecord};
+use crate::FORMAT_VERSION;
+
+/// Value of `volume.magic`.
+const MAGIC: &str = "baton-meta";
+/// First 16 bytes of every SQLite 3 database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+const DDL: &str = "
+CREATE TABLE volume (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    magic TEXT NOT NULL,
+    format_version INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    uuid BLOB NOT NULL,
+    storage_url TEXT NOT NULL,
+    block_size_bytes INTEGER NOT NULL,
+    created_sec INTEGER NOT NULL,
+    created_nsec INTEGER NOT NULL
+);
+CREATE TABLE inodes (
+    ino INTEGER PRIMARY KEY AUTOINCREMENT,
+    generation INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    mode INTEGER NOT NULL,
+    nlink INTEGER NOT NULL,
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    rdev INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    atime_sec INTEGER NOT NULL, atime_nsec INTEGER NOT NULL,
+    mtime_sec INTEGER NOT NULL, mtime_nsec INTEGER NOT NULL,
+    ctime_sec INTEGER NOT NULL, ctime_nsec INTEGER NOT NULL,
+    parent INTEGER
+);
+CREATE TABLE dentries (
+    cookie INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL REFERENCES inodes(ino),
+    name BLOB NOT NULL,
+    ino INTEGER NOT NULL REFERENCES inodes(ino),
+    UNIQUE (parent, name)
+);
+CREATE INDEX dentries_by_ino ON dentries(ino);
+CREATE TABLE symlinks (
+    ino INTEGER PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
+    target BLOB NOT NULL
+);
+CREATE TABLE xattrs (
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    name BLOB NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (ino, name)
+) WITHOUT ROWID;
+CREATE TABLE blocks (
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    object_key TEXT NOT NULL,
+    len INTEGER NOT NULL,
+    PRIMARY KEY (ino, idx)
+) WITHOUT ROWID;
+CREATE INDEX blocks_by_object_key ON blocks(object_key);
+CREATE TABLE orphans (
+    ino INTEGER PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
+    since_sec INTEGER NOT NULL
+);
+CREATE TABLE completed_requests (
+    request_key INTEGER PRIMARY KEY,
+    result BLOB NOT NULL,
+    recorded_sec INTEGER NOT NULL
+);
+CREATE INDEX completed_requests_by_time ON completed_requests(recorded_sec);
+";
+
+/// Creates the tables, the volume row and the root directory (inode 1) in
+/// one transaction on a fresh, empty database configured by
+/// [`configure_writer`].
+pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute_batch(DDL)?;
+    tx.execute(
+        "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
+             block_size_bytes, created_sec, created_nsec)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        params![
+            MAGIC,
+            volume.format_version,
+            volume.name,
+            volume.uuid.to_be_bytes().to_vec(),
+            volume.storage_url,
+            volume.block_size_bytes,
+            volume.created.sec,
+            volume.created.nsec,
+        ],
+    )?;
+    let t = volume.created;
+    tx.execute(
+        "INSERT INTO inodes (ino, generation, kind, mode, nlink, uid, gid, rdev, size,
+             atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec, parent)
+         VALUES (1, 1, 2, 493, 2, 0, 0, 0, 0, ?1, ?2, ?1, ?2, ?1, ?2, 1)",
+        params![t.sec, t.nsec],
+    )?;
+    tx.pragma_update(None, "user_version", FORMAT_VERSION)?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Sets the pragmas every read-write connection uses.
+pub(crate) fn configure_writer(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    set_wal(conn)
+}
+
+/// Opens one read-only pool connection.
+pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+    conn.pragma_update(None, "query_only", true)?;
+    Ok(conn)
+}
+
+fn set_wal(conn: &Connection) -> Result<()> {
+    let mode: String =
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(MetaError::corrupt(format!(
+            "SQLite refused WAL journal mode (got {mode})"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `path` is a Baton metadata database this build can read,
+/// without writing to it, and returns its volume record.
+pub(crate) fn validate(path: &Path, conn: &Connection) -> Result<VolumeRecord> {
+    check_header(path)?;
+    let foreign = |reason: &str| MetaError::Foreign {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let user_version: u32 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| foreign(&format!("SQLite cannot read it: {e}")))?;
+    let has_volume: Option<i64> = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'volume'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| foreign(&format!("SQLite cannot read it: {e}")))?;
+    if has_volume.is_none() {
+        return Err(foreign("no volume table"));
+    }
+    let magic: Option<String> = conn
+        .query_row("SELECT magic FROM volume WHERE id = 1", [], |r| r.get(0))
+        .optional()
+        .map_err(|e| foreign(&format!("unreadable volume table: {e}")))?;
+    if magic.as_deref() != Some(MAGIC) {
+        return Err(foreign("volume record missing or not Baton's"));
+    }
+    if user_version > FORMAT_VERSION {
+        return Err(MetaError::UnsupportedVersion {
+            found: user_version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let volume = read_volume(conn)?;
+    if volume.format_version != user_version {
+        return Err(MetaError::corrupt(format!(
+            "format version {} in volume record but {user_version} in user_version",
+            volume.format_version
+        )));
+    }
+    Ok(volume)
+}
+
+fn check_header(path: &Path) -> Result<()> {
+    let io = |source| MetaError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut head = Vec::with_capacity(16);
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(16)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    if head.as_slice() != SQLITE_HEADER {
+        return Err(MetaError::Foreign {
+            path: path.to_owned(),
+            reason: "not a SQLite database file".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn read_volume(conn: &Connection) -> Result<VolumeRecord> {
+    let row = conn.query_row(
+        "SELECT format_version, name, uuid, storage_url, block_size_bytes,
+                created_sec, created_nsec
+         FROM volume WHERE id = 1",
+        [],
+        |r| {
+            Ok((
+                r.get::<_, u32>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, u32>(4)?,
+                r.get::<_, i64>(5)?,
+                r.get::<_, u32>(6)?,
+            ))
+        },
+    )?;
+    let (format_version, name, uuid, storage_url, block_size_bytes, sec, nsec) = row;
+    let uuid: [u8; 16] = uuid
+        .try_into()
+        .map_err(|_| MetaError::corrupt("volume uuid is not 16 bytes"))?;
+    Ok(VolumeRecord {
+        name,
+        uuid: u128::from_be_bytes(uuid),
+        storage_url,
+        block_size_bytes,
+        format_version,
+        created: Timespec { sec, nsec },
+    })
+}

@@ -1,0 +1,204 @@
+//! The [`MetaStore`] trait: the engine-neutral seam between the FUSE server
+//! and a metadata engine (SQLite today, PostgreSQL later), plus the parsing
+//! of metadata locations (`sqlite:///abs/path` or a plain path).
+//!
+//! Contract shared by every engine:
+//! - each mutating method is ONE transaction: it fully happens or not at all;
+//! - a mutating method given `Some(RequestKey)` also records its encoded
+//!   result ([`crate::record::Recorded`]) in that same transaction, and fails
+//!   with `DuplicateRequest` (changing nothing) if the key is already recorded;
+//! - object keys returned as released are no longer referenced by any
+//!   block-map row once the call returns; the caller deletes those objects
+//!   AFTER the call returned (never before: the transaction might not commit).
+
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use crate::error::{MetaError, Result};
+use crate::types::{
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
+    RequestKey, SetAttr, StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+};
+
+/// The metadata operations of a Baton volume. Implementations are shared by
+/// the FUSE worker threads, hence `Send + Sync`.
+pub trait MetaStore: Send + Sync {
+    /// The volume record written by `format`.
+    fn volume(&self) -> VolumeRecord;
+
+    /// Finds `name` in directory `parent` (`.` and `..` resolve too).
+    fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr>;
+
+    /// Attributes of an inode, orphans included.
+    fn getattr(&self, ino: u64) -> Result<Attr>;
+
+    /// Changes attributes; always sets ctime. A `size` change updates the
+    /// block map (see [`TruncatedBlocks`]). When uid or gid changes on a
+    /// regular file, clears set-user-ID, and set-group-ID if group-execute
+    /// is set; an explicit `mode` in the same call is applied afterwards.
+    fn setattr(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, TruncatedBlocks)>;
+
+    /// Creates a file, directory, symlink, fifo, socket or device node named
+    /// `name` in `parent`. The mode is `args.mode & !args.umask & 0o7777`; in
+    /// a set-group-ID parent the gid is the parent's and a new directory
+    /// inherits set-group-ID. Updates the parent's mtime/ctime (and nlink for
+    /// a directory).
+    fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        args: &CreateArgs,
+        req: Option<RequestKey>,
+    ) -> Result<Attr>;
+
+    /// Adds the name `new_name` in `new_parent` for `ino` (not a directory).
+    fn link(
+        &self,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+        req: Option<RequestKey>,
+    ) -> Result<Attr>;
+
+    /// Removes a non-directory entry; at nlink 0 the inode becomes an orphan.
+    fn unlink(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked>;
+
+    /// Removes an empty directory entry; the directory becomes an orphan.
+    fn rmdir(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked>;
+
+    /// Renames with POSIX semantics plus `RENAME_NOREPLACE`/`RENAME_EXCHANGE`.
+    fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        req: Option<RequestKey>,
+    ) -> Result<Renamed>;
+
+    /// Deletes an orphan (nlink 0) with its block map, xattrs and symlink
+    /// target; returns the objects to delete after commit.
+    fn reclaim(&self, ino: u64, req: Option<RequestKey>) -> Result<Vec<ObjectRef>>;
+
+    /// Inodes with nlink 0 awaiting `reclaim`, ascending.
+    fn orphans(&self) -> Result<Vec<u64>>;
+
+    /// Target of a symlink.
+    fn readlink(&self, ino: u64) -> Result<OsString>;
+
+    /// Up to `limit` entries of a directory after cookie `offset` (0 = start).
+    /// `.` has cookie 1 and `..` cookie 2; other cookies are per-entry and
+    /// stay valid while entries are added or removed.
+    fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>>;
+
+    /// Sets an extended attribute; sets ctime.
+    fn setxattr(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: XattrFlags,
+        req: Option<RequestKey>,
+    ) -> Result<()>;
+
+    /// Value of an extended attribute.
+    fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>>;
+
+    /// Names of all extended attributes, sorted.
+    fn listxattr(&self, ino: u64) -> Result<Vec<OsString>>;
+
+    /// Removes an extended attribute; sets ctime.
+    fn removexattr(&self, ino: u64, name: &OsStr, req: Option<RequestKey>) -> Result<()>;
+
+    /// Volume usage.
+    fn statfs(&self) -> Result<StatFs>;
+
+    /// Block-map rows of a regular file with `first_index <= index <
+    /// first_index + count`, ascending; a missing index is a hole.
+    fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>>;
+
+    /// THE DURABILITY POINT OF A WRITE. Once this returns `Ok`, the written
+    /// blocks are part of the file and survive a crash (SQLite `synchronous =
+    /// FULL`); before, they do not exist for readers. The caller must upload
+    /// the objects named in `commit.blocks` BEFORE calling, and delete the
+    /// returned released objects only AFTER it returns.
+    ///
+    /// In one transaction: replaces the rows in `commit.blocks`, removes the
+    /// `punched` rows, sets the size exactly when `new_size` is `Some` (a
+    /// shrink drops rows past it), sets mtime if given and ctime to now.
+    /// Fails with `InvalidArgument` if a row would extend past the size.
+    fn commit_blocks(
+        &self,
+        ino: u64,
+        commit: &CommitBlocks,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, Vec<ObjectRef>)>;
+
+    /// The encoded result of a request recorded as completed, if any.
+    fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>>;
+
+    /// Forgets completed requests recorded before `older_than`; returns how
+    /// many were removed.
+    fn prune_completed(&self, older_than: SystemTime) -> Result<u64>;
+}
+
+/// Where a metadata store lives, parsed from a URL or path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A SQLite database file.
+    Sqlite(PathBuf),
+}
+
+impl Location {
+    /// Parses `sqlite:///abs/path`, `sqlite:/abs/path` or a plain path.
+    /// Other schemes (e.g. `postgres://`) are [`MetaError::UnsupportedUrl`].
+    pub fn parse(url_or_path: &str) -> Result<Location> {
+        let unsupported = || MetaError::UnsupportedUrl {
+            url: url_or_path.to_owned(),
+        };
+        if let Some(rest) = url_or_path.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if !path.starts_with('/') {
+                return Err(unsupported());
+            }
+            return Ok(Location::Sqlite(PathBuf::from(path)));
+        }
+        if url_or_path.is_empty() || url_or_path.contains("://") {
+            return Err(unsupported());
+        }
+        Ok(Location::Sqlite(PathBuf::from(url_or_path)))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_and_plain_paths_parse() {
+        let p = |s| Location::parse(s).unwrap();
+        assert_eq!(
+            p("sqlite:///var/lib/baton/meta.db"),
+            Location::Sqlite("/var/lib/baton/meta.db".into())
+        );
+        assert_eq!(p("sqlite:/x/m.db"), Location::Sqlite("/x/m.db".into()));
+        assert_eq!(p("rel/meta.db"), Location::Sqlite("rel/meta.db".into()));
+        assert_eq!(p("/abs/meta.db"), Location::Sqlite("/abs/meta.db".into()));
+    }
+
+    #[test]
+    fn other_schemes_and_relative_urls_are_refused() {
+        for bad in ["postgres://h/db", "sqlite://relative/x.db", "", "s3://b/k"] {
+            let e = Location::parse(bad).unwrap_err();
+            assert!(matches!(e, MetaError::UnsupportedUrl { .. }), "{bad}: {e}");
+        }
+    }
+}

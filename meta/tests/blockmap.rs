@@ -1,0 +1,278 @@
+//! Block map: commit, replace, punch, truncate via setattr and via
+//! commit_blocks, released-object accounting and the row limits.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use baton_meta::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
+use baton_meta::{
+    BlockRef, CommitBlocks, MetaError, MetaStore, ObjectRef, SetAttr, TimeOrNow, Timespec, ROOT_INO,
+};
+use common::*;
+
+fn blk(index: u64, key: &str, len: u32) -> BlockRef {
+    BlockRef {
+        index,
+        object_key: key.into(),
+        len,
+    }
+}
+
+fn keys(v: &[&str]) -> Vec<ObjectRef> {
+    v.iter().map(|k| ObjectRef { key: (*k).into() }).collect()
+}
+
+fn write(m: &dyn MetaStore, ino: u64, size: u64, blocks: Vec<BlockRef>) -> Vec<ObjectRef> {
+    let c = CommitBlocks {
+        new_size: Some(size),
+        mtime: Some(TimeOrNow::Now),
+        blocks,
+        punched: vec![],
+    };
+    m.commit_blocks(ino, &c, None).unwrap().1
+}
+
+const B: u64 = BS as u64;
+
+#[test]
+fn commit_sets_rows_size_and_times() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    let t = Timespec { sec: 1000, nsec: 5 };
+    let c = CommitBlocks {
+        new_size: Some(2 * B + 1),
+        mtime: Some(TimeOrNow::At(t)),
+        blocks: vec![blk(0, "a", BS), blk(2, "c", 1)],
+        punched: vec![],
+    };
+    let (a, released) = m.commit_blocks(f.ino, &c, None).unwrap();
+    assert!(released.is_empty());
+    assert_eq!(a.size, 2 * B + 1);
+    assert_eq!(a.mtime, t);
+    assert!(a.ctime > t);
+    assert_eq!(m.getattr(f.ino).unwrap(), a);
+    // Index 1 is a hole.
+    assert_eq!(
+        m.blocks(f.ino, 0, 10).unwrap(),
+        vec![blk(0, "a", BS), blk(2, "c", 1)]
+    );
+    assert_eq!(m.blocks(f.ino, 1, 1).unwrap(), vec![]);
+    assert_eq!(m.blocks(f.ino, 2, 1).unwrap(), vec![blk(2, "c", 1)]);
+    assert_eq!(m.blocks(f.ino, u64::MAX, 10).unwrap(), vec![]);
+}
+
+#[test]
+fn replacing_and_punching_release_only_unreferenced_objects() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    let g = file(m, ROOT_INO, "g");
+    write(
+        m,
+        f.ino,
+        3 * B,
+        vec![blk(0, "a", BS), blk(1, "b", BS), blk(2, "shared", BS)],
+    );
+    write(m, g.ino, B, vec![blk(0, "shared", BS)]);
+    // Replace block 0 with a new object and block 1 with the same one.
+    let released = write(m, f.ino, 3 * B, vec![blk(0, "a2", BS), blk(1, "b", BS)]);
+    assert_eq!(released, keys(&["a"]));
+    // Punch block 2: "shared" is still used by g, so it is not released.
+    let c = CommitBlocks {
+        punched: vec![2, 7],
+        ..Default::default()
+    };
+    let (a, released) = m.commit_blocks(f.ino, &c, None).unwrap();
+    assert!(released.is_empty());
+    assert_eq!(a.size, 3 * B, "size unchanged without new_size");
+    assert_eq!(
+        m.blocks(f.ino, 0, 10).unwrap(),
+        vec![blk(0, "a2", BS), blk(1, "b", BS)]
+    );
+    // Reclaiming g releases "shared" now that nothing uses it.
+    m.unlink(ROOT_INO, n("g"), None).unwrap();
+    assert_eq!(m.reclaim(g.ino, None).unwrap(), keys(&["shared"]));
+}
+
+#[test]
+fn truncate_drops_whole_blocks_and_reports_the_partial_one() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    write(
+        m,
+        f.ino,
+        3 * B,
+        vec![blk(0, "a", BS), blk(1, "b", BS), blk(2, "c", BS)],
+    );
+    let before = m.getattr(f.ino).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let set = SetAttr {
+        size: Some(B + 100),
+        ..Default::default()
+    };
+    let (a, t) = m.setattr(f.ino, &set, None).unwrap();
+    assert_eq!(a.size, B + 100);
+    assert!(a.mtime > before.mtime && a.ctime > before.ctime);
+    assert_eq!(t.released, keys(&["c"]));
+    assert_eq!(t.partial_block, Some(1));
+    // The partial row is clamped to the new end of file.
+    assert_eq!(
+        m.blocks(f.ino, 0, 10).unwrap(),
+        vec![blk(0, "a", BS), blk(1, "b", 100)]
+    );
+    // Truncating on a block boundary leaves no partial block.
+    let set = SetAttr {
+        size: Some(B),
+        ..Default::default()
+    };
+    let (_, t) = m.setattr(f.ino, &set, None).unwrap();
+    assert_eq!((t.released, t.partial_block), (keys(&["b"]), None));
+    // Growing changes no rows.
+    let set = SetAttr {
+        size: Some(10 * B),
+        ..Default::default()
+    };
+    let (a, t) = m.setattr(f.ino, &set, None).unwrap();
+    assert_eq!(a.size, 10 * B);
+    assert_eq!(t, Default::default());
+    assert_eq!(m.blocks(f.ino, 0, 100).unwrap(), vec![blk(0, "a", BS)]);
+    // Truncating inside a hole reports nothing partial.
+    let set = SetAttr {
+        size: Some(5 * B + 1),
+        ..Default::default()
+    };
+    assert_eq!(m.setattr(f.ino, &set, None).unwrap().1.partial_block, None);
+    // Truncate to zero releases everything.
+    let set = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.setattr(f.ino, &set, None).unwrap().1.released,
+        keys(&["a"])
+    );
+    assert_eq!(m.statfs().unwrap().bytes_used, 0);
+}
+
+#[test]
+fn commit_with_smaller_size_truncates_first() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    write(
+        m,
+        f.ino,
+        3 * B,
+        vec![blk(0, "a", BS), blk(1, "b", BS), blk(2, "c", BS)],
+    );
+    let released = write(m, f.ino, 50, vec![blk(0, "z", 50)]);
+    assert_eq!(released, keys(&["a", "b", "c"]));
+    assert_eq!(m.blocks(f.ino, 0, 10).unwrap(), vec![blk(0, "z", 50)]);
+}
+
+#[test]
+fn commit_refuses_rows_past_the_size_and_bad_lengths() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    let past = CommitBlocks {
+        blocks: vec![blk(0, "a", 10)],
+        ..Default::default()
+    };
+    let e = m.commit_blocks(f.ino, &past, None).unwrap_err();
+    assert!(matches!(e, MetaError::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("new_size"), "{e}");
+    for len in [0, BS + 1] {
+        let c = CommitBlocks {
+            new_size: Some(10 * B),
+            blocks: vec![blk(0, "a", len)],
+            ..Default::default()
+        };
+        assert_eq!(
+            m.commit_blocks(f.ino, &c, None).unwrap_err().errno(),
+            libc::EINVAL
+        );
+    }
+    let huge = CommitBlocks {
+        new_size: Some(FILE_SIZE_BYTES_MAX + 1),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.commit_blocks(f.ino, &huge, None).unwrap_err().errno(),
+        libc::EFBIG
+    );
+    let far = CommitBlocks {
+        new_size: Some(FILE_SIZE_BYTES_MAX),
+        blocks: vec![blk(u64::MAX / B, "x", 1)],
+        ..Default::default()
+    };
+    assert_eq!(
+        m.commit_blocks(f.ino, &far, None).unwrap_err().errno(),
+        libc::EFBIG
+    );
+    // Nothing of the failed commits stuck.
+    assert_eq!(m.getattr(f.ino).unwrap().size, 0);
+    assert!(m.blocks(f.ino, 0, 10).unwrap().is_empty());
+}
+
+#[test]
+fn block_operations_need_a_regular_file() {
+    let v = fresh();
+    let m = &v.meta;
+    let d = dir(m, ROOT_INO, "d");
+    let c = CommitBlocks::default();
+    assert_eq!(
+        m.commit_blocks(d.ino, &c, None).unwrap_err().errno(),
+        libc::EISDIR
+    );
+    assert_eq!(m.blocks(d.ino, 0, 1).unwrap_err().errno(), libc::EISDIR);
+    let s = mk(m, ROOT_INO, "s", baton_meta::FileKind::Symlink);
+    assert_eq!(m.blocks(s.ino, 0, 1).unwrap_err().errno(), libc::EINVAL);
+    assert_eq!(m.blocks(999, 0, 1).unwrap_err().errno(), libc::ENOENT);
+    let set = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.setattr(d.ino, &set, None).unwrap_err().errno(),
+        libc::EISDIR
+    );
+    let f = file(m, ROOT_INO, "f");
+    let set = SetAttr {
+        size: Some(FILE_SIZE_BYTES_MAX + 1),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.setattr(f.ino, &set, None).unwrap_err().errno(),
+        libc::EFBIG
+    );
+}
+
+#[test]
+fn row_limits_are_enforced() {
+    let v = fresh();
+    let m = &v.meta;
+    let f = file(m, ROOT_INO, "f");
+    let rows = |from: u64, count: u64| -> Vec<BlockRef> {
+        (from..from + count)
+            .map(|i| blk(i, &format!("k{i}"), BS))
+            .collect()
+    };
+    let too_many = CommitBlocks {
+        new_size: Some((COMMIT_BLOCKS_ROWS_MAX as u64 + 1) * B),
+        blocks: rows(0, COMMIT_BLOCKS_ROWS_MAX as u64 + 1),
+        ..Default::default()
+    };
+    assert_eq!(
+        m.commit_blocks(f.ino, &too_many, None).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    let max = COMMIT_BLOCKS_ROWS_MAX as u64;
+    write(m, f.ino, (max + 10) * B, rows(0, max));
+    write(m, f.ino, (max + 10) * B, rows(max, 10));
+    let got = m.blocks(f.ino, 0, u32::MAX).unwrap();
+    assert_eq!(got.len(), BLOCKS_QUERY_COUNT_MAX as usize);
+    assert_eq!(m.blocks(f.ino, max, 100).unwrap().len(), 10);
+}

@@ -1,0 +1,124 @@
+//! Exactly-once support: a mutation's result is recorded in its own
+//! transaction, so the record and the mutation commit or roll back together.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use baton_meta::{
+    BlockRef, CommitBlocks, CreateArgs, FileKind, MetaError, MetaStore, Recorded, RequestKey,
+    SetAttr, ROOT_INO,
+};
+use common::*;
+
+fn args() -> CreateArgs {
+    CreateArgs::new(FileKind::Regular, 0o644)
+}
+
+#[test]
+fn recorded_result_decodes_to_what_the_call_returned() {
+    let v = fresh();
+    let m = &v.meta;
+    let a = m
+        .create(ROOT_INO, n("f"), &args(), Some(RequestKey(u64::MAX)))
+        .unwrap();
+    let bytes = m.completed_request(RequestKey(u64::MAX)).unwrap().unwrap();
+    assert_eq!(Recorded::decode(&bytes).unwrap(), Recorded::Attr(a.clone()));
+
+    let commit = CommitBlocks {
+        new_size: Some(10),
+        blocks: vec![BlockRef {
+            index: 0,
+            object_key: "k".into(),
+            len: 10,
+        }],
+        ..Default::default()
+    };
+    let (attr, released) = m
+        .commit_blocks(a.ino, &commit, Some(RequestKey(2)))
+        .unwrap();
+    let bytes = m.completed_request(RequestKey(2)).unwrap().unwrap();
+    assert_eq!(
+        Recorded::decode(&bytes).unwrap(),
+        Recorded::Committed(attr, released)
+    );
+
+    let set = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    let (attr, t) = m.setattr(a.ino, &set, Some(RequestKey(3))).unwrap();
+    let bytes = m.completed_request(RequestKey(3)).unwrap().unwrap();
+    assert_eq!(
+        Recorded::decode(&bytes).unwrap(),
+        Recorded::SetAttr(attr, t)
+    );
+
+    let u = m.unlink(ROOT_INO, n("f"), Some(RequestKey(4))).unwrap();
+    let bytes = m.completed_request(RequestKey(4)).unwrap().unwrap();
+    assert_eq!(Recorded::decode(&bytes).unwrap(), Recorded::Unlinked(u));
+    assert_eq!(m.completed_request(RequestKey(5)).unwrap(), None);
+}
+
+#[test]
+fn failed_mutation_records_nothing() {
+    let v = fresh();
+    let m = &v.meta;
+    file(m, ROOT_INO, "f");
+    let e = m
+        .create(ROOT_INO, n("f"), &args(), Some(RequestKey(1)))
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::EEXIST);
+    assert_eq!(m.completed_request(RequestKey(1)).unwrap(), None);
+    // The key is still free for the retried request.
+    m.create(ROOT_INO, n("g"), &args(), Some(RequestKey(1)))
+        .unwrap();
+    assert!(m.completed_request(RequestKey(1)).unwrap().is_some());
+}
+
+#[test]
+fn duplicate_record_rolls_back_its_mutation() {
+    let v = fresh();
+    let m = &v.meta;
+    let a = m
+        .create(ROOT_INO, n("f"), &args(), Some(RequestKey(7)))
+        .unwrap();
+    let before = m.completed_request(RequestKey(7)).unwrap();
+    let e = m
+        .create(ROOT_INO, n("g"), &args(), Some(RequestKey(7)))
+        .unwrap_err();
+    assert!(
+        matches!(e, MetaError::DuplicateRequest { request_key: 7 }),
+        "{e}"
+    );
+    // The create of g ran inside the transaction but was rolled back with
+    // the failed record: no entry, no inode, no parent change.
+    assert_eq!(
+        m.lookup(ROOT_INO, n("g")).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(names(m, ROOT_INO), vec!["f"]);
+    assert_eq!(m.statfs().unwrap().inodes_used, 2);
+    assert_eq!(m.completed_request(RequestKey(7)).unwrap(), before);
+    // The same for an unlink.
+    let e = m.unlink(ROOT_INO, n("f"), Some(RequestKey(7))).unwrap_err();
+    assert!(matches!(e, MetaError::DuplicateRequest { .. }), "{e}");
+    assert_eq!(m.getattr(a.ino).unwrap().nlink, 1);
+    assert!(m.orphans().unwrap().is_empty());
+}
+
+#[test]
+fn records_survive_reopen_and_prune_by_age() {
+    let v = fresh();
+    v.meta
+        .create(ROOT_INO, n("f"), &args(), Some(RequestKey(9)))
+        .unwrap();
+    let v = v.reopen();
+    assert!(v.meta.completed_request(RequestKey(9)).unwrap().is_some());
+    let past = SystemTime::now() - Duration::from_secs(3600);
+    assert_eq!(v.meta.prune_completed(past).unwrap(), 0);
+    let future = SystemTime::now() + Duration::from_secs(3600);
+    assert_eq!(v.meta.prune_completed(future).unwrap(), 1);
+    assert_eq!(v.meta.completed_request(RequestKey(9)).unwrap(), None);
+}

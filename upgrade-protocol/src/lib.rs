@@ -1,0 +1,39 @@
+//! The one contract Baton's supervisor and filesystem generations speak:
+//! control messages, /dev/fuse fd passing, and the negotiated INIT record.
+//!
+//! # Brief overview
+//! - [`Message`]: what crosses the control socket, framed by [`encode`] /
+//!   [`decode`] with a magic and a format version.
+//! - [`NegotiatedInit`]: the FUSE_INIT result, recorded once per connection
+//!   and given to every generation.
+//! - [`send_message`] / [`recv_message`]: one message per SOCK_SEQPACKET
+//!   packet, with fds as SCM_RIGHTS; received fds are close-on-exec
+//!   (MSG_CMSG_CLOEXEC), so they never leak into child processes.
+//!
+//! # Invariants
+//! - This crate does no IO beyond the socket calls it is asked to make, and
+//!   uses no other Baton crate.
+//! - Formats are versioned from their first commit: a reader refuses a
+//!   newer major version with [`ProtocolError::UnsupportedVersion`].
+//!
+//! # Example
+//! ```no_run
+//! # fn demo(sock: std::os::fd::BorrowedFd<'_>, fuse: std::os::fd::BorrowedFd<'_>, init: upgrade_protocol::NegotiatedInit) -> Result<(), upgrade_protocol::ProtocolError> {
+//! use upgrade_protocol::{send_message, Message};
+//! send_message(sock, &Message::Adopt { generation: 2, init, resend: true }, &[fuse])?;
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+mod error;
+mod fdpass;
+mod message;
+mod socket;
+
+pub use error::ProtocolError;
+pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};
+pub use message::{
+    decode, encode, Message, NegotiatedInit, FORMAT_VERSION, MAGIC, MESSAGE_LEN_MAX,
+};
+pub use socket::{accept_seqpacket, connect_seqpacket, listen_seqpacket, LISTEN_BACKLOG_MAX};

@@ -1,0 +1,138 @@
+//! Control messages and their framing.
+//!
+//! Frame layout (little endian), format version 1:
+//!
+//! ```text
+//! offset 0  magic   "BATN"
+//! offset 4  version u16  (FORMAT_VERSION)
+//! offset 6  flags   u16  (0)
+//! offset 8  length  u32  (body bytes)
+//! offset 12 body    JSON of `Message`, `length` bytes
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::ProtocolError;
+
+/// The first bytes of every frame.
+pub const MAGIC: [u8; 4] = *b"BATN";
+/// The frame format this binary writes and the highest it reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// The largest frame accepted.
+pub const MESSAGE_LEN_MAX: usize = 1 << 20;
+const HEADER_LEN: usize = 12;
+
+/// The FUSE_INIT result of a connection, as recorded by whoever answered
+/// INIT and handed to every generation that adopts the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NegotiatedInit {
+    /// Protocol major (7).
+    pub major: u32,
+    /// Protocol minor in use.
+    pub minor: u32,
+    /// Minor the kernel offered.
+    pub kernel_minor: u32,
+    /// Granted flags (`flags | flags2 << 32`).
+    pub flags: u64,
+    /// Readahead bytes.
+    pub max_readahead: u32,
+    /// Largest WRITE payload.
+    pub max_write: u32,
+    /// Largest request in pages.
+    pub max_pages: u16,
+    /// Background requests at most.
+    pub max_background: u16,
+    /// Congestion threshold.
+    pub congestion_threshold: u16,
+    /// Timestamp granularity, ns.
+    pub time_gran: u32,
+}
+
+/// A control message between a holder of the fd (supervisor) and a
+/// generation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Message {
+    /// Holder → generation, with the /dev/fuse fd attached: serve this
+    /// initialized connection. `resend`: no other generation is alive, so
+    /// send FUSE_NOTIFY_RESEND before the first read.
+    Adopt {
+        /// The generation number.
+        generation: u64,
+        /// The connection's INIT result.
+        init: NegotiatedInit,
+        /// Whether to send RESEND before reading.
+        resend: bool,
+    },
+    /// Generation → holder: serving.
+    Serving {
+        /// The generation number.
+        generation: u64,
+        /// Its process id.
+        pid: u32,
+    },
+}
+
+impl Message {
+    /// The message kind, for logs and errors.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Adopt { .. } => "adopt",
+            Message::Serving { .. } => "serving",
+        }
+    }
+
+    /// How many fds travel with this message.
+    pub fn fd_count(&self) -> usize {
+        match self {
+            Message::Adopt { .. } => 1,
+            Message::Serving { .. } => 0,
+        }
+    }
+}
+
+/// Frames a message. Pure.
+pub fn encode(message: &Message) -> Result<Vec<u8>, ProtocolError> {
+    let body = serde_json::to_vec(message)?;
+    if body.len() + HEADER_LEN > MESSAGE_LEN_MAX {
+        return Err(ProtocolError::TooLarge {
+            len: body.len() + HEADER_LEN,
+            max: MESSAGE_LEN_MAX,
+        });
+    }
+    let mut frame = Vec::with_capacity(HEADER_LEN + body.len());
+    frame.extend_from_slice(&MAGIC);
+    frame.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    frame.extend_from_slice(&0u16.to_le_bytes());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// Parses a frame. Pure.
+pub fn decode(frame: &[u8]) -> Result<Message, ProtocolError> {
+    if frame.len() < HEADER_LEN {
+        return Err(ProtocolError::Truncated {
+            len: frame.len(),
+            declared: HEADER_LEN,
+        });
+    }
+    if frame[..4] != MAGIC {
+        return Err(ProtocolError::BadMagic);
+    }
+    let version = u16::from_le_bytes([frame[4], frame[5]]);
+    if version > FORMAT_VERSION {
+        return Err(ProtocolError::UnsupportedVersion {
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let declared = u32::from_le_bytes([frame[8], frame[9], frame[10], frame[11]]) as usize;
+    let body = frame
+        .get(HEADER_LEN..HEADER_LEN + declared)
+        .ok_or(ProtocolError::Truncated {
+            len: frame.len(),
+            declared: HEADER_LEN + declared,
+        })?;
+    Ok(serde_json::from_slice(body)?)
+}
