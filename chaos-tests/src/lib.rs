@@ -7,6 +7,7 @@
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
 
+pub mod bench;
 pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;

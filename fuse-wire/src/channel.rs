@@ -10,10 +10,8 @@ use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
-use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use crate::reply::ReplyChannel;
-use crate::Error;
 
 /// What a read from the device produced besides a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,23 +50,6 @@ impl Channel {
             Err(Errno::EINTR | Errno::ENOENT | Errno::EAGAIN) => ReadOutcome::Retry,
             Err(errno) => ReadOutcome::Ended(errno),
         }
-    }
-
-    /// Waits until a request may be readable or `wake` becomes readable.
-    /// Returns true when the device is readable.
-    pub fn wait_readable(&self, wake: BorrowedFd<'_>) -> Result<bool, Error> {
-        let mut fds = [
-            PollFd::new(self.fd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(wake, PollFlags::POLLIN),
-        ];
-        match nix::poll::poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(Errno::EINTR) => return Ok(false),
-            Err(errno) => return Err(Error::Poll(errno)),
-        }
-        let device = fds[0].revents().unwrap_or(PollFlags::empty());
-        // POLLERR: the connection was aborted or unmounted; a read tells which.
-        Ok(device.intersects(PollFlags::POLLIN | PollFlags::POLLERR | PollFlags::POLLHUP))
     }
 
     /// Writes one whole message.

@@ -63,11 +63,14 @@ impl InitConfig {
         }
     }
 
-    /// Like [`InitConfig::baton`] but with locks left to the kernel and no
-    /// writeback cache: for simple filesystems that keep no lock table.
+    /// Like [`InitConfig::baton`] but with locks left to the kernel, no
+    /// writeback cache and no AUTO_INVAL_DATA (which costs a GETATTR per
+    /// read once attributes expire): for simple filesystems that keep no
+    /// lock table and whose data changes only through the mount.
     pub fn simple() -> Self {
         let mut config = Self::baton();
-        config.flags &= !(f::POSIX_LOCKS | f::FLOCK_LOCKS | f::WRITEBACK_CACHE);
+        config.flags &=
+            !(f::POSIX_LOCKS | f::FLOCK_LOCKS | f::WRITEBACK_CACHE | f::AUTO_INVAL_DATA);
         config
     }
 }

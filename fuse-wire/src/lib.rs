@@ -58,4 +58,6 @@ pub use init::{initialize, negotiate, InitConfig, InitParams};
 pub use mount::{abort_connection, connection_id, mount_fuse, unmount, MountOptions};
 pub use nix::errno::Errno;
 pub use request::{DecodeError, DecodeOptions, Operation, Request};
-pub use session::{adopt, ExitReason, Session, Stopper, Workers, KICK_SIGNAL, WORKERS_MAX};
+pub use session::{
+    adopt, handle_request, ExitReason, Session, Stopper, Workers, KICK_SIGNAL, WORKERS_MAX,
+};

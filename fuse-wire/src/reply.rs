@@ -50,10 +50,23 @@ pub fn send_message(channel: &dyn ReplyChannel, unique: u64, error: i32, payload
         error,
         unique,
     };
-    let mut iov = Vec::with_capacity(1 + payload.len());
-    iov.push(IoSlice::new(header.as_bytes()));
-    iov.extend(payload.iter().map(|p| IoSlice::new(p)));
-    if let Err(err) = channel.send(&iov) {
+    // Replies have at most three payload parts: no allocation on this path.
+    const INLINE_PARTS_MAX: usize = 4;
+    let mut inline = [IoSlice::new(&[]); INLINE_PARTS_MAX];
+    let heap: Vec<IoSlice<'_>>;
+    let iov: &[IoSlice<'_>] = if payload.len() < INLINE_PARTS_MAX {
+        inline[0] = IoSlice::new(header.as_bytes());
+        for (slot, part) in inline[1..].iter_mut().zip(payload) {
+            *slot = IoSlice::new(part);
+        }
+        &inline[..1 + payload.len()]
+    } else {
+        heap = std::iter::once(IoSlice::new(header.as_bytes()))
+            .chain(payload.iter().map(|p| IoSlice::new(p)))
+            .collect();
+        &heap
+    };
+    if let Err(err) = channel.send(iov) {
         SEND_FAILURES.fetch_add(1, Ordering::Relaxed);
         // ENOENT: the request was interrupted, aborted or already answered.
         tracing::warn!(unique, error, %err, "reply refused by the kernel");

@@ -1,1 +1,219 @@
-fn main() {}
+//! `baton-bench`: performance measured side by side with baselines in the
+//! same invocation. Prints a table (and `--json`).
+//!
+//! `baton-bench fuse-wire`: GETATTR (fstat with attr timeout 0) and 4 KiB
+//! O_DIRECT READ round trips per second through fuse-wire (the in-memory
+//! test filesystem) with 1 and 4 threads, beside bindfs over a tmpfs
+//! directory and the tmpfs directory itself.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chaos_tests::bench::{summarize, timed, AlignedBuf, Summary, Target};
+use chaos_tests::memfs::PATTERN_FILE_LEN;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Baton benchmarks, measured beside baselines in the same run")]
+struct Cli {
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// GETATTR and 4 KiB READ round trips: fuse-wire vs bindfs vs tmpfs.
+    FuseWire {
+        /// Seconds per run.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Runs per cell (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    target: String,
+    workload: &'static str,
+    threads: usize,
+    summary: Summary,
+    server_rss_kib: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("baton-bench: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Bench::FuseWire {
+            seconds,
+            runs,
+            json,
+        } => fuse_wire(
+            Duration::from_secs_f64(seconds),
+            runs.max(1),
+            json.as_deref(),
+        ),
+    }
+}
+
+fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(path)?;
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+        .arg(path)
+        .status()?;
+    anyhow::ensure!(status.success(), "mount -t tmpfs {} failed", path.display());
+    Ok(())
+}
+
+fn targets(dir: &Path) -> anyhow::Result<Vec<Target>> {
+    let src = dir.join("tmpfs");
+    mount_tmpfs(&src)?;
+    std::fs::write(src.join("hello"), chaos_tests::memfs::HELLO)?;
+    let big: Vec<u8> = (0..PATTERN_FILE_LEN as u64)
+        .map(chaos_tests::memfs::pattern_byte)
+        .collect();
+    std::fs::write(src.join("big"), big)?;
+    let mut targets = vec![Target::plain("tmpfs (kernel)", &src).with_mount(&src)];
+
+    let bindfs_mnt = dir.join("bindfs");
+    std::fs::create_dir_all(&bindfs_mnt)?;
+    match which("bindfs") {
+        Some(bindfs) => targets.push(Target::spawn(
+            "bindfs",
+            &bindfs_mnt,
+            Command::new(bindfs)
+                .args([
+                    "-f",
+                    "--multithreaded",
+                    "-o",
+                    "attr_timeout=0,entry_timeout=0",
+                ])
+                .arg(&src)
+                .arg(&bindfs_mnt),
+        )?),
+        None => println!("skipping bindfs: not installed (apt-get install bindfs)"),
+    }
+
+    let memfs_mnt = dir.join("fuse-wire");
+    std::fs::create_dir_all(&memfs_mnt)?;
+    let testfs = std::env::current_exe()?.with_file_name("baton-testfs");
+    targets.push(Target::spawn(
+        "fuse-wire memfs",
+        &memfs_mnt,
+        Command::new(&testfs)
+            .args(["serve", "--threads", "4", "--cache-secs", "0", "--mount"])
+            .arg(&memfs_mnt),
+    )?);
+    Ok(targets)
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+}
+
+fn fuse_wire(duration: Duration, runs: usize, json: Option<&Path>) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir().context("creating the bench directory")?;
+    let targets = targets(dir.path())?;
+    let mut rows = Vec::new();
+    for target in &targets {
+        let hello = Arc::new(
+            File::open(target.root.join("hello"))
+                .with_context(|| format!("{}: open hello", target.name))?,
+        );
+        let big = Arc::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(target.root.join("big"))
+                .with_context(|| format!("{}: open big with O_DIRECT", target.name))?,
+        );
+        for threads in [1, 4] {
+            let getattr: Vec<_> = (0..runs)
+                .map(|_| {
+                    let hello = Arc::clone(&hello);
+                    timed(threads, duration, move |_, _| hello.metadata().map(|_| ()))
+                })
+                .collect();
+            rows.push(Row {
+                target: target.name.clone(),
+                workload: "getattr",
+                threads,
+                summary: summarize(getattr),
+                server_rss_kib: target.server_rss_kib(),
+            });
+            let reads: Vec<_> = (0..runs)
+                .map(|_| {
+                    let big = Arc::clone(&big);
+                    timed(threads, duration, move |thread, i| {
+                        thread_local!(static BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new(4096)));
+                        let blocks = (PATTERN_FILE_LEN / 4096) as u64;
+                        let offset = ((i * 7919 + thread as u64 * 131) % blocks) * 4096;
+                        BUF.with(|buf| big.read_exact_at(buf.borrow_mut().bytes_mut(), offset))
+                    })
+                })
+                .collect();
+            rows.push(Row {
+                target: target.name.clone(),
+                workload: "read 4KiB O_DIRECT",
+                threads,
+                summary: summarize(reads),
+                server_rss_kib: target.server_rss_kib(),
+            });
+        }
+    }
+    print_table(&rows, duration, runs);
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_vec_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    drop(targets);
+    Ok(())
+}
+
+fn print_table(rows: &[Row], duration: Duration, runs: usize) {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("fuse-wire round trips: {runs} runs of {:.1} s per cell, median (min-max); kernel {}, {} cpus", duration.as_secs_f64(), kernel.trim(), std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "{:<18} {:<20} {:>3} {:>12} {:>21} {:>9} {:>9} {:>7} {:>9}",
+        "target", "workload", "thr", "ops/s", "(min-max)", "p50 us", "p99 us", "errors", "rss KiB"
+    );
+    for row in rows {
+        let s = &row.summary;
+        println!(
+            "{:<18} {:<20} {:>3} {:>12.0} {:>21} {:>9.1} {:>9.1} {:>7} {:>9}",
+            row.target,
+            row.workload,
+            row.threads,
+            s.ops_per_sec_median,
+            format!("({:.0}-{:.0})", s.ops_per_sec_min, s.ops_per_sec_max),
+            s.latency_us_p50,
+            s.latency_us_p99,
+            s.errors,
+            row.server_rss_kib
+                .map_or("-".to_string(), |k| k.to_string()),
+        );
+    }
+}
