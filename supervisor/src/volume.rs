@@ -1,0 +1,128 @@
+//! Volumes on the embedded default: where a named volume lives under the
+//! base directory, and formatting one (metadata in SQLite, data in a local
+//! directory, or the URLs the user gives).
+
+use std::path::{Path, PathBuf};
+
+use baton_meta::{MetaStore, VolumeConfig};
+
+/// Where Baton keeps volumes, the supervisor state and caches by default.
+pub const DEFAULT_BASE_DIR: &str = "/var/lib/baton";
+/// Block size of a new volume unless told otherwise.
+pub const DEFAULT_BLOCK_SIZE_BYTES: u32 = 4 << 20;
+
+/// Errors of formatting a volume.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// The name cannot be a directory name.
+    #[error("volume name `{name}` is invalid: use letters, digits, `-`, `_` and `.` (not starting with `.`)")]
+    InvalidName {
+        /// The name given.
+        name: String,
+    },
+    /// A directory could not be created.
+    #[error("cannot create {path}: {source}; check permissions or pick another --base-dir")]
+    CreateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The metadata engine refused.
+    #[error(transparent)]
+    Meta(#[from] baton_meta::MetaError),
+    /// The data store does not answer.
+    #[error(transparent)]
+    Storage(#[from] baton_blocks::BlocksError),
+}
+
+/// The default locations of volume `name` under `base`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumePaths {
+    /// `BASE/NAME`.
+    pub dir: PathBuf,
+    /// `sqlite:///BASE/NAME/meta.db`.
+    pub meta_url: String,
+    /// `file:///BASE/NAME/data`.
+    pub storage_url: String,
+}
+
+impl VolumePaths {
+    /// Paths of volume `name` under `base`, after checking the name.
+    pub fn new(base: &Path, name: &str) -> Result<Self, VolumeError> {
+        let valid = !name.is_empty()
+            && !name.starts_with('.')
+            && name.len() <= 128
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            return Err(VolumeError::InvalidName {
+                name: name.to_string(),
+            });
+        }
+        let dir = base.join(name);
+        Ok(VolumePaths {
+            meta_url: format!("sqlite://{}", dir.join("meta.db").display()),
+            storage_url: format!("file://{}", dir.join("data").display()),
+            dir,
+        })
+    }
+}
+
+/// What `format` should create.
+#[derive(Debug, Clone)]
+pub struct FormatRequest {
+    /// Volume name.
+    pub name: String,
+    /// Base directory for defaults.
+    pub base_dir: PathBuf,
+    /// Metadata URL; default `sqlite:///BASE/NAME/meta.db`.
+    pub meta_url: Option<String>,
+    /// Storage URL; default `file:///BASE/NAME/data`.
+    pub storage_url: Option<String>,
+    /// Block size in bytes.
+    pub block_size_bytes: u32,
+}
+
+/// What was created.
+#[derive(Debug, Clone)]
+pub struct Formatted {
+    /// The metadata URL to mount.
+    pub meta_url: String,
+    /// Where the data goes.
+    pub storage_url: String,
+}
+
+/// Creates a volume: checks the storage answers (creating a local data
+/// directory), then writes the metadata. Refuses an existing volume.
+pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
+    let defaults = VolumePaths::new(&request.base_dir, &request.name)?;
+    let meta_url = request.meta_url.clone().unwrap_or(defaults.meta_url);
+    let storage_url = request.storage_url.clone().unwrap_or(defaults.storage_url);
+    if let Some(meta_path) = meta_url.strip_prefix("sqlite://") {
+        create_dir(Path::new(meta_path).parent().unwrap_or(Path::new("/")))?;
+    }
+    if let Some(data_dir) = storage_url.strip_prefix("file://") {
+        create_dir(Path::new(data_dir))?;
+    }
+    baton_blocks::BlockStore::open(&storage_url)?.check_reachable()?;
+    let config = VolumeConfig {
+        name: request.name.clone(),
+        storage_url: storage_url.clone(),
+        block_size_bytes: request.block_size_bytes,
+    };
+    let meta = baton_meta::format(&meta_url, &config)?;
+    tracing::info!(volume = %meta.volume().name, %meta_url, %storage_url, "volume formatted");
+    Ok(Formatted {
+        meta_url,
+        storage_url,
+    })
+}
+
+fn create_dir(path: &Path) -> Result<(), VolumeError> {
+    std::fs::create_dir_all(path).map_err(|source| VolumeError::CreateDir {
+        path: path.to_path_buf(),
+        source,
+    })
+}
