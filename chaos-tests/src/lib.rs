@@ -8,6 +8,7 @@
 //!   upgrade-protocol record.
 
 pub mod bench;
+pub mod fsx;
 pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;
