@@ -84,3 +84,14 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
 pub fn wait_for_mount(path: &Path, timeout: Duration) -> bool {
     wait_until(timeout, || fuse_wire::connection_id(path).is_ok())
 }
+
+/// A workspace binary built next to the running test or bench executable
+/// (`target/<profile>/NAME`); `cargo test --workspace` builds them all.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    dir.join(name)
+}

@@ -1,6 +1,9 @@
 //! Measurement helpers for `baton-bench`: timed loops of one syscall on
 //! several threads, latency percentiles, medians over runs, and the mounts
-//! being compared (started and torn down by guards).
+//! being compared (started and torn down by guards). [`fs`] holds the
+//! filesystem workloads.
+
+pub mod fs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -5,6 +5,13 @@
 //! O_DIRECT READ round trips per second through fuse-wire (the in-memory
 //! test filesystem) with 1 and 4 threads, beside bindfs over a tmpfs
 //! directory and the tmpfs directory itself.
+//!
+//! `baton-bench fsclient`: sequential write (1 MiB writes, final fsync) and
+//! cold and warm sequential read of a large file, random 4 KiB reads with 1
+//! and 4 threads, and create/stat/readdir/unlink of small files, on a plain
+//! directory of the same disk, bindfs over such a directory, and a Baton
+//! volume on the embedded default (SQLite + local directory). Cold reads drop
+//! the page cache, and for Baton also remount with an empty block cache.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -39,6 +46,24 @@ enum Bench {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Throughput and metadata rates: plain directory vs bindfs vs Baton.
+    Fsclient {
+        /// Size of the large file, MiB.
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        /// Number of small files.
+        #[arg(long, default_value_t = 10_000)]
+        files: usize,
+        /// Seconds per random-read run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Where to put the data (a directory on the disk under test).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(serde::Serialize)]
@@ -62,17 +87,16 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Bench::FuseWire {
-            seconds,
-            runs,
-            json,
-        } => fuse_wire(
-            Duration::from_secs_f64(seconds),
-            runs.max(1),
-            json.as_deref(),
-        ),
+        Bench::FuseWire { seconds, runs, json } => {
+            fuse_wire(Duration::from_secs_f64(seconds), runs.max(1), json.as_deref())
+        }
+        Bench::Fsclient { size_mib, files, seconds, dir, json } => {
+            fsclient_bench::run(&dir, size_mib, files, Duration::from_secs_f64(seconds), json.as_deref())
+        }
     }
 }
+
+mod fsclient_bench;
 
 fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(path)?;
@@ -126,7 +150,7 @@ fn targets(dir: &Path) -> anyhow::Result<Vec<Target>> {
     Ok(targets)
 }
 
-fn which(program: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn which(program: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH")?
         .to_str()?
         .split(':')
