@@ -14,6 +14,9 @@
 //! request returns it, and it is handled before the worker looks at the flag
 //! again, so no request is lost. Requests not yet read stay queued in the
 //! kernel for the next reader, in this process or the next generation.
+//!
+//! A filesystem method that panics aborts the process: its reply is gone, so
+//! the only way to get the caller an answer is a new generation and RESEND.
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -294,7 +297,19 @@ impl<F: Filesystem> Worker<F> {
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
         let options = self.params.decode_options();
         while let Some(len) = self.next_request(slot, &mut buf) {
-            handle_request(&*self.fs, &replies, options, &buf[..len]);
+            let request = &buf[..len];
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handle_request(&*self.fs, &replies, options, request)
+            }));
+            if handled.is_err() {
+                // A panicking filesystem method dropped its reply, so the
+                // caller would wait forever. Dying instead turns the bug into
+                // a crash the next generation recovers with RESEND.
+                tracing::error!(
+                    "filesystem panicked while handling a request; aborting the process"
+                );
+                std::process::abort();
+            }
             self.served.fetch_add(1, Ordering::Relaxed);
         }
         slot.state.store(STATE_EXITED, Ordering::SeqCst);
