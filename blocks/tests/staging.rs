@@ -229,8 +229,17 @@ fn recover_lists_staged_inodes_after_reopen_and_drops_temp_files() {
     std::fs::write(&stray, b"interrupted").unwrap();
     std::fs::create_dir(dir.path().join(format!("{:016x}", 12))).unwrap();
     let staging = Staging::open(dir.path(), BS).unwrap();
-    assert!(!stray.exists());
+    assert!(
+        stray.exists(),
+        "opening must not touch files another generation may be writing"
+    );
+    assert_eq!(staging.staged_inodes().unwrap(), vec![5, 9, 11]);
+    assert!(stray.exists());
     assert_eq!(staging.recover().unwrap(), vec![5, 9, 11]);
+    assert!(
+        !stray.exists(),
+        "recover drops temp files of interrupted writes"
+    );
     assert_eq!(read_through(&staging, 5, &[], BS * 3, 4), b"five");
     assert_eq!(staging.staged_size(11).unwrap(), Some(StagedSize::Exact(0)));
 }

@@ -4,6 +4,8 @@
 //! - [`memfs`]: an in-memory test filesystem for exercising fuse-wire.
 //! - [`mount_guard`]: unmount-on-every-path guards and deadlines for tests
 //!   and benches that mount real FUSE filesystems.
+//! - [`rw_workload`]: a verifying read/write/readdir workload for any
+//!   mount (run as `baton-testfs rw-workload`), for kill and OOM tests.
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
 
@@ -12,4 +14,5 @@ pub mod fsx;
 pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;
+pub mod rw_workload;
 pub mod workload;

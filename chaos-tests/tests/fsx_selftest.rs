@@ -1,6 +1,7 @@
 //! The exerciser itself: two plain directories always agree, and a file
 //! changed behind its back is caught with the seed and the operation log.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed setup step should stop the test.
 use chaos_tests::fsx::{run, FsxConfig};
 
 fn config(seed: u64, ops: u64) -> FsxConfig {

@@ -11,6 +11,7 @@
 //! changing runs in a child process (`cat`, `baton-testfs workload`): a test
 //! thread blocked in the kernel on a FUSE request cannot be cancelled.
 
+#![allow(clippy::unwrap_used)] // Test code: a failed setup step should stop the test.
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

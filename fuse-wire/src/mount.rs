@@ -114,9 +114,24 @@ pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
 /// waiting caller gets ECONNABORTED and the mount is dead. Last resort only.
 pub fn abort_connection(mountpoint: &Path) -> Result<(), Error> {
     let id = connection_id(mountpoint)?;
-    let path = PathBuf::from(format!("/sys/fs/fuse/connections/{id}/abort"));
+    let connections = Path::new(FUSECTL_DIR);
+    if !connections.join(id.to_string()).exists() {
+        // fusectl is not mounted on every machine; it is a single instance,
+        // so mounting it here shows every connection.
+        let _ = mount(
+            Some("fusectl"),
+            connections,
+            Some("fusectl"),
+            MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let path = connections.join(id.to_string()).join("abort");
     std::fs::write(&path, b"1").map_err(|source| Error::Mountpoint { path, source })
 }
+
+/// Where the fusectl filesystem lists FUSE connections.
+pub const FUSECTL_DIR: &str = "/sys/fs/fuse/connections";
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape_mountinfo(field: &str) -> String {

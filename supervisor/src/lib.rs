@@ -1,10 +1,40 @@
-//! Baton's control side. Today: creating volumes ([`volume`]) for `fsctl
-//! format` and `fsctl up`. The supervisor daemon that holds /dev/fuse and
-//! restarts generations comes with the supervisor issue.
+//! Baton's control side: `fsctl` (volumes and mount control) and
+//! `fs-supervisor`, the daemon that opens /dev/fuse, mounts, answers
+//! FUSE_INIT once, holds the fd for the mount's whole life and hands it to
+//! successive `fsclient serve` generations, restarting them when they die.
 //!
-//! # Invariant
+//! # Brief overview
+//! - [`lifecycle::mount`]: the pure per-mount state machine.
+//! - [`daemon`]: the single event loop; [`executor`]: the only code acting
+//!   on the machine's actions; [`mounting`]: mount(2) + INIT, validation,
+//!   the unmount helper.
+//! - [`generation`]: starting a generation process (in its cgroup, with a
+//!   pidfd) and classifying its death.
+//! - [`cgroup`]: memory cgroups per generation (v1 or v2), OOM counts.
+//! - [`control`]: the fsctl ↔ supervisor socket (SO_PEERCRED check) and the
+//!   client side.
+//! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
+//!   a mount during a handover.
+//! - [`state_file`]: the per-mount JSON record in the state directory.
+//! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
+//!
+//! # Invariants
 //! This crate never depends on `fsclient`: it starts the `fsclient` binary
-//! and talks to it through `upgrade-protocol` only.
+//! and talks to it through `upgrade-protocol` only. RESEND is requested only
+//! when no other generation that held the fd is alive. The supervisor never
+//! aborts a connection because of a timeout while it lives.
 
+pub mod cgroup;
+pub mod control;
+pub mod daemon;
+pub mod error;
+pub mod executor;
+pub mod generation;
+pub mod lifecycle;
+pub mod mounting;
+pub mod preflight;
 pub mod size;
+pub mod state_file;
 pub mod volume;
+
+pub use error::Error;

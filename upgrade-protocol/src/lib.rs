@@ -6,6 +6,10 @@
 //!   [`decode`] with a magic and a format version.
 //! - [`NegotiatedInit`]: the FUSE_INIT result, recorded once per connection
 //!   and given to every generation.
+//! - [`Request`] / [`Reply`]: the fsctl ↔ supervisor commands, carried as
+//!   [`Message::Control`] / [`Message::ControlReply`]; [`StatusReport`] is
+//!   what `fsctl status --json` prints; [`MountRecord`] is the supervisor's
+//!   per-mount state file.
 //! - [`send_message`] / [`recv_message`]: one message per SOCK_SEQPACKET
 //!   packet, with fds as SCM_RIGHTS; received fds are close-on-exec
 //!   (MSG_CMSG_CLOEXEC), so they never leak into child processes.
@@ -26,11 +30,16 @@
 
 #![deny(missing_docs)]
 
+mod control;
 mod error;
 mod fdpass;
 mod message;
 mod socket;
 
+pub use control::{
+    decode_record, encode_record, ClientOptions, ErrorKind, MountRecord, MountStatus, Recovery,
+    Reply, Request, Restarts, StatusReport, RECORD_FORMAT_VERSION,
+};
 pub use error::ProtocolError;
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};
 pub use message::{

@@ -12,6 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::{Reply, Request};
 use crate::ProtocolError;
 
 /// The first bytes of every frame.
@@ -49,7 +50,8 @@ pub struct NegotiatedInit {
 }
 
 /// A control message between a holder of the fd (supervisor) and a
-/// generation.
+/// generation, or between fsctl and the supervisor (`Control`,
+/// `ControlReply`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Message {
@@ -71,6 +73,16 @@ pub enum Message {
         /// Its process id.
         pid: u32,
     },
+    /// fsctl → supervisor: one command (see [`Request`]).
+    Control {
+        /// The command.
+        request: Request,
+    },
+    /// supervisor → fsctl: the answer to a [`Message::Control`].
+    ControlReply {
+        /// The answer.
+        reply: Reply,
+    },
 }
 
 impl Message {
@@ -79,6 +91,8 @@ impl Message {
         match self {
             Message::Adopt { .. } => "adopt",
             Message::Serving { .. } => "serving",
+            Message::Control { .. } => "control",
+            Message::ControlReply { .. } => "control_reply",
         }
     }
 
@@ -86,7 +100,7 @@ impl Message {
     pub fn fd_count(&self) -> usize {
         match self {
             Message::Adopt { .. } => 1,
-            Message::Serving { .. } => 0,
+            Message::Serving { .. } | Message::Control { .. } | Message::ControlReply { .. } => 0,
         }
     }
 }

@@ -5,7 +5,11 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-use upgrade_protocol::{decode, encode, recv_message, send_message, Message, NegotiatedInit, ProtocolError};
+use upgrade_protocol::{
+    decode, decode_record, encode, encode_record, recv_message, send_message, ClientOptions,
+    ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit, ProtocolError, Recovery, Reply,
+    Request, Restarts, StatusReport, RECORD_FORMAT_VERSION,
+};
 
 fn init() -> NegotiatedInit {
     NegotiatedInit {
@@ -24,24 +28,66 @@ fn init() -> NegotiatedInit {
 
 #[test]
 fn adopt_frame_is_pinned() {
-    let frame = encode(&Message::Adopt { generation: 3, init: init(), resend: true }).unwrap();
+    let frame = encode(&Message::Adopt {
+        generation: 3,
+        init: init(),
+        resend: true,
+    })
+    .unwrap();
     let header: Vec<String> = frame[..12].iter().map(|b| format!("{b:02x}")).collect();
-    insta::assert_snapshot!("adopt_frame_v1", format!("{}\n{}", header.join(" "), String::from_utf8_lossy(&frame[12..])));
+    insta::assert_snapshot!(
+        "adopt_frame_v1",
+        format!(
+            "{}\n{}",
+            header.join(" "),
+            String::from_utf8_lossy(&frame[12..])
+        )
+    );
     assert_eq!(&frame[..4], b"BATN");
-    assert_eq!(decode(&frame).unwrap(), Message::Adopt { generation: 3, init: init(), resend: true });
+    assert_eq!(
+        decode(&frame).unwrap(),
+        Message::Adopt {
+            generation: 3,
+            init: init(),
+            resend: true
+        }
+    );
 }
 
 #[test]
 fn newer_version_truncation_and_garbage_are_refused_clearly() {
-    let mut frame = encode(&Message::Serving { generation: 1, pid: 9 }).unwrap();
+    let mut frame = encode(&Message::Serving {
+        generation: 1,
+        pid: 9,
+    })
+    .unwrap();
     frame[4] = 2;
     let err = decode(&frame).unwrap_err();
-    assert!(matches!(err, ProtocolError::UnsupportedVersion { found: 2, supported: 1 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ProtocolError::UnsupportedVersion {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("newer than this binary"));
 
-    let frame = encode(&Message::Serving { generation: 1, pid: 9 }).unwrap();
-    assert!(matches!(decode(&frame[..frame.len() - 3]), Err(ProtocolError::Truncated { .. })));
-    assert!(matches!(decode(b"GET / HTTP/1.1\r\n"), Err(ProtocolError::BadMagic)));
+    let frame = encode(&Message::Serving {
+        generation: 1,
+        pid: 9,
+    })
+    .unwrap();
+    assert!(matches!(
+        decode(&frame[..frame.len() - 3]),
+        Err(ProtocolError::Truncated { .. })
+    ));
+    assert!(matches!(
+        decode(b"GET / HTTP/1.1\r\n"),
+        Err(ProtocolError::BadMagic)
+    ));
     let mut corrupt = frame.clone();
     let last = corrupt.len() - 1;
     corrupt[last] = b'!';
@@ -50,18 +96,206 @@ fn newer_version_truncation_and_garbage_are_refused_clearly() {
 
 #[test]
 fn fds_arrive_close_on_exec_and_counts_are_checked() {
-    let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
     let file = tempfile::tempfile().unwrap();
-    let message = Message::Adopt { generation: 2, init: init(), resend: false };
+    let message = Message::Adopt {
+        generation: 2,
+        init: init(),
+        resend: false,
+    };
     send_message(a.as_fd(), &message, &[file.as_fd()]).unwrap();
     let (got, fds) = recv_message(b.as_fd()).unwrap();
     assert_eq!(got, message);
     assert_eq!(fds.len(), 1);
     let flags = FdFlag::from_bits_truncate(fcntl(fds[0].as_fd(), FcntlArg::F_GETFD).unwrap());
-    assert!(flags.contains(FdFlag::FD_CLOEXEC), "received fd {} would leak into children", fds[0].as_raw_fd());
+    assert!(
+        flags.contains(FdFlag::FD_CLOEXEC),
+        "received fd {} would leak into children",
+        fds[0].as_raw_fd()
+    );
 
     let err = send_message(a.as_fd(), &message, &[]).unwrap_err();
-    assert!(matches!(err, ProtocolError::FdCount { expected: 1, found: 0, .. }));
+    assert!(matches!(
+        err,
+        ProtocolError::FdCount {
+            expected: 1,
+            found: 0,
+            ..
+        }
+    ));
     drop(a);
-    assert!(matches!(recv_message(b.as_fd()), Err(ProtocolError::Closed)));
+    assert!(matches!(
+        recv_message(b.as_fd()),
+        Err(ProtocolError::Closed)
+    ));
+}
+
+fn mount_request() -> Message {
+    Message::Control {
+        request: Request::Mount {
+            volume: "vol1".into(),
+            mountpoint: "/mnt/baton".into(),
+            base_dir: "/var/lib/baton".into(),
+            options: ClientOptions {
+                cache_dir: None,
+                staging_dir: Some("/var/lib/baton/staging".into()),
+                threads: Some(4),
+            },
+        },
+    }
+}
+
+#[test]
+fn control_frames_are_pinned_and_round_trip() {
+    let status = StatusReport {
+        mounts: vec![MountStatus {
+            mount_id: "0123456789abcdef".into(),
+            mountpoint: "/mnt/baton".into(),
+            volume: "vol1".into(),
+            state: "serving".into(),
+            generation: 2,
+            pid: Some(4242),
+            standby_pid: Some(4343),
+            restarts: Restarts {
+                exit: 0,
+                signal: 1,
+                oom: 0,
+            },
+            uptime_s: 12,
+            generation_uptime_s: 3,
+            consecutive_failures: 0,
+            gave_up: false,
+            last_recovery: Some(Recovery {
+                died_generation: 1,
+                cause: "signal 9 (SIGKILL)".into(),
+                at_unix_ms: 1_700_000_000_000,
+                next_generation: Some(2),
+                takeover_us: Some(812),
+                warm: true,
+            }),
+            connection_id: 43,
+            cgroup: Some("/sys/fs/cgroup/memory/baton/0123456789abcdef-gen2".into()),
+            init: init(),
+        }],
+    };
+    let messages = [
+        ("control_mount_v1", mount_request()),
+        (
+            "control_status_v1",
+            Message::Control {
+                request: Request::Status,
+            },
+        ),
+        (
+            "control_umount_v1",
+            Message::Control {
+                request: Request::Umount {
+                    mountpoint: "/mnt/baton".into(),
+                },
+            },
+        ),
+        (
+            "reply_mounted_v1",
+            Message::ControlReply {
+                reply: Reply::Mounted {
+                    mountpoint: "/mnt/baton".into(),
+                    generation: 1,
+                    pid: 4242,
+                },
+            },
+        ),
+        (
+            "reply_status_v1",
+            Message::ControlReply {
+                reply: Reply::Status { report: status },
+            },
+        ),
+        (
+            "reply_unmounted_v1",
+            Message::ControlReply {
+                reply: Reply::Unmounted {
+                    mountpoint: "/mnt/baton".into(),
+                },
+            },
+        ),
+        (
+            "reply_error_v1",
+            Message::ControlReply {
+                reply: Reply::Error {
+                    kind: ErrorKind::PermissionDenied,
+                    message: "refused".into(),
+                },
+            },
+        ),
+    ];
+    for (name, message) in messages {
+        let frame = encode(&message).unwrap();
+        let header: Vec<String> = frame[..12].iter().map(|b| format!("{b:02x}")).collect();
+        insta::assert_snapshot!(
+            name,
+            format!(
+                "{}\n{}",
+                header.join(" "),
+                String::from_utf8_lossy(&frame[12..])
+            )
+        );
+        assert_eq!(decode(&frame).unwrap(), message);
+        assert_eq!(message.fd_count(), 0);
+    }
+}
+
+#[test]
+fn control_messages_cross_a_socketpair_without_fds() {
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    send_message(a.as_fd(), &mount_request(), &[]).unwrap();
+    let (got, fds) = recv_message(b.as_fd()).unwrap();
+    assert_eq!(got, mount_request());
+    assert!(fds.is_empty());
+}
+
+#[test]
+fn state_record_round_trips_and_newer_formats_are_refused() {
+    let record = MountRecord {
+        format_version: RECORD_FORMAT_VERSION,
+        mount_id: "0123456789abcdef".into(),
+        mountpoint: "/mnt/baton".into(),
+        volume: "vol1".into(),
+        base_dir: "/var/lib/baton".into(),
+        options: ClientOptions::default(),
+        connection_id: 43,
+        init: init(),
+        has_resend: true,
+        supervisor_pid: 1,
+        generation: 3,
+        pid: Some(99),
+        created_unix_ms: 5,
+    };
+    let bytes = encode_record(&record).unwrap();
+    assert_eq!(decode_record(&bytes).unwrap(), record);
+    let newer = String::from_utf8(bytes)
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 2");
+    let err = decode_record(newer.as_bytes()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProtocolError::UnsupportedVersion {
+                found: 2,
+                supported: 1
+            }
+        ),
+        "{err}"
+    );
 }

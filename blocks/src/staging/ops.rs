@@ -18,8 +18,10 @@ struct BlockSpan {
 
 impl Staging {
     /// Opens (creating if needed) the staging area in `dir` for volumes
-    /// with `block_size_bytes` blocks. Deletes leftover temp files. Fails if
-    /// the area was created with another block size.
+    /// with `block_size_bytes` blocks. Fails if the area was created with
+    /// another block size. Opening changes no staged file: a standby
+    /// generation opens the area while the serving one still writes to it;
+    /// leftovers are cleaned by [`Staging::recover`].
     pub fn open(dir: &Path, block_size_bytes: u64) -> Result<Self> {
         if block_size_bytes == 0 || block_size_bytes > BLOCK_SIZE_BYTES_MAX {
             return Err(BlocksError::InvalidArgument {
@@ -39,9 +41,6 @@ impl Staging {
             seq_next: AtomicU64::new(1),
         };
         staging.check_format()?;
-        for ino in staging.inode_dirs()? {
-            staging.clean_inode_dir(ino)?;
-        }
         Ok(staging)
     }
 
@@ -55,12 +54,31 @@ impl Staging {
         self.block_size_bytes
     }
 
-    /// Inodes with staged data (blocks or a size record), ascending. Call at
-    /// start: a new process flushes what a dead one acknowledged.
+    /// Inodes with staged data (blocks or a size record), ascending, after
+    /// deleting temp files of interrupted (never acknowledged) writes. Call
+    /// only when no other process writes to this area: a new generation
+    /// calls it once its predecessor is dead, then flushes what that one
+    /// acknowledged.
     pub fn recover(&self) -> Result<Vec<u64>> {
+        self.list_staged(true)
+    }
+
+    /// Inodes with staged data, ascending, changing nothing: safe while
+    /// other threads or processes write.
+    pub fn staged_inodes(&self) -> Result<Vec<u64>> {
+        self.list_staged(false)
+    }
+
+    fn list_staged(&self, clean: bool) -> Result<Vec<u64>> {
         let mut inos = Vec::new();
         for ino in self.inode_dirs()? {
             let _guard = self.stripe(ino);
+            if clean {
+                self.clean_inode_dir(ino)?;
+                if !self.inode_dir(ino).exists() {
+                    continue;
+                }
+            }
             if self.record(ino)?.is_some() || !self.block_indices(ino)?.is_empty() {
                 inos.push(ino);
             }
@@ -532,7 +550,8 @@ impl Staging {
                 ),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let tmp = self.dir.join(format!("{FORMAT_FILE}{TMP_SUFFIX}"));
+                // Several generations may open the area at once: each writes its own temp file.
+                let tmp = self.dir.join(format!("{FORMAT_FILE}.{}{TMP_SUFFIX}", std::process::id()));
                 replace(&path, &tmp, want.as_bytes()).map_err(|e| self.err("write format file", &path, e))
             }
             Err(e) => Err(self.err("read format file", &path, e)),

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 pub fn sequential_write(path: &Path, total_bytes: u64, chunk_bytes: usize) -> std::io::Result<f64> {
     let chunk: Vec<u8> = (0..chunk_bytes).map(|i| (i * 131 % 251) as u8).collect();
     let start = Instant::now();
-    let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(path)?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
     let mut written = 0u64;
     while written < total_bytes {
         file.write_all(&chunk)?;
@@ -45,7 +49,10 @@ pub fn random_reads(path: &Path, threads: usize, duration: Duration) -> std::io:
     let blocks = file.metadata()?.len() / 4096;
     let result = super::timed(threads, duration, move |thread, i| {
         let mut buf = [0u8; 4096];
-        let block = (i.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(thread as u64 * 7919)) % blocks.max(1);
+        let block = (i
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(thread as u64 * 7919))
+            % blocks.max(1);
         file.read_exact_at(&mut buf, block * 4096)
     });
     Ok(result.ops_per_sec)

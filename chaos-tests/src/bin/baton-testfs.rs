@@ -5,7 +5,9 @@
 //!   process that connects to `--handoff`, then exiting);
 //! - `holder`: mount, answer INIT and only hold the fd, giving a copy to
 //!   every generation that connects (what the supervisor will do);
-//! - `adopt`: take an initialized fd from a holder and serve it.
+//! - `adopt`: take an initialized fd from a holder and serve it;
+//! - `workload`, `rw-workload`: verifying workloads run as child processes
+//!   of tests.
 //!
 //! Signals: SIGTERM/SIGINT stop (and `serve`/`holder` unmount); SIGUSR1 makes
 //! `adopt` stop its workers between requests and exit 0 without unmounting.
@@ -79,6 +81,29 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// Run a verifying read/write/readdir workload in DIR (any filesystem)
+    /// until STOP_FILE exists; exits 1 if any syscall failed or any byte
+    /// was wrong (see `chaos_tests::rw_workload`).
+    RwWorkload {
+        /// Directory to work in (created).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Writer threads.
+        #[arg(long, default_value_t = 2)]
+        writers: usize,
+        /// Reader threads.
+        #[arg(long, default_value_t = 2)]
+        readers: usize,
+        /// Files per writer.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// Bytes per file.
+        #[arg(long, default_value_t = 256 * 1024)]
+        file_bytes: usize,
+        /// Stop when this file exists.
+        #[arg(long)]
+        stop_file: PathBuf,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -151,6 +176,24 @@ fn run() -> anyhow::Result<ExitCode> {
             serving,
         } => adopt(&connect, replay.as_deref(), &serving, &signals),
         Command::Workload { mount, threads } => chaos_tests::workload::run(mount, threads),
+        Command::RwWorkload {
+            dir,
+            writers,
+            readers,
+            slots,
+            file_bytes,
+            stop_file,
+        } => {
+            let status = chaos_tests::rw_workload::run(chaos_tests::rw_workload::Config {
+                dir,
+                writers,
+                readers,
+                slots,
+                file_bytes,
+                stop_file,
+            });
+            Ok(ExitCode::from(status as u8))
+        }
     }
 }
 

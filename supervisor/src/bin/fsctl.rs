@@ -1,7 +1,15 @@
 //! `fsctl`: Baton's control command.
 //!
-//! Exit codes: 0 success, 1 the operation failed (the message says why and
-//! what to do), 2 bad usage.
+//! `format` and `up` work on their own; `mount`, `status` and `umount` talk
+//! to `fs-supervisor` over its control socket.
+//!
+//! Exit codes (also in `fsctl --help`):
+//! - 0: success;
+//! - 1: the operation failed (the message says why and what to do);
+//! - 2: bad usage, or the supervisor refused the request as given (no such
+//!   mount, mountpoint not empty, volume missing, ...);
+//! - 3: fs-supervisor cannot be reached or did not answer in time;
+//! - 4: fs-supervisor refused this user (only root may control it).
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -9,13 +17,19 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use supervisor::control::DEFAULT_SOCKET;
 use supervisor::size::parse_size;
 use supervisor::volume::{
     format, FormatRequest, VolumePaths, DEFAULT_BASE_DIR, DEFAULT_BLOCK_SIZE_BYTES,
 };
+use upgrade_protocol::{ClientOptions, ErrorKind, Reply, Request, StatusReport};
 
 #[derive(Parser)]
-#[command(name = "fsctl", about = "Control Baton volumes and mounts")]
+#[command(
+    name = "fsctl",
+    about = "Control Baton volumes and mounts",
+    after_help = "Exit codes: 0 success; 1 the operation failed; 2 bad usage or a request refused as given; 3 fs-supervisor unreachable or not answering; 4 not allowed (run as root)."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -40,8 +54,9 @@ enum Command {
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
     },
-    /// Mount volume NAME at MOUNTPOINT, formatting it first if it does not
-    /// exist (the main job on the embedded default). Runs in the foreground.
+    /// The main job on the embedded default: format volume NAME if it does
+    /// not exist, start fs-supervisor if none is running, and mount the
+    /// volume at MOUNTPOINT through it.
     Up {
         /// Volume name.
         #[arg(default_value = "default")]
@@ -52,7 +67,55 @@ enum Command {
         /// Base directory for volumes.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
+        #[command(flatten)]
+        socket: SocketArg,
     },
+    /// Mount VOLUME at MOUNTPOINT through fs-supervisor, which holds the
+    /// FUSE connection and restarts the filesystem when it dies. Returns
+    /// once the first generation serves.
+    Mount {
+        /// A volume name (under --base-dir) or sqlite:///path/meta.db.
+        volume: String,
+        /// An existing empty directory.
+        mountpoint: PathBuf,
+        /// Base directory for volumes.
+        #[arg(long, default_value = DEFAULT_BASE_DIR)]
+        base_dir: PathBuf,
+        /// Block cache directory for the filesystem [default: next to the metadata].
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// Write staging directory [default: next to the metadata].
+        #[arg(long)]
+        staging_dir: Option<PathBuf>,
+        /// FUSE worker threads per generation [default: fsclient's].
+        #[arg(long)]
+        threads: Option<u32>,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Show every mount of fs-supervisor: generation, pids, restarts.
+    Status {
+        /// Print JSON (`{"mounts":[...]}`) instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Stop serving MOUNTPOINT (the filesystem flushes) and unmount it.
+    Umount {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+}
+
+/// The supervisor's control socket option.
+#[derive(clap::Args)]
+struct SocketArg {
+    /// fs-supervisor's control socket.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
 }
 
 fn parse_block_size(text: &str) -> Result<u32, String> {
@@ -71,7 +134,15 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("fsctl: {err:#}");
-            ExitCode::from(1)
+            let unreachable = err.chain().any(|cause| {
+                matches!(
+                    cause.downcast_ref::<supervisor::Error>(),
+                    Some(
+                        supervisor::Error::Unreachable { .. } | supervisor::Error::NoAnswer { .. }
+                    )
+                )
+            });
+            ExitCode::from(if unreachable { 3 } else { 1 })
         }
     }
 }
@@ -106,11 +177,173 @@ fn run() -> anyhow::Result<ExitCode> {
             name,
             mountpoint,
             base_dir,
-        } => up(&name, &mountpoint, base_dir),
+            socket,
+        } => up(&name, &mountpoint, base_dir, &socket.socket),
+        Command::Mount {
+            volume,
+            mountpoint,
+            base_dir,
+            cache_dir,
+            staging_dir,
+            threads,
+            socket,
+        } => {
+            let request = Request::Mount {
+                volume,
+                mountpoint: absolute(&mountpoint)?,
+                base_dir: absolute(&base_dir)?,
+                options: ClientOptions {
+                    cache_dir: cache_dir.as_deref().map(absolute).transpose()?,
+                    staging_dir: staging_dir.as_deref().map(absolute).transpose()?,
+                    threads,
+                },
+            };
+            mount(&socket.socket, &request)
+        }
+        Command::Status { json, socket } => status(&socket.socket, json),
+        Command::Umount { mountpoint, socket } => {
+            let mountpoint = absolute(&mountpoint)?;
+            umount(&socket.socket, &Request::Umount { mountpoint })
+        }
     }
 }
 
-fn up(name: &str, mountpoint: &std::path::Path, base_dir: PathBuf) -> anyhow::Result<ExitCode> {
+fn mount(socket: &std::path::Path, request: &Request) -> anyhow::Result<ExitCode> {
+    match call(socket, request)? {
+        Reply::Mounted {
+            mountpoint,
+            generation,
+            pid,
+        } => {
+            println!(
+                "mounted {} (generation {generation}, pid {pid})",
+                mountpoint.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        other => refused(other),
+    }
+}
+
+fn status(socket: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+    match call(socket, &Request::Status)? {
+        Reply::Status { report } => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", table(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        other => refused(other),
+    }
+}
+
+fn umount(socket: &std::path::Path, request: &Request) -> anyhow::Result<ExitCode> {
+    match call(socket, request)? {
+        Reply::Unmounted { mountpoint } => {
+            println!("unmounted {}", mountpoint.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        other => refused(other),
+    }
+}
+
+/// An absolute path (canonical if it exists), since the supervisor runs
+/// elsewhere.
+fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if let Ok(canonical) = std::fs::canonicalize(path) {
+        return Ok(canonical);
+    }
+    Ok(std::env::current_dir()
+        .context("reading the current directory")?
+        .join(path))
+}
+
+fn call(socket: &std::path::Path, request: &Request) -> anyhow::Result<Reply> {
+    let timeout = supervisor::daemon::command_timeout(request);
+    Ok(supervisor::control::request(socket, request, timeout)?)
+}
+
+/// Prints an error reply and picks the exit code.
+fn refused(reply: Reply) -> anyhow::Result<ExitCode> {
+    match reply {
+        Reply::Error { kind, message } => {
+            eprintln!("fsctl: {message}");
+            Ok(ExitCode::from(match kind {
+                ErrorKind::Invalid => 2,
+                ErrorKind::Failed => 1,
+                ErrorKind::PermissionDenied => 4,
+            }))
+        }
+        other => {
+            eprintln!("fsctl: unexpected answer from fs-supervisor: {other:?}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// The human status table.
+fn table(report: &StatusReport) -> String {
+    if report.mounts.is_empty() {
+        return "no mounts\n".to_string();
+    }
+    let mut out = format!(
+        "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
+        "MOUNTPOINT",
+        "VOLUME",
+        "STATE",
+        "GEN",
+        "PID",
+        "STANDBY",
+        "RESTARTS e/s/oom",
+        "UPTIME",
+        "LAST RECOVERY"
+    );
+    for m in &report.mounts {
+        let pid = |p: Option<u32>| p.map_or("-".to_string(), |p| p.to_string());
+        let recovery = m.last_recovery.as_ref().map_or("-".to_string(), |r| {
+            format!(
+                "gen {} {} -> {} ({})",
+                r.died_generation,
+                r.cause,
+                r.next_generation
+                    .map_or("?".to_string(), |g| format!("gen {g}")),
+                r.takeover_us.map_or("pending".to_string(), |us| format!(
+                    "{:.1} ms {}",
+                    us as f64 / 1000.0,
+                    if r.warm { "warm" } else { "cold" }
+                ))
+            )
+        });
+        out.push_str(&format!(
+            "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>7}s  {}\n",
+            m.mountpoint.display(),
+            m.volume,
+            if m.gave_up { "GAVE UP" } else { &m.state },
+            m.generation,
+            pid(m.pid),
+            pid(m.standby_pid),
+            format!(
+                "{}/{}/{}",
+                m.restarts.exit, m.restarts.signal, m.restarts.oom
+            ),
+            m.uptime_s,
+            recovery
+        ));
+    }
+    out
+}
+
+/// The main job on the embedded default: formats the volume on first use,
+/// starts `fs-supervisor` in the background if none answers on `socket`, and
+/// mounts the volume through it.
+fn up(
+    name: &str,
+    mountpoint: &std::path::Path,
+    base_dir: PathBuf,
+    socket: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
     let paths = VolumePaths::new(&base_dir, name)?;
     if !paths.dir.join("meta.db").exists() {
         let request = FormatRequest {
@@ -125,23 +358,76 @@ fn up(name: &str, mountpoint: &std::path::Path, base_dir: PathBuf) -> anyhow::Re
     }
     std::fs::create_dir_all(mountpoint)
         .with_context(|| format!("creating mountpoint {}", mountpoint.display()))?;
-    let fsclient = std::env::current_exe()?.with_file_name("fsclient");
+    ensure_supervisor(socket)?;
+    let request = Request::Mount {
+        volume: paths.meta_url.clone(),
+        mountpoint: absolute(mountpoint)?,
+        base_dir: absolute(&base_dir)?,
+        options: ClientOptions {
+            cache_dir: None,
+            staging_dir: None,
+            threads: None,
+        },
+    };
+    let code = mount(socket, &request)?;
+    let s = socket.display();
     println!(
-        "mounting volume {name} at {} (Ctrl-C or `umount {}` to stop)",
-        mountpoint.display(),
+        "volume {name} is mounted at {} and supervised by fs-supervisor ({s})",
         mountpoint.display()
     );
-    let err = std::process::Command::new(&fsclient)
-        .arg("mount")
-        .arg(&paths.meta_url)
-        .arg(mountpoint)
-        .arg("--base-dir")
-        .arg(&base_dir)
-        .exec();
-    Err(err).with_context(|| {
-        format!(
-            "starting {}; build it with `cargo build --release`",
-            fsclient.display()
-        )
-    })
+    println!("  status:  fsctl status --socket {s}");
+    println!(
+        "  upgrade: fsctl upgrade {} --binary PATH --socket {s}   (with the upgrade issue)",
+        mountpoint.display()
+    );
+    println!(
+        "  stop:    fsctl umount {} --socket {s}",
+        mountpoint.display()
+    );
+    Ok(code)
+}
+
+/// Starts `fs-supervisor` (next to this executable) in its own process
+/// group, logging to its state directory, unless one answers on `socket`.
+fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
+    if upgrade_protocol::connect_seqpacket(socket).is_ok() {
+        return Ok(());
+    }
+    let binary = std::env::current_exe()?.with_file_name("fs-supervisor");
+    let state_dir = PathBuf::from(supervisor::daemon::DEFAULT_STATE_DIR);
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let log_path = state_dir.join("fs-supervisor.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    std::process::Command::new(&binary)
+        .arg("--socket")
+        .arg(socket)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting {}; build it with `cargo build --release`",
+                binary.display()
+            )
+        })?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while upgrade_protocol::connect_seqpacket(socket).is_err() {
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "fs-supervisor did not answer on {} within 20 s; see {}",
+                socket.display(),
+                log_path.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    println!("started fs-supervisor (log: {})", log_path.display());
+    Ok(())
 }

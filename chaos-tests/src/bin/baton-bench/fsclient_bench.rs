@@ -6,7 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use chaos_tests::bench::fs::{drop_page_cache, random_reads, sequential_read, sequential_write, small_files};
+use chaos_tests::bench::fs::{
+    drop_page_cache, random_reads, sequential_read, sequential_write, small_files,
+};
 use chaos_tests::bench::{rss_kib, Target};
 use chaos_tests::mount_guard::workspace_binary;
 
@@ -35,20 +37,34 @@ struct Baton {
 impl Baton {
     fn format(base: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(base)?;
-        let out = Command::new(workspace_binary("fsctl")).args(["format", "bench"]).arg("--base-dir").arg(base).output()?;
+        let out = Command::new(workspace_binary("fsctl"))
+            .args(["format", "bench"])
+            .arg("--base-dir")
+            .arg(base)
+            .output()?;
         if !out.status.success() {
             bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
         }
         let mnt = base.join("mnt");
         std::fs::create_dir_all(&mnt)?;
-        Ok(Baton { base: base.to_path_buf(), mnt, meta_url: format!("sqlite://{}", base.join("bench/meta.db").display()) })
+        Ok(Baton {
+            base: base.to_path_buf(),
+            mnt,
+            meta_url: format!("sqlite://{}", base.join("bench/meta.db").display()),
+        })
     }
 
     fn mount(&self) -> anyhow::Result<Target> {
         Target::spawn(
             "baton",
             &self.mnt,
-            Command::new(workspace_binary("fsclient")).arg("mount").arg(&self.meta_url).arg(&self.mnt).arg("--base-dir").arg(&self.base).stderr(Stdio::null()),
+            Command::new(workspace_binary("fsclient"))
+                .arg("mount")
+                .arg(&self.meta_url)
+                .arg(&self.mnt)
+                .arg("--base-dir")
+                .arg(&self.base)
+                .stderr(Stdio::null()),
         )
     }
 
@@ -58,7 +74,9 @@ impl Baton {
         let status = Command::new("umount").arg(&self.mnt).status()?;
         anyhow::ensure!(status.success(), "umount {}", self.mnt.display());
         if let Some(mut server) = server {
-            server.wait_timeout(Duration::from_secs(60)).context("fsclient did not exit after umount")?;
+            server
+                .wait_timeout(Duration::from_secs(60))
+                .context("fsclient did not exit after umount")?;
         }
         let cache = self.base.join("bench/cache");
         if cache.exists() {
@@ -72,34 +90,69 @@ impl Baton {
 /// cache.
 fn measure(target: &Target, size_mib: u64, files: usize, seconds: Duration) -> anyhow::Result<Row> {
     let big = target.root.join("big");
-    let mut row = Row { target: target.name.clone(), ..Default::default() };
-    row.write_mib_s = sequential_write(&big, size_mib << 20, 1 << 20).with_context(|| format!("{}: write", target.name))?;
+    let mut row = Row {
+        target: target.name.clone(),
+        ..Default::default()
+    };
+    row.write_mib_s = sequential_write(&big, size_mib << 20, 1 << 20)
+        .with_context(|| format!("{}: write", target.name))?;
     drop_page_cache()?;
-    row.read_cold_mib_s = sequential_read(&big, 1 << 20).with_context(|| format!("{}: cold read", target.name))?;
+    row.read_cold_mib_s =
+        sequential_read(&big, 1 << 20).with_context(|| format!("{}: cold read", target.name))?;
     row.read_warm_mib_s = sequential_read(&big, 1 << 20)?;
     row.rand4k_1t_ops = random_reads(&big, 1, seconds)?;
     row.rand4k_4t_ops = random_reads(&big, 4, seconds)?;
-    let [create, stat, readdir, unlink] = small_files(&target.root.join("small"), files).with_context(|| format!("{}: small files", target.name))?;
-    (row.create_ops, row.stat_ops, row.readdir_ops, row.unlink_ops) = (create, stat, readdir, unlink);
+    let [create, stat, readdir, unlink] = small_files(&target.root.join("small"), files)
+        .with_context(|| format!("{}: small files", target.name))?;
+    (
+        row.create_ops,
+        row.stat_ops,
+        row.readdir_ops,
+        row.unlink_ops,
+    ) = (create, stat, readdir, unlink);
     row.server_rss_kib = target.server_rss_kib();
     std::fs::remove_file(&big)?;
     Ok(row)
 }
 
-pub fn run(dir: &Path, size_mib: u64, files: usize, seconds: Duration, json: Option<&Path>) -> anyhow::Result<()> {
-    let root = tempfile::Builder::new().prefix("baton-bench-").tempdir_in(dir).with_context(|| format!("creating a directory in {}", dir.display()))?;
+pub fn run(
+    dir: &Path,
+    size_mib: u64,
+    files: usize,
+    seconds: Duration,
+    json: Option<&Path>,
+) -> anyhow::Result<()> {
+    let root = tempfile::Builder::new()
+        .prefix("baton-bench-")
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a directory in {}", dir.display()))?;
     let mut rows = Vec::new();
 
     let plain = root.path().join("plain");
     std::fs::create_dir_all(&plain)?;
-    rows.push(measure(&Target::plain("plain dir", &plain), size_mib, files, seconds)?);
+    rows.push(measure(
+        &Target::plain("plain dir", &plain),
+        size_mib,
+        files,
+        seconds,
+    )?);
 
     match super::which("bindfs") {
         Some(bindfs) => {
-            let (src, mnt) = (root.path().join("bindfs-src"), root.path().join("bindfs-mnt"));
+            let (src, mnt) = (
+                root.path().join("bindfs-src"),
+                root.path().join("bindfs-mnt"),
+            );
             std::fs::create_dir_all(&src)?;
             std::fs::create_dir_all(&mnt)?;
-            let target = Target::spawn("bindfs", &mnt, Command::new(bindfs).args(["-f", "--multithreaded"]).arg(&src).arg(&mnt))?;
+            let target = Target::spawn(
+                "bindfs",
+                &mnt,
+                Command::new(bindfs)
+                    .args(["-f", "--multithreaded"])
+                    .arg(&src)
+                    .arg(&mnt),
+            )?;
             rows.push(measure(&target, size_mib, files, seconds)?);
         }
         None => println!("skipping bindfs: not installed (apt-get install bindfs)"),
@@ -108,7 +161,10 @@ pub fn run(dir: &Path, size_mib: u64, files: usize, seconds: Duration, json: Opt
     let baton = Baton::format(&root.path().join("baton"))?;
     let mut target = Some(baton.mount()?);
     let big = baton.mnt.join("big");
-    let mut row = Row { target: "baton".into(), ..Default::default() };
+    let mut row = Row {
+        target: "baton".into(),
+        ..Default::default()
+    };
     row.write_mib_s = sequential_write(&big, size_mib << 20, 1 << 20).context("baton: write")?;
     target = Some(baton.remount_cold(target.take().context("mounted")?)?);
     drop_page_cache()?;
@@ -116,8 +172,16 @@ pub fn run(dir: &Path, size_mib: u64, files: usize, seconds: Duration, json: Opt
     row.read_warm_mib_s = sequential_read(&big, 1 << 20)?;
     row.rand4k_1t_ops = random_reads(&big, 1, seconds)?;
     row.rand4k_4t_ops = random_reads(&big, 4, seconds)?;
-    [row.create_ops, row.stat_ops, row.readdir_ops, row.unlink_ops] = small_files(&baton.mnt.join("small"), files).context("baton: small files")?;
-    row.server_rss_kib = target.as_ref().and_then(|t| t.server.as_ref()).and_then(|s| rss_kib(s.0.id()));
+    [
+        row.create_ops,
+        row.stat_ops,
+        row.readdir_ops,
+        row.unlink_ops,
+    ] = small_files(&baton.mnt.join("small"), files).context("baton: small files")?;
+    row.server_rss_kib = target
+        .as_ref()
+        .and_then(|t| t.server.as_ref())
+        .and_then(|s| rss_kib(s.0.id()));
     rows.push(row);
     drop(target);
 
@@ -129,9 +193,30 @@ pub fn run(dir: &Path, size_mib: u64, files: usize, seconds: Duration, json: Opt
 }
 
 fn print_table(rows: &[Row], size_mib: u64, files: usize) {
-    println!("fsclient: {size_mib} MiB file in 1 MiB writes + fsync; {files} small files; kernel {}", std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
-    println!("{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9}", "target", "write", "read cold", "read warm", "rand4k 1t", "rand4k 4t", "create", "stat", "readdir", "unlink", "rss KiB");
-    println!("{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9}", "", "MiB/s", "MiB/s", "MiB/s", "ops/s", "ops/s", "ops/s", "ops/s", "entries/s", "ops/s", "");
+    println!(
+        "fsclient: {size_mib} MiB file in 1 MiB writes + fsync; {files} small files; kernel {}",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9}",
+        "target",
+        "write",
+        "read cold",
+        "read warm",
+        "rand4k 1t",
+        "rand4k 4t",
+        "create",
+        "stat",
+        "readdir",
+        "unlink",
+        "rss KiB"
+    );
+    println!(
+        "{:<10} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9} {:>9} {:>10} {:>9} {:>9}",
+        "", "MiB/s", "MiB/s", "MiB/s", "ops/s", "ops/s", "ops/s", "ops/s", "entries/s", "ops/s", ""
+    );
     for r in rows {
         println!(
             "{:<10} {:>9.0} {:>9.0} {:>9.0} {:>10.0} {:>10.0} {:>9.0} {:>9.0} {:>10.0} {:>9.0} {:>9}",

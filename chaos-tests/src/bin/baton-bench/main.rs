@@ -87,12 +87,28 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Bench::FuseWire { seconds, runs, json } => {
-            fuse_wire(Duration::from_secs_f64(seconds), runs.max(1), json.as_deref())
-        }
-        Bench::Fsclient { size_mib, files, seconds, dir, json } => {
-            fsclient_bench::run(&dir, size_mib, files, Duration::from_secs_f64(seconds), json.as_deref())
-        }
+        Bench::FuseWire {
+            seconds,
+            runs,
+            json,
+        } => fuse_wire(
+            Duration::from_secs_f64(seconds),
+            runs.max(1),
+            json.as_deref(),
+        ),
+        Bench::Fsclient {
+            size_mib,
+            files,
+            seconds,
+            dir,
+            json,
+        } => fsclient_bench::run(
+            &dir,
+            size_mib,
+            files,
+            Duration::from_secs_f64(seconds),
+            json.as_deref(),
+        ),
     }
 }
 

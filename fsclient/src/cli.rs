@@ -1,0 +1,163 @@
+//! The command line: `fsclient mount` and `fsclient serve`, their options,
+//! and size parsing (`--cache-size 1G`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR, DEFAULT_CACHE_SIZE_BYTES};
+
+/// Worker threads by default.
+pub const DEFAULT_THREADS: usize = 4;
+
+/// The fsclient command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "fsclient",
+    about = "Serve a Baton volume as a POSIX filesystem over FUSE"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mount VOLUME at MOUNTPOINT and serve it in the foreground until
+    /// unmounted or SIGTERM/SIGINT (then flush and unmount).
+    Mount {
+        /// A volume name (metadata at BASE/NAME/meta.db) or a metadata URL
+        /// (sqlite:///path/meta.db).
+        volume: String,
+        /// An existing empty directory.
+        mountpoint: PathBuf,
+        /// Volume options.
+        #[command(flatten)]
+        options: VolumeArgs,
+    },
+    /// Adopt an initialized FUSE connection from a supervisor and serve
+    /// VOLUME on it until SIGTERM (then flush and exit 0, still mounted).
+    Serve {
+        /// The supervisor's SEQPACKET socket.
+        #[arg(long)]
+        connect: PathBuf,
+        /// A volume name or a metadata URL.
+        volume: String,
+        /// Volume options.
+        #[command(flatten)]
+        options: VolumeArgs,
+    },
+}
+
+/// Options shared by `mount` and `serve`.
+#[derive(Debug, Args, Clone)]
+pub struct VolumeArgs {
+    /// Block cache directory [default: next to the metadata, `cache/`].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Block cache capacity in bytes, or with a K/M/G/T suffix (binary).
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    pub cache_size: u64,
+    /// Write staging directory [default: next to the metadata, `staging/`].
+    #[arg(long)]
+    pub staging_dir: Option<PathBuf>,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = DEFAULT_THREADS)]
+    pub threads: usize,
+    /// Where named volumes live.
+    #[arg(long, default_value = DEFAULT_BASE_DIR)]
+    pub base_dir: PathBuf,
+    /// How long the kernel caches entries and attributes, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub attr_ttl_ms: u64,
+}
+
+impl VolumeArgs {
+    /// The local volume options.
+    pub fn volume_options(&self) -> VolumeOptions {
+        VolumeOptions {
+            cache_dir: self.cache_dir.clone(),
+            cache_size_bytes: self.cache_size,
+            staging_dir: self.staging_dir.clone(),
+        }
+    }
+
+    /// The attribute cache time.
+    pub fn attr_ttl(&self) -> Duration {
+        Duration::from_millis(self.attr_ttl_ms)
+    }
+}
+
+/// Parses `4096`, `64K`, `512M`, `1G`, `2T` (also `1GiB`, `1GB`: binary
+/// units either way). Pure.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits_end);
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size: expected e.g. 1G, 512M or 4096"))?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit {suffix:?}: use K, M, G or T"
+            ))
+        }
+    };
+    value
+        .checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// Default cache size, for documentation and tests.
+pub const fn default_cache_size() -> u64 {
+    DEFAULT_CACHE_SIZE_BYTES
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
+        assert_eq!(parse_size("512m").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("2T").unwrap(), 2 << 40);
+        assert_eq!(parse_size("7B").unwrap(), 7);
+    }
+
+    #[test]
+    fn bad_sizes_say_why() {
+        assert!(parse_size("").unwrap_err().contains("not a size"));
+        assert!(parse_size("G").unwrap_err().contains("not a size"));
+        assert!(parse_size("12Q").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("99999999999T")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(parse_size("-1").unwrap_err().contains("not a size"));
+    }
+
+    #[test]
+    fn mount_defaults_match_the_brief() {
+        let cli = Cli::try_parse_from(["fsclient", "mount", "vol", "/mnt"]).unwrap();
+        let Command::Mount { options, .. } = cli.command else {
+            panic!("mount expected");
+        };
+        assert_eq!(options.cache_size, default_cache_size());
+        assert_eq!(options.threads, DEFAULT_THREADS);
+        assert_eq!(options.base_dir, PathBuf::from(DEFAULT_BASE_DIR));
+        assert_eq!(options.attr_ttl(), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,167 @@
+//! The crate's one error type, [`Error`]: failures while preparing a volume
+//! (bad input, every one with the fix in its message) and failures of a
+//! filesystem operation (carrying the errno the FUSE reply gets).
+
+use std::path::PathBuf;
+
+use fuse_wire::Errno;
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in fsclient.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The metadata engine failed (its errno comes from `MetaError::errno`).
+    #[error(transparent)]
+    Meta(Box<baton_meta::MetaError>),
+    /// The data layer failed (its errno comes from `BlocksError::errno`).
+    #[error(transparent)]
+    Blocks(Box<baton_blocks::BlocksError>),
+    /// A filesystem operation refused with a plain errno.
+    #[error("inode {nodeid}: {what} ({errno})")]
+    Refused {
+        /// The inode concerned.
+        nodeid: u64,
+        /// Why.
+        what: &'static str,
+        /// The errno to reply with.
+        errno: Errno,
+    },
+    /// The mountpoint cannot be used.
+    #[error("mountpoint {path} {problem}; {fix}")]
+    Mountpoint {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+        /// What to do.
+        fix: &'static str,
+    },
+    /// No metadata database where the volume should be.
+    #[error("volume {volume} is not formatted (no metadata at {path}): run `fsctl format {volume}` first, or check --base-dir")]
+    NotFormatted {
+        /// The volume as given on the command line.
+        volume: String,
+        /// Where the metadata was looked for.
+        path: PathBuf,
+    },
+    /// Another process serves this volume on this host.
+    #[error("volume {volume} is already mounted (pid {pid}); unmount it first (lock file {path})")]
+    AlreadyMounted {
+        /// The volume.
+        volume: String,
+        /// The pid recorded in the lock file (0 if unreadable).
+        pid: u32,
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// The lock file next to the metadata cannot be opened or locked.
+    #[error(
+        "cannot lock volume {volume} with {path}: {cause}; check that the directory is writable"
+    )]
+    Lock {
+        /// The volume.
+        volume: String,
+        /// The lock file.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// The staging directory cannot take writes.
+    #[error("staging directory {path} is not writable: {cause}; pass --staging-dir with a writable local directory")]
+    StagingNotWritable {
+        /// The staging directory.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// The storage named by the volume record does not answer.
+    #[error("storage {url} of volume {volume} does not answer: {cause}")]
+    StorageUnreachable {
+        /// The volume.
+        volume: String,
+        /// The storage URL from the volume record.
+        url: String,
+        /// The data layer's error (it says what to check).
+        cause: Box<baton_blocks::BlocksError>,
+    },
+    /// The metadata cannot be opened (corrupt, foreign or newer).
+    #[error("metadata of volume {volume} cannot be opened: {cause}")]
+    MetaOpen {
+        /// The volume.
+        volume: String,
+        /// The metadata engine's error (it says what to do).
+        cause: Box<baton_meta::MetaError>,
+    },
+    /// A volume argument that is neither a name nor a `sqlite://` URL.
+    #[error(
+        "invalid volume {volume:?}: {reason}; give a volume name or sqlite:///abs/path/meta.db"
+    )]
+    BadVolume {
+        /// The argument.
+        volume: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The supervisor sent something other than an adoptable connection.
+    #[error("handover from {socket} failed: {reason}; is the socket a Baton supervisor's?")]
+    Handover {
+        /// The socket connected to.
+        socket: PathBuf,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// The FUSE layer failed (mount, INIT, serving).
+    #[error(transparent)]
+    Fuse(Box<fuse_wire::Error>),
+    /// The supervisor protocol failed.
+    #[error(transparent)]
+    Protocol(Box<upgrade_protocol::ProtocolError>),
+}
+
+impl From<baton_meta::MetaError> for Error {
+    fn from(e: baton_meta::MetaError) -> Error {
+        Error::Meta(Box::new(e))
+    }
+}
+
+impl From<baton_blocks::BlocksError> for Error {
+    fn from(e: baton_blocks::BlocksError) -> Error {
+        Error::Blocks(Box::new(e))
+    }
+}
+
+impl From<fuse_wire::Error> for Error {
+    fn from(e: fuse_wire::Error) -> Error {
+        Error::Fuse(Box::new(e))
+    }
+}
+
+impl From<upgrade_protocol::ProtocolError> for Error {
+    fn from(e: upgrade_protocol::ProtocolError) -> Error {
+        Error::Protocol(Box::new(e))
+    }
+}
+
+impl Error {
+    /// A refusal with `errno`.
+    pub fn refused(nodeid: u64, what: &'static str, errno: Errno) -> Error {
+        Error::Refused {
+            nodeid,
+            what,
+            errno,
+        }
+    }
+
+    /// The errno a FUSE reply carries for this error.
+    pub fn errno(&self) -> Errno {
+        match self {
+            Error::Meta(e) => Errno::from_raw(e.errno()),
+            Error::Blocks(e) => Errno::from_raw(e.errno()),
+            Error::Refused { errno, .. } => *errno,
+            _ => Errno::EIO,
+        }
+    }
+}

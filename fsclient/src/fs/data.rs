@@ -1,0 +1,473 @@
+//! File contents: open, create, read, write, fallocate and lseek.
+//!
+//! Reads assemble each block from the committed block map (`BlockCache`,
+//! whole blocks, zeros for holes and past a row's length), then lay the
+//! staged bytes over them (`Staging::read_overlay`, which also zeroes
+//! committed bytes hidden by a truncation floor). The overlay is read first
+//! and the block map second: a flush that commits in between makes the
+//! committed data equal to the staged data already in hand. A block object
+//! deleted by a concurrent flush between the two reads is retried.
+//!
+//! Writes go to staging before the reply (see [`super::flush`] for the
+//! durability protocol). A sparse file costs nothing: holes have no rows
+//! and no staged blocks, and every walk over the block map pages through
+//! rows only.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+
+use baton_blocks::{BlocksError, ObjectKey, FILE_SIZE_BYTES_MAX};
+use baton_meta::limits::BLOCKS_QUERY_COUNT_MAX;
+use baton_meta::{CreateArgs, FileKind, MetaError};
+use bytes::Bytes;
+use fuse_wire::abi::{self, flags};
+use fuse_wire::{Errno, Request};
+
+use super::{lock, BatonFs, READAHEAD_BLOCKS, READAHEAD_ENTRIES_MAX};
+use crate::error::{Error, Result};
+use crate::handles::Handle;
+
+/// Attempts of a read that raced with a flush deleting a replaced object.
+pub const READ_ATTEMPTS_MAX: u32 = 3;
+/// `FALLOC_FL_KEEP_SIZE`.
+const FALLOC_FL_KEEP_SIZE: u32 = 1;
+/// `FALLOC_FL_PUNCH_HOLE`.
+const FALLOC_FL_PUNCH_HOLE: u32 = 2;
+/// `SEEK_DATA`.
+const SEEK_DATA: u32 = 3;
+/// `SEEK_HOLE`.
+const SEEK_HOLE: u32 = 4;
+
+/// A cursor over the block-map rows of one file, fetched a page at a time.
+pub(super) struct Rows<'a> {
+    fs: &'a BatonFs,
+    ino: u64,
+    page_start: u64,
+    page_end: u64,
+    page: BTreeMap<u64, u32>,
+}
+
+impl<'a> Rows<'a> {
+    pub(super) fn new(fs: &'a BatonFs, ino: u64) -> Rows<'a> {
+        Rows {
+            fs,
+            ino,
+            page_start: 0,
+            page_end: 0,
+            page: BTreeMap::new(),
+        }
+    }
+
+    fn load(&mut self, index: u64) -> Result<()> {
+        let rows = self
+            .fs
+            .meta
+            .blocks(self.ino, index, BLOCKS_QUERY_COUNT_MAX)?;
+        self.page = rows.into_iter().map(|r| (r.index, r.len)).collect();
+        self.page_start = index;
+        self.page_end = index.saturating_add(u64::from(BLOCKS_QUERY_COUNT_MAX));
+        Ok(())
+    }
+
+    /// The length of row `index`, if it exists.
+    pub(super) fn get(&mut self, index: u64) -> Result<Option<u32>> {
+        if index < self.page_start || index >= self.page_end {
+            self.load(index)?;
+        }
+        Ok(self.page.get(&index).copied())
+    }
+
+    /// The first row with `from <= index < until`.
+    pub(super) fn next_from(&mut self, from: u64, until: u64) -> Result<Option<(u64, u32)>> {
+        let mut index = from;
+        while index < until {
+            if index < self.page_start || index >= self.page_end {
+                self.load(index)?;
+            }
+            if let Some((i, len)) = self.page.range(index..self.page_end).next() {
+                return Ok((*i < until).then_some((*i, *len)));
+            }
+            index = self.page_end;
+        }
+        Ok(None)
+    }
+}
+
+impl BatonFs {
+    pub(super) fn do_open(&self, ino: u64, open_flags: u32) -> Result<u64> {
+        let attr = self.meta.getattr(ino)?;
+        let flags = open_flags as i32;
+        if attr.kind == FileKind::Directory && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err(Error::refused(
+                ino,
+                "directory opened for writing",
+                Errno::EISDIR,
+            ));
+        }
+        if attr.kind == FileKind::Regular
+            && flags & libc::O_TRUNC != 0
+            && flags & libc::O_ACCMODE != libc::O_RDONLY
+        {
+            self.truncate(ino, 0)?;
+        }
+        self.register(ino, open_flags, false)
+    }
+
+    pub(super) fn register(&self, ino: u64, open_flags: u32, dir: bool) -> Result<u64> {
+        let handle = Handle {
+            ino,
+            flags: open_flags,
+            dir,
+        };
+        self.handles
+            .open(handle)
+            .ok_or_else(|| Error::refused(ino, "too many open handles", Errno::ENFILE))
+    }
+
+    pub(super) fn do_create(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::CreateIn,
+    ) -> Result<(abi::EntryOut, u64)> {
+        let (uid, gid, _) = req.caller();
+        let args = CreateArgs {
+            kind: FileKind::Regular,
+            mode: arg.mode & 0o7777,
+            umask: 0,
+            uid,
+            gid,
+            rdev: 0,
+            symlink_target: None,
+        };
+        let attr = match self.meta.create(parent, name, &args, None) {
+            Ok(attr) => attr,
+            // Lost a race with another creator and O_EXCL was not asked:
+            // open the file that won.
+            Err(MetaError::Exists { .. }) if arg.flags as i32 & libc::O_EXCL == 0 => {
+                let attr = self.meta.lookup(parent, name)?;
+                let fh = self.do_open(attr.ino, arg.flags)?;
+                let attr = self.meta.getattr(attr.ino)?;
+                return Ok((self.entry_out(&attr)?, fh));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let fh = self.register(attr.ino, arg.flags, false)?;
+        Ok((self.entry_out(&attr)?, fh))
+    }
+
+    pub(super) fn do_read(&self, ino: u64, arg: &abi::ReadIn) -> Result<Vec<u8>> {
+        let mut attempt = 1;
+        loop {
+            match self.read_range(ino, arg.offset, u64::from(arg.size)) {
+                Err(Error::Blocks(e)) if matches!(*e, BlocksError::ObjectMissing { .. }) => {
+                    if attempt >= READ_ATTEMPTS_MAX {
+                        return Err(Error::Blocks(e));
+                    }
+                    tracing::debug!(nodeid = ino, err = %e, attempt, "object replaced during a read; retrying");
+                    attempt += 1;
+                }
+                Ok(buf) => {
+                    self.note_read(ino, arg.offset, buf.len() as u64);
+                    return Ok(buf);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Bytes `offset..offset+len` clipped at EOF: committed blocks, then
+    /// staged bytes over them.
+    fn read_range(&self, ino: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let overlay = self.staging.read_overlay(ino, offset, len)?;
+        let attr = self.meta.getattr(ino)?;
+        if attr.kind != FileKind::Regular {
+            return Err(Error::refused(
+                ino,
+                "read of a non-regular file",
+                Errno::EISDIR,
+            ));
+        }
+        let size = overlay.size.map_or(attr.size, |s| s.resolve(attr.size));
+        if offset >= size || len == 0 {
+            return Ok(Vec::new());
+        }
+        let end = size.min(offset.saturating_add(len));
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let committed_end = end.min(attr.size);
+        if offset < committed_end {
+            self.read_committed(ino, offset, committed_end, &mut buf)?;
+        }
+        overlay.apply(offset, &mut buf);
+        Ok(buf)
+    }
+
+    fn read_committed(&self, ino: u64, offset: u64, end: u64, buf: &mut [u8]) -> Result<()> {
+        let bs = self.block_size;
+        let first = offset / bs;
+        let count = ((end - 1) / bs - first + 1).min(u64::from(u32::MAX)) as u32;
+        for row in self.meta.blocks(ino, first, count)? {
+            let block_start = row.index * bs;
+            let lo = offset.max(block_start);
+            let hi = end.min(block_start + u64::from(row.len));
+            if lo >= hi {
+                continue;
+            }
+            let key = ObjectKey::parse(&row.object_key)?;
+            let bytes = self
+                .cache
+                .read(&key, u64::from(row.len), lo - block_start, hi - lo)?;
+            let at = (lo - offset) as usize;
+            buf[at..at + bytes.len()].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    /// Readahead: a read that starts where the last one ended prefetches
+    /// the next blocks once per block.
+    fn note_read(&self, ino: u64, offset: u64, len: u64) {
+        let bs = self.block_size;
+        let next_index = (offset + len).div_ceil(bs);
+        let wanted = {
+            let mut map = lock(&self.readahead);
+            if map.len() >= READAHEAD_ENTRIES_MAX && !map.contains_key(&ino) {
+                map.clear();
+            }
+            let pattern = map.entry(ino).or_default();
+            let sequential = pattern.next_offset == offset && offset > 0;
+            pattern.next_offset = offset + len;
+            if !sequential || len == 0 || pattern.prefetched_to_index > next_index {
+                None
+            } else {
+                pattern.prefetched_to_index = next_index + u64::from(READAHEAD_BLOCKS);
+                Some(next_index)
+            }
+        };
+        let Some(first) = wanted else {
+            return;
+        };
+        let rows = match self.meta.blocks(ino, first, READAHEAD_BLOCKS) {
+            Ok(rows) => rows,
+            Err(err) => {
+                tracing::debug!(nodeid = ino, %err, "readahead lookup failed");
+                return;
+            }
+        };
+        let blocks: Vec<(ObjectKey, u64)> = rows
+            .iter()
+            .filter_map(|r| Some((ObjectKey::parse(&r.object_key).ok()?, u64::from(r.len))))
+            .collect();
+        let queued = self.cache.prefetch(&blocks);
+        tracing::trace!(nodeid = ino, first, queued, "readahead");
+    }
+
+    /// Committed content of block `index`, for the first staged write to it.
+    fn base_block(&self, ino: u64, index: u64) -> baton_blocks::Result<Option<Bytes>> {
+        let base_err = |source: Box<dyn std::error::Error + Send + Sync>| BlocksError::BaseRead {
+            ino,
+            index,
+            source,
+        };
+        let rows = self
+            .meta
+            .blocks(ino, index, 1)
+            .map_err(|e| base_err(Box::new(e)))?;
+        let Some(row) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        let key = ObjectKey::parse(&row.object_key)?;
+        let len = u64::from(row.len);
+        Ok(Some(self.cache.read(&key, len, 0, len)?))
+    }
+
+    pub(super) fn do_write(&self, ino: u64, arg: &abi::WriteIn, data: &[u8]) -> Result<u32> {
+        let end = arg.offset.checked_add(data.len() as u64);
+        if end.is_none_or(|e| e > FILE_SIZE_BYTES_MAX) {
+            return Err(Error::refused(
+                ino,
+                "write past the largest file size",
+                Errno::EFBIG,
+            ));
+        }
+        {
+            let _guard = self.inode_lock(ino);
+            self.staging
+                .write(ino, arg.offset, data, &|index| self.base_block(ino, index))?;
+        }
+        if arg.write_flags & flags::WRITE_KILL_SUIDGID != 0 {
+            self.kill_suidgid(ino)?;
+        }
+        tracing::trace!(
+            nodeid = ino,
+            fh = arg.fh,
+            offset = arg.offset,
+            len = data.len(),
+            "staged"
+        );
+        Ok(data.len() as u32)
+    }
+
+    pub(super) fn do_fallocate(&self, ino: u64, arg: &abi::FallocateIn) -> Result<()> {
+        let end = arg
+            .offset
+            .checked_add(arg.length)
+            .filter(|e| *e <= FILE_SIZE_BYTES_MAX)
+            .ok_or_else(|| {
+                Error::refused(ino, "fallocate past the largest file size", Errno::EFBIG)
+            })?;
+        match arg.mode {
+            0 => {
+                let size = self.logical_size(ino)?;
+                if end > size {
+                    let _guard = self.inode_lock(ino);
+                    self.staging.set_size(ino, end)?;
+                    self.invalidate(ino);
+                }
+                Ok(())
+            }
+            m if m == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE => {
+                self.punch_hole(ino, arg.offset, end)
+            }
+            _ => Err(Error::refused(
+                ino,
+                "unsupported fallocate mode",
+                Errno::EOPNOTSUPP,
+            )),
+        }
+    }
+
+    /// Zeroes `offset..end` within the file: whole blocks lose their rows,
+    /// the partial blocks at the edges are rewritten with zeros, all in one
+    /// commit.
+    fn punch_hole(&self, ino: u64, offset: u64, end: u64) -> Result<()> {
+        let _guard = self.inode_lock(ino);
+        self.flush_locked(ino, &[])?;
+        let attr = self.meta.getattr(ino)?;
+        let end = end.min(attr.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let first_full = offset.div_ceil(bs);
+        let end_full = end / bs;
+        let mut punched = Vec::new();
+        let mut rows = Rows::new(self, ino);
+        let mut index = first_full;
+        while let Some((found, _)) = rows.next_from(index, end_full)? {
+            punched.push(found);
+            index = found + 1;
+        }
+        let zero_edge = |lo: u64, hi: u64| -> Result<()> {
+            if lo < hi {
+                let zeros = vec![0u8; (hi - lo) as usize];
+                self.staging
+                    .write(ino, lo, &zeros, &|index| self.base_block(ino, index))?;
+            }
+            Ok(())
+        };
+        if first_full > end_full {
+            zero_edge(offset, end)?;
+        } else {
+            zero_edge(offset, (first_full * bs).min(end))?;
+            zero_edge((end_full * bs).max(offset), end)?;
+        }
+        self.flush_locked(ino, &punched)
+    }
+
+    /// The size readers see: staged over committed.
+    fn logical_size(&self, ino: u64) -> Result<u64> {
+        let attr = self.meta.getattr(ino)?;
+        let staged = self.staging.staged_size(ino)?;
+        Ok(staged.map_or(attr.size, |s| s.resolve(attr.size)))
+    }
+
+    pub(super) fn do_lseek(&self, ino: u64, arg: &abi::LseekIn) -> Result<u64> {
+        if arg.whence != SEEK_DATA && arg.whence != SEEK_HOLE {
+            return Err(Error::refused(
+                ino,
+                "lseek whence other than SEEK_DATA/SEEK_HOLE",
+                Errno::EINVAL,
+            ));
+        }
+        let attr = self.meta.getattr(ino)?;
+        let staged = self.staging.staged_size(ino)?;
+        let size = staged.map_or(attr.size, |s| s.resolve(attr.size));
+        let offset = arg.offset;
+        if offset >= size {
+            return Err(Error::refused(ino, "lseek at or past EOF", Errno::ENXIO));
+        }
+        let dirty = self.staging.dirty_blocks(ino)?;
+        let map = DataMap {
+            bs: self.block_size,
+            size,
+            committed_size: attr.size,
+            dirty: &dirty,
+        };
+        let mut rows = Rows::new(self, ino);
+        if arg.whence == SEEK_DATA {
+            map.next_data(&mut rows, offset)?
+                .ok_or_else(|| Error::refused(ino, "no data past the offset", Errno::ENXIO))
+        } else {
+            map.next_hole(&mut rows, offset)
+        }
+    }
+}
+
+/// Where a file has data: committed rows and staged blocks, block-granular.
+struct DataMap<'a> {
+    bs: u64,
+    size: u64,
+    committed_size: u64,
+    dirty: &'a [u64],
+}
+
+impl DataMap<'_> {
+    /// End of the data covering byte `pos` of block `index`, if any.
+    fn data_end(&self, rows: &mut Rows<'_>, index: u64, pos: u64) -> Result<Option<u64>> {
+        let start = index * self.bs;
+        let mut end = None;
+        if self.dirty.binary_search(&index).is_ok() {
+            end = Some((start + self.bs).min(self.size));
+        }
+        if let Some(len) = rows.get(index)? {
+            let e = (start + u64::from(len))
+                .min(self.committed_size)
+                .min(self.size);
+            end = Some(end.map_or(e, |d: u64| d.max(e)));
+        }
+        Ok(end.filter(|e| *e > pos))
+    }
+
+    fn next_data(&self, rows: &mut Rows<'_>, offset: u64) -> Result<Option<u64>> {
+        let last = self.size.div_ceil(self.bs);
+        let mut index = offset / self.bs;
+        while index < last {
+            let pos = offset.max(index * self.bs);
+            if self.data_end(rows, index, pos)?.is_some() {
+                return Ok(Some(pos));
+            }
+            let next_row = rows.next_from(index + 1, last)?.map(|(i, _)| i);
+            let next_dirty = self.dirty.iter().copied().find(|i| *i > index);
+            index = match (next_row, next_dirty) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => return Ok(None),
+            };
+        }
+        Ok(None)
+    }
+
+    fn next_hole(&self, rows: &mut Rows<'_>, offset: u64) -> Result<u64> {
+        let mut pos = offset;
+        while pos < self.size {
+            let index = pos / self.bs;
+            match self.data_end(rows, index, pos)? {
+                None => return Ok(pos),
+                Some(end) if end < (index + 1) * self.bs => return Ok(end.min(self.size)),
+                Some(end) => pos = end,
+            }
+        }
+        Ok(self.size)
+    }
+}

@@ -1,0 +1,405 @@
+//! The [`fuse_wire::Filesystem`] impl of [`BatonFs`]: routes each request to
+//! the submodule doing the work and turns its `Result` into the reply (the
+//! errno of a failure, logged with `op`, `unique` and `nodeid`).
+
+use std::ffi::OsStr;
+
+use fuse_wire::abi;
+use fuse_wire::reply::{
+    DirentBuf, ReplyAttr, ReplyCopy, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+};
+use fuse_wire::{Errno, Filesystem, Request};
+
+use super::{xattr, BatonFs};
+use crate::error::Error;
+
+/// Answers `$reply` from `$result`: `$ok` on success, the errno otherwise.
+macro_rules! answer {
+    ($self:ident, $req:ident, $op:literal, $nodeid:expr, $result:expr, $reply:ident, |$v:pat_param| $ok:expr) => {
+        match $result {
+            Ok($v) => $ok,
+            Err(err) => $reply.error($self.fail($op, $req, $nodeid, &err)),
+        }
+    };
+}
+
+impl Filesystem for BatonFs {
+    fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        answer!(
+            self,
+            req,
+            "lookup",
+            parent,
+            self.do_lookup(parent, name),
+            reply,
+            |e| reply.entry(&e)
+        );
+    }
+
+    fn forget(&self, _req: &Request<'_>, _nodeid: u64, _nlookup: u64) {}
+
+    fn getattr(&self, req: &Request<'_>, nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        answer!(
+            self,
+            req,
+            "getattr",
+            nodeid,
+            self.do_getattr(nodeid),
+            reply,
+            |a| reply.attr(&a)
+        );
+    }
+
+    fn setattr(&self, req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+        answer!(
+            self,
+            req,
+            "setattr",
+            nodeid,
+            self.do_setattr(nodeid, arg),
+            reply,
+            |a| reply.attr(&a)
+        );
+    }
+
+    fn readlink(&self, req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+        answer!(
+            self,
+            req,
+            "readlink",
+            nodeid,
+            self.do_readlink(nodeid),
+            reply,
+            |t| reply.data(&t)
+        );
+    }
+
+    fn symlink(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        target: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.do_symlink(req, parent, name, target);
+        answer!(self, req, "symlink", parent, r, reply, |e| reply.entry(&e));
+    }
+
+    fn mknod(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MknodIn,
+        reply: ReplyEntry,
+    ) {
+        let r = self.do_mknod(req, parent, name, arg);
+        answer!(self, req, "mknod", parent, r, reply, |e| reply.entry(&e));
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MkdirIn,
+        reply: ReplyEntry,
+    ) {
+        let r = self.do_mkdir(req, parent, name, arg);
+        answer!(self, req, "mkdir", parent, r, reply, |e| reply.entry(&e));
+    }
+
+    fn unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "unlink",
+            parent,
+            self.do_unlink(parent, name),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "rmdir",
+            parent,
+            self.do_rmdir(parent, name),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn rename(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.do_rename(parent, name, newparent, newname, flags);
+        answer!(self, req, "rename", parent, r, reply, |()| reply.ok());
+    }
+
+    fn link(
+        &self,
+        req: &Request<'_>,
+        nodeid: u64,
+        newparent: u64,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let r = self.do_link(nodeid, newparent, newname);
+        answer!(self, req, "link", nodeid, r, reply, |e| reply.entry(&e));
+    }
+
+    fn open(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+        answer!(
+            self,
+            req,
+            "open",
+            nodeid,
+            self.do_open(nodeid, arg.flags),
+            reply,
+            |fh| reply.opened(fh, 0)
+        );
+    }
+
+    fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+        answer!(
+            self,
+            req,
+            "read",
+            nodeid,
+            self.do_read(nodeid, arg),
+            reply,
+            |d| reply.data(&d)
+        );
+    }
+
+    fn write(
+        &self,
+        req: &Request<'_>,
+        nodeid: u64,
+        arg: &abi::WriteIn,
+        data: &[u8],
+        reply: ReplyWrite,
+    ) {
+        let r = self.do_write(nodeid, arg, data);
+        answer!(self, req, "write", nodeid, r, reply, |n| reply.written(n));
+    }
+
+    fn statfs(&self, req: &Request<'_>, nodeid: u64, reply: ReplyStatfs) {
+        answer!(self, req, "statfs", nodeid, self.do_statfs(), reply, |s| {
+            reply.statfs(&s)
+        });
+    }
+
+    fn release(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "release",
+            nodeid,
+            self.do_release(nodeid, arg),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn fsync(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "fsync",
+            nodeid,
+            self.do_fsync(nodeid),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request<'_>,
+        nodeid: u64,
+        name: &OsStr,
+        value: &[u8],
+        arg: &abi::SetxattrIn,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.do_setxattr(nodeid, name, value, arg.flags);
+        answer!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
+    }
+
+    fn getxattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.meta.getxattr(nodeid, name).map_err(Error::from) {
+            Ok(value) => xattr::answer(&value, size, reply),
+            Err(err) => reply.error(self.fail("getxattr", req, nodeid, &err)),
+        }
+    }
+
+    fn listxattr(&self, req: &Request<'_>, nodeid: u64, size: u32, reply: ReplyXattr) {
+        match self.do_listxattr(nodeid) {
+            Ok(list) => xattr::answer(&list, size, reply),
+            Err(err) => reply.error(self.fail("listxattr", req, nodeid, &err)),
+        }
+    }
+
+    fn removexattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, reply: ReplyEmpty) {
+        let r = self
+            .meta
+            .removexattr(nodeid, name, None)
+            .map_err(Error::from);
+        answer!(self, req, "removexattr", nodeid, r, reply, |()| reply.ok());
+    }
+
+    fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "flush",
+            nodeid,
+            self.do_flush(nodeid, arg),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn opendir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+        answer!(
+            self,
+            req,
+            "opendir",
+            nodeid,
+            self.do_opendir(nodeid, arg.flags),
+            reply,
+            |fh| reply.opened(fh, 0)
+        );
+    }
+
+    fn readdir(
+        &self,
+        req: &Request<'_>,
+        nodeid: u64,
+        arg: &abi::ReadIn,
+        entries: DirentBuf,
+        reply: ReplyData,
+    ) {
+        match self.do_readdir(nodeid, arg, entries) {
+            Ok(buf) => reply.data(buf.as_bytes()),
+            Err(err) => reply.error(self.fail("readdir", req, nodeid, &err)),
+        }
+    }
+
+    fn releasedir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "releasedir",
+            nodeid,
+            self.do_releasedir(arg.fh),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn fsyncdir(&self, _req: &Request<'_>, _nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        // Every metadata change is committed (synchronous=FULL) before its reply.
+        reply.ok();
+    }
+
+    fn getlk(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LkIn, reply: ReplyLock) {
+        answer!(
+            self,
+            req,
+            "getlk",
+            nodeid,
+            self.do_getlk(nodeid, arg),
+            reply,
+            |lk| reply.lock(&lk)
+        );
+    }
+
+    fn setlk(
+        &self,
+        req: &Request<'_>,
+        nodeid: u64,
+        arg: &abi::LkIn,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.do_setlk(req, nodeid, arg, sleep, reply);
+    }
+
+    fn access(&self, _req: &Request<'_>, _nodeid: u64, _mask: u32, reply: ReplyEmpty) {
+        // default_permissions: the kernel checks modes itself.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::CreateIn,
+        reply: ReplyCreate,
+    ) {
+        match self.do_create(req, parent, name, arg) {
+            Ok((entry, fh)) => reply.created(&entry, fh, 0),
+            Err(err) => reply.error(self.fail("create", req, parent, &err)),
+        }
+    }
+
+    fn interrupt(&self, _req: &Request<'_>, unique: u64) {
+        self.do_interrupt(unique);
+    }
+
+    fn fallocate(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FallocateIn, reply: ReplyEmpty) {
+        answer!(
+            self,
+            req,
+            "fallocate",
+            nodeid,
+            self.do_fallocate(nodeid, arg),
+            reply,
+            |()| reply.ok()
+        );
+    }
+
+    fn lseek(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LseekIn, reply: ReplyLseek) {
+        answer!(
+            self,
+            req,
+            "lseek",
+            nodeid,
+            self.do_lseek(nodeid, arg),
+            reply,
+            |o| reply.offset(o)
+        );
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request<'_>,
+        _nodeid: u64,
+        _arg: &abi::CopyFileRangeIn,
+        reply: ReplyCopy,
+    ) {
+        // The kernel falls back to read and write.
+        reply.error(Errno::EOPNOTSUPP);
+    }
+
+    fn syncfs(&self, req: &Request<'_>, reply: ReplyEmpty) {
+        answer!(self, req, "syncfs", 0, self.flush_all(), reply, |()| reply
+            .ok());
+    }
+}

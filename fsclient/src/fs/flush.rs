@@ -1,0 +1,320 @@
+//! Durability: where staged writes become part of the file.
+//!
+//! # The protocol
+//! 1. WRITE: the bytes go into the staging area (`Staging::write`, a local
+//!    file written with pwrite) BEFORE the reply. The page cache of the
+//!    staging filesystem is enough to survive the death of this process;
+//!    FUSE fsync additionally commits (below), which survives power loss.
+//! 2. FLUSH (every close), FSYNC, RELEASE, SYNCFS, shutdown, and recovery at
+//!    start run these steps under the inode's mutex, until staging is empty
+//!    for the inode (at most [`FLUSH_ROUNDS_MAX`] rounds):
+//!    - take up to 16 staged blocks and the size record
+//!      (`Staging::take_for_upload`);
+//!    - upload them as new immutable objects (`BlockStore::put_blocks`, at
+//!      most `UPLOAD_PARALLEL_MAX` in flight);
+//!    - commit the new block-map rows, the rows a truncation floor kills and
+//!      the size in ONE metadata transaction (`commit_blocks`): the
+//!      durability point;
+//!    - clear what was taken from staging (`Staging::clear`; anything
+//!      written meanwhile stays staged);
+//!    - delete the objects the commit released (never before: the commit
+//!      might not have happened).
+//!
+//! A crash between any two steps loses nothing: staging is cleared only
+//! after the commit, and redoing a flush from the staged state (what start-
+//! up recovery does with `Staging::recover`) uploads under fresh keys and
+//! re-applies the same floor, rows and size. Objects uploaded by a flush
+//! that did not commit are deleted on failure, or left as unreferenced
+//! garbage after a crash (never wrong data).
+//!
+//! # The truncation floor
+//! `Staging::set_size` records a floor: committed bytes at or past it are
+//! dead. The commit punches committed rows starting at or past the floor
+//! and, when the size grew again past the floor, rewrites the committed
+//! block containing it cut at the floor (a row cannot be clamped otherwise).
+
+use std::collections::BTreeSet;
+
+use baton_blocks::{ObjectKey, UploadSet};
+use baton_meta::limits::COMMIT_BLOCKS_ROWS_MAX;
+use baton_meta::{BlockRef, CommitBlocks, FileKind, TimeOrNow};
+use bytes::Bytes;
+use fuse_wire::abi::{self, flags};
+
+use super::data::Rows;
+use super::BatonFs;
+use crate::error::{Error, Result};
+use crate::locks::LockKind;
+
+/// One commit's content.
+struct CommitPlan {
+    size: u64,
+    uploads: Vec<(u64, Bytes)>,
+    punched: Vec<u64>,
+}
+
+/// Upload-and-commit rounds of one flush at most; each takes up to
+/// `UPLOAD_SET_BLOCK_COUNT_MAX` blocks. A writer racing the flush can only
+/// keep it busy this long.
+pub const FLUSH_ROUNDS_MAX: usize = 1 << 16;
+
+impl BatonFs {
+    /// Flushes `ino` (takes its mutex).
+    pub fn flush_inode(&self, ino: u64) -> Result<()> {
+        let _guard = self.inode_lock(ino);
+        self.flush_locked(ino, &[])
+    }
+
+    /// Flushes every inode with staged data; orphans are left staged (they
+    /// are discarded when reclaimed).
+    pub fn flush_all(&self) -> Result<()> {
+        let mut first_err = None;
+        for ino in self.staging.staged_inodes()? {
+            if self.handles.is_open_orphan(ino) {
+                continue;
+            }
+            if let Err(err) = self.flush_inode(ino) {
+                tracing::error!(nodeid = ino, %err, "flush failed; the data stays staged");
+                first_err.get_or_insert(err);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Commits what a dead process left staged, before serving. With
+    /// `reclaim_orphans` (a fresh mount: nothing is open) orphans are
+    /// deleted too.
+    pub fn recover(&self, reclaim_orphans: bool) -> Result<()> {
+        for ino in self.staging.recover()? {
+            let attr = match self.meta.getattr(ino) {
+                Ok(attr) => attr,
+                Err(baton_meta::MetaError::NotFound { .. }) => {
+                    tracing::warn!(nodeid = ino, "staged data of a deleted inode discarded");
+                    self.staging.discard(ino)?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if attr.kind != FileKind::Regular {
+                self.staging.discard(ino)?;
+            } else if attr.nlink > 0 {
+                self.flush_inode(ino)?;
+                tracing::info!(nodeid = ino, "recovered staged data committed");
+            }
+        }
+        if reclaim_orphans {
+            for ino in self.meta.orphans()? {
+                self.reclaim(ino)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The flush protocol (module docs); the caller holds the inode mutex.
+    /// `punched` rows are removed in the first commit.
+    pub(super) fn flush_locked(&self, ino: u64, punched: &[u64]) -> Result<()> {
+        let mut extra = punched.to_vec();
+        for _ in 0..FLUSH_ROUNDS_MAX {
+            let set = self.staging.take_for_upload(ino)?;
+            let empty = set.blocks.is_empty() && set.size.is_none() && set.floor_bytes.is_none();
+            if empty && extra.is_empty() {
+                return Ok(());
+            }
+            match self.commit_set(ino, &set, std::mem::take(&mut extra)) {
+                Ok(()) => {}
+                // The inode was reclaimed meanwhile: its staged bytes belong
+                // to no file.
+                Err(Error::Meta(e)) if matches!(*e, baton_meta::MetaError::NotFound { .. }) => {
+                    tracing::warn!(nodeid = ino, "staged data of a deleted inode discarded");
+                    self.staging.discard(ino)?;
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+            if set.complete {
+                return Ok(());
+            }
+        }
+        Err(Error::refused(
+            ino,
+            "flush did not converge",
+            fuse_wire::Errno::EIO,
+        ))
+    }
+
+    /// Uploads and commits one upload set, then clears it from staging and
+    /// deletes the objects the commit released.
+    fn commit_set(&self, ino: u64, set: &UploadSet, punched: Vec<u64>) -> Result<()> {
+        let plan = self.plan(ino, set, punched)?;
+        let keys = self.store.put_blocks(
+            plan.uploads
+                .iter()
+                .map(|(i, d)| (ino, *i, d.clone()))
+                .collect(),
+        )?;
+        let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
+        let commit = CommitBlocks {
+            new_size: Some(plan.size),
+            mtime: (!writeback && !plan.uploads.is_empty()).then_some(TimeOrNow::Now),
+            blocks: plan
+                .uploads
+                .iter()
+                .zip(&keys)
+                .map(|((index, data), key)| BlockRef {
+                    index: *index,
+                    object_key: key.to_string(),
+                    len: data.len() as u32,
+                })
+                .collect(),
+            punched: plan.punched,
+        };
+        let released = match self.meta.commit_blocks(ino, &commit, None) {
+            Ok((_, released)) => released,
+            Err(err) => {
+                self.store.delete(&keys);
+                return Err(err.into());
+            }
+        };
+        self.invalidate(ino);
+        for ((_, data), key) in plan.uploads.iter().zip(&keys) {
+            self.cache.insert(key, data);
+        }
+        self.staging.clear(set)?;
+        self.delete_objects(released.iter().map(|o| o.key.as_str()));
+        tracing::debug!(
+            nodeid = ino,
+            blocks = keys.len(),
+            size = plan.size,
+            released = released.len(),
+            "staged data committed"
+        );
+        Ok(())
+    }
+
+    /// What one commit writes: the size, the blocks to upload (staged ones
+    /// and a floor rewrite) and the rows to punch.
+    fn plan(&self, ino: u64, set: &UploadSet, mut punched: Vec<u64>) -> Result<CommitPlan> {
+        let attr = self.meta.getattr(ino)?;
+        let bs = self.block_size;
+        let staged_end = set
+            .blocks
+            .iter()
+            .map(|b| b.index * bs + b.data.len() as u64)
+            .max()
+            .unwrap_or(0);
+        let size = match set.size {
+            Some(s) => s.resolve(attr.size),
+            None => attr.size.max(staged_end),
+        };
+        let (empty, full): (Vec<_>, Vec<_>) = set.blocks.iter().partition(|b| b.data.is_empty());
+        let mut uploads: Vec<(u64, Bytes)> =
+            full.iter().map(|b| (b.index, b.data.clone())).collect();
+        punched.extend(empty.iter().map(|b| b.index));
+        let staged: BTreeSet<u64> = set.blocks.iter().map(|b| b.index).collect();
+        if let Some(floor) = set.floor_bytes.filter(|f| *f < attr.size) {
+            let sizes = (attr.size, size);
+            self.floor_rows(ino, floor, sizes, &staged, &mut punched, &mut uploads)?;
+        }
+        punched.sort_unstable();
+        punched.dedup();
+        if uploads.len() + punched.len() > COMMIT_BLOCKS_ROWS_MAX {
+            return Err(Error::refused(
+                ino,
+                "commit too large",
+                fuse_wire::Errno::EFBIG,
+            ));
+        }
+        Ok(CommitPlan {
+            size,
+            uploads,
+            punched,
+        })
+    }
+
+    /// Rows a truncation floor kills: committed rows starting at or past
+    /// it are punched; the row containing it is rewritten cut at the floor
+    /// when the size grew past the floor again (else the commit's own
+    /// shrink clamps it).
+    fn floor_rows(
+        &self,
+        ino: u64,
+        floor: u64,
+        (committed_size, size): (u64, u64),
+        staged: &BTreeSet<u64>,
+        punched: &mut Vec<u64>,
+        uploads: &mut Vec<(u64, Bytes)>,
+    ) -> Result<()> {
+        let bs = self.block_size;
+        let mut rows = Rows::new(self, ino);
+        let last = committed_size.div_ceil(bs);
+        let mut index = floor.div_ceil(bs);
+        while let Some((found, _)) = rows.next_from(index, last)? {
+            if !staged.contains(&found) {
+                punched.push(found);
+            }
+            index = found + 1;
+        }
+        let cut = floor % bs;
+        let straddling = floor / bs;
+        if cut == 0 || size <= floor || staged.contains(&straddling) {
+            return Ok(());
+        }
+        let rows = self.meta.blocks(ino, straddling, 1)?;
+        let Some(row) = rows.into_iter().find(|r| u64::from(r.len) > cut) else {
+            return Ok(());
+        };
+        let key = ObjectKey::parse(&row.object_key)?;
+        let head = self.cache.read(&key, u64::from(row.len), 0, cut)?;
+        uploads.push((straddling, head));
+        Ok(())
+    }
+
+    /// Deletes released objects, best effort (an undeleted object is
+    /// garbage, never wrong data).
+    pub(super) fn delete_objects<'a>(&self, keys: impl Iterator<Item = &'a str>) {
+        let parsed: Vec<ObjectKey> = keys
+            .filter_map(|k| match ObjectKey::parse(k) {
+                Ok(key) => Some(key),
+                Err(err) => {
+                    tracing::warn!(%err, "released object key unparsable; left in storage");
+                    None
+                }
+            })
+            .collect();
+        if !parsed.is_empty() {
+            self.store.delete(&parsed);
+        }
+    }
+
+    pub(super) fn do_flush(&self, ino: u64, arg: &abi::FlushIn) -> Result<()> {
+        let granted = super::lock(&self.locks).release_owner(ino, LockKind::Posix, arg.lock_owner);
+        granted.into_iter().for_each(|w| w.ok());
+        if self.handles.is_open_orphan(ino) {
+            return Ok(());
+        }
+        self.flush_inode(ino)
+    }
+
+    pub(super) fn do_fsync(&self, ino: u64) -> Result<()> {
+        if self.handles.is_open_orphan(ino) {
+            return Ok(());
+        }
+        self.flush_inode(ino)
+    }
+
+    pub(super) fn do_release(&self, ino: u64, arg: &abi::ReleaseIn) -> Result<()> {
+        if arg.release_flags & flags::RELEASE_FLOCK_UNLOCK != 0 {
+            let granted =
+                super::lock(&self.locks).release_owner(ino, LockKind::Flock, arg.lock_owner);
+            granted.into_iter().for_each(|w| w.ok());
+        }
+        let released = self.handles.release(arg.fh);
+        if released.reclaim {
+            return self.reclaim(ino);
+        }
+        if self.handles.is_open_orphan(ino) {
+            return Ok(());
+        }
+        self.flush_inode(ino)
+    }
+}

@@ -1,0 +1,138 @@
+//! GETLK, SETLK, SETLKW (POSIX record locks and, with `FUSE_LK_FLOCK`,
+//! BSD flock) and INTERRUPT, over the pure [`crate::locks::LockTable`].
+//!
+//! A SETLKW that conflicts parks its reply in the table and returns: no
+//! worker thread ever blocks on a lock. The reply is answered OK by whoever
+//! removes the conflict (unlock, close, release), or EINTR by an INTERRUPT
+//! or at shutdown.
+
+use fuse_wire::abi::{self, flags};
+use fuse_wire::reply::ReplyEmpty;
+use fuse_wire::{Errno, Request};
+
+use super::{lock, BatonFs};
+use crate::error::{Error, Result};
+use crate::locks::{LockKind, LockRequest, LockType, SetOutcome, OFFSET_MAX};
+
+/// Converts the kernel's lock argument.
+fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
+    let typ = match arg.lk.typ as i32 {
+        libc::F_RDLCK => Some(LockType::Read),
+        libc::F_WRLCK => Some(LockType::Write),
+        libc::F_UNLCK => None,
+        _ => return Err(Error::refused(ino, "unknown lock type", Errno::EINVAL)),
+    };
+    let flock = arg.lk_flags & flags::LK_FLOCK != 0;
+    let (start, end) = if flock {
+        (0, OFFSET_MAX)
+    } else {
+        (arg.lk.start, arg.lk.end.min(OFFSET_MAX))
+    };
+    if start > end {
+        return Err(Error::refused(
+            ino,
+            "lock range ends before it starts",
+            Errno::EINVAL,
+        ));
+    }
+    Ok(LockRequest {
+        kind: if flock {
+            LockKind::Flock
+        } else {
+            LockKind::Posix
+        },
+        owner: arg.owner,
+        start,
+        end,
+        typ,
+        pid: arg.lk.pid,
+    })
+}
+
+impl BatonFs {
+    pub(super) fn do_getlk(&self, ino: u64, arg: &abi::LkIn) -> Result<abi::FileLock> {
+        let req = request(ino, arg)?;
+        let found = lock(&self.locks).conflict(ino, &req);
+        Ok(match found {
+            Some(held) => abi::FileLock {
+                start: held.start,
+                end: held.end,
+                typ: match held.typ {
+                    LockType::Read => libc::F_RDLCK as u32,
+                    LockType::Write => libc::F_WRLCK as u32,
+                },
+                pid: held.pid,
+            },
+            None => abi::FileLock {
+                typ: libc::F_UNLCK as u32,
+                ..arg.lk
+            },
+        })
+    }
+
+    pub(super) fn do_setlk(
+        &self,
+        r: &Request<'_>,
+        ino: u64,
+        arg: &abi::LkIn,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let req = match request(ino, arg) {
+            Ok(req) => req,
+            Err(err) => return reply.error(self.fail("setlk", r, ino, &err)),
+        };
+        let (wait, direct) = if sleep && req.typ.is_some() {
+            (Some((r.key(), reply)), None)
+        } else {
+            (None, Some(reply))
+        };
+        let outcome = lock(&self.locks).set(ino, req, wait);
+        match outcome {
+            SetOutcome::Done { granted, own } => {
+                granted
+                    .into_iter()
+                    .chain(own)
+                    .chain(direct)
+                    .for_each(ReplyEmpty::ok);
+            }
+            SetOutcome::WouldBlock { granted } => {
+                granted.into_iter().for_each(ReplyEmpty::ok);
+                direct.into_iter().for_each(|d| d.error(Errno::EAGAIN));
+            }
+            SetOutcome::Parked { granted } => {
+                granted.into_iter().for_each(ReplyEmpty::ok);
+                tracing::debug!(
+                    nodeid = ino,
+                    unique = r.unique(),
+                    owner = req.owner,
+                    "lock request parked"
+                );
+            }
+            SetOutcome::Refused {
+                waiter,
+                errno,
+                granted,
+            } => {
+                granted.into_iter().for_each(ReplyEmpty::ok);
+                waiter.error(Errno::from_raw(errno));
+            }
+        }
+    }
+
+    pub(super) fn do_interrupt(&self, unique: u64) {
+        let key = unique & !abi::UNIQUE_RESEND;
+        if let Some(waiter) = lock(&self.locks).interrupt(key) {
+            tracing::debug!(unique, "parked lock request interrupted");
+            waiter.error(Errno::EINTR);
+        }
+    }
+
+    /// Answers every parked lock request EINTR (the server is stopping).
+    pub fn cancel_lock_waiters(&self) {
+        let waiters = lock(&self.locks).drain_waiters();
+        for waiter in waiters {
+            waiter.error(Errno::EINTR);
+        }
+    }
+}

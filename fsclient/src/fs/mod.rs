@@ -1,0 +1,282 @@
+//! [`BatonFs`]: the POSIX filesystem served over FUSE. This module holds the
+//! shared state and the conversions to kernel attributes; `dispatch` holds
+//! the [`fuse_wire::Filesystem`] impl, which only routes each request to the
+//! submodule doing the work and turns its `Result` into the reply:
+//!
+//! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
+//!   unlink, rmdir, rename, readlink, and orphan reclaim;
+//! - [`data`]: open, create, read, write, fallocate, lseek;
+//! - [`flush`]: flush, fsync, release and the durability protocol;
+//! - [`dir`]: opendir, readdir(plus), releasedir;
+//! - [`xattr`]: extended attributes;
+//! - [`lock`]: getlk, setlk, setlkw and interrupts.
+//!
+//! Nodeids are inode numbers (root 1 on both sides), so nothing maps ids and
+//! lookup counts need no tracking: FORGET is a no-op, and a later
+//! generation understands every nodeid the kernel holds.
+
+mod data;
+mod dir;
+mod dispatch;
+mod flush;
+mod lock;
+mod namespace;
+mod xattr;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use baton_blocks::{BlockCache, BlockStore, Staging};
+use baton_meta::{Attr, FileKind, MetaStore};
+use fuse_wire::abi;
+use fuse_wire::reply::ReplyEmpty;
+use fuse_wire::{Errno, InitParams, Request};
+
+use crate::error::{Error, Result};
+use crate::handles::Handles;
+use crate::locks::LockTable;
+use crate::volume::Volume;
+
+pub use flush::FLUSH_ROUNDS_MAX;
+
+/// Per-inode mutexes, hashed by inode number.
+pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
+/// Inodes whose committed allocation is remembered (for `st_blocks`).
+pub const ALLOC_CACHE_ENTRIES_MAX: usize = 65536;
+/// Inodes whose read pattern is remembered (for readahead).
+pub const READAHEAD_ENTRIES_MAX: usize = 4096;
+/// Blocks prefetched ahead of a sequential reader.
+pub const READAHEAD_BLOCKS: u32 = 2;
+
+/// Tunables of a [`BatonFs`].
+#[derive(Clone, Copy, Debug)]
+pub struct FsConfig {
+    /// How long the kernel may cache entries and attributes.
+    pub attr_ttl: Duration,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            attr_ttl: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct ReadPattern {
+    next_offset: u64,
+    prefetched_to_index: u64,
+}
+
+/// A Baton volume served over FUSE.
+pub struct BatonFs {
+    meta: Arc<dyn MetaStore>,
+    store: Arc<BlockStore>,
+    cache: BlockCache,
+    staging: Staging,
+    block_size: u64,
+    config: FsConfig,
+    /// WRITEBACK_CACHE was negotiated: the kernel owns mtime on writes.
+    writeback: AtomicBool,
+    handles: Handles,
+    locks: Mutex<LockTable<ReplyEmpty>>,
+    inode_locks: Vec<Mutex<()>>,
+    alloc: Mutex<HashMap<u64, u64>>,
+    readahead: Mutex<HashMap<u64, ReadPattern>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every guarded map is valid after any single statement, so a panic in
+    // another worker leaves nothing half-done.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl BatonFs {
+    /// A filesystem over an opened volume. The volume's lock stays with the
+    /// caller.
+    pub fn new(
+        meta: Arc<dyn MetaStore>,
+        store: Arc<BlockStore>,
+        cache: BlockCache,
+        staging: Staging,
+        config: FsConfig,
+    ) -> BatonFs {
+        let block_size = u64::from(meta.volume().block_size_bytes);
+        BatonFs {
+            meta,
+            store,
+            cache,
+            staging,
+            block_size,
+            config,
+            writeback: AtomicBool::new(true),
+            handles: Handles::default(),
+            locks: Mutex::new(LockTable::default()),
+            inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
+                .map(|_| Mutex::new(()))
+                .collect(),
+            alloc: Mutex::new(HashMap::new()),
+            readahead: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Builds the filesystem from a [`Volume`], returning its lock to keep.
+    pub fn from_volume(
+        volume: Volume,
+        config: FsConfig,
+    ) -> (BatonFs, nix::fcntl::Flock<std::fs::File>) {
+        let fs = BatonFs::new(
+            volume.meta,
+            volume.store,
+            volume.cache,
+            volume.staging,
+            config,
+        );
+        (fs, volume.lock)
+    }
+
+    /// Records what INIT negotiated (before serving).
+    pub fn set_init(&self, params: &InitParams) {
+        self.writeback.store(
+            params.has(abi::init_flags::WRITEBACK_CACHE),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The metadata store.
+    pub fn meta(&self) -> &Arc<dyn MetaStore> {
+        &self.meta
+    }
+
+    fn inode_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
+        lock(&self.inode_locks[(ino % INODE_LOCK_STRIPE_COUNT as u64) as usize])
+    }
+
+    fn ttl(&self) -> (u64, u32) {
+        (
+            self.config.attr_ttl.as_secs(),
+            self.config.attr_ttl.subsec_nanos(),
+        )
+    }
+
+    /// Kernel attributes: the staged size over the committed one.
+    fn kernel_attr(&self, a: &Attr) -> Result<abi::Attr> {
+        let (size, blocks) = if a.kind == FileKind::Regular {
+            let staged = self.staging.staged_size(a.ino)?;
+            let size = staged.map_or(a.size, |s| s.resolve(a.size));
+            let mut bytes = self.committed_alloc(a.ino, a.size)?;
+            if staged.is_some() {
+                let dirty = self.staging.dirty_blocks(a.ino)?.len() as u64;
+                bytes = bytes.saturating_add(dirty.saturating_mul(self.block_size));
+            }
+            (size, bytes.min(size.div_ceil(512) * 512).div_ceil(512))
+        } else {
+            (a.size, a.size.div_ceil(512))
+        };
+        Ok(abi::Attr {
+            ino: a.ino,
+            size,
+            blocks,
+            atime: a.atime.sec as u64,
+            mtime: a.mtime.sec as u64,
+            ctime: a.ctime.sec as u64,
+            atimensec: a.atime.nsec,
+            mtimensec: a.mtime.nsec,
+            ctimensec: a.ctime.nsec,
+            mode: a.st_mode(),
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            blksize: self.block_size.clamp(4096, 1 << 20) as u32,
+            flags: 0,
+        })
+    }
+
+    fn attr_out(&self, a: &Attr) -> Result<abi::AttrOut> {
+        let (secs, nanos) = self.ttl();
+        Ok(abi::AttrOut {
+            attr_valid: secs,
+            attr_valid_nsec: nanos,
+            dummy: 0,
+            attr: self.kernel_attr(a)?,
+        })
+    }
+
+    fn entry_out(&self, a: &Attr) -> Result<abi::EntryOut> {
+        let (secs, nanos) = self.ttl();
+        Ok(abi::EntryOut {
+            nodeid: a.ino,
+            generation: a.generation,
+            entry_valid: secs,
+            attr_valid: secs,
+            entry_valid_nsec: nanos,
+            attr_valid_nsec: nanos,
+            attr: self.kernel_attr(a)?,
+        })
+    }
+
+    /// Bytes of committed blocks of a regular file (cached per inode).
+    fn committed_alloc(&self, ino: u64, committed_size: u64) -> Result<u64> {
+        if let Some(bytes) = lock(&self.alloc).get(&ino) {
+            return Ok(*bytes);
+        }
+        let mut bytes = 0u64;
+        let mut rows = data::Rows::new(self, ino);
+        let last = committed_size.div_ceil(self.block_size);
+        let mut index = 0;
+        while let Some((found, len)) = rows.next_from(index, last)? {
+            bytes += u64::from(len);
+            index = found + 1;
+        }
+        let mut alloc = lock(&self.alloc);
+        if alloc.len() >= ALLOC_CACHE_ENTRIES_MAX {
+            alloc.clear();
+        }
+        alloc.insert(ino, bytes);
+        Ok(bytes)
+    }
+
+    /// Forgets cached per-inode facts after its block map changed.
+    fn invalidate(&self, ino: u64) {
+        lock(&self.alloc).remove(&ino);
+    }
+
+    /// Volume usage. Object storage has no fixed capacity: report a large
+    /// constant capacity (1 PiB, 2^40 inodes) minus what is used.
+    fn do_statfs(&self) -> Result<abi::Kstatfs> {
+        const FRAGMENT_BYTES: u64 = 4096;
+        const CAPACITY_BYTES: u64 = 1 << 50;
+        const INODES_MAX: u64 = 1 << 40;
+        let usage = self.meta.statfs()?;
+        let blocks = CAPACITY_BYTES / FRAGMENT_BYTES;
+        let used = usage.bytes_used.div_ceil(FRAGMENT_BYTES).min(blocks);
+        Ok(abi::Kstatfs {
+            blocks,
+            bfree: blocks - used,
+            bavail: blocks - used,
+            files: INODES_MAX,
+            ffree: INODES_MAX.saturating_sub(usage.inodes_used),
+            bsize: u64::from(usage.block_size_bytes).clamp(FRAGMENT_BYTES, 1 << 20) as u32,
+            namelen: baton_meta::limits::NAME_LEN_MAX as u32,
+            frsize: FRAGMENT_BYTES as u32,
+            ..Default::default()
+        })
+    }
+
+    /// Logs a failed operation and returns the errno to reply with.
+    fn fail(&self, op: &'static str, req: &Request<'_>, nodeid: u64, err: &Error) -> Errno {
+        let errno = err.errno();
+        let unique = req.unique();
+        match errno {
+            Errno::EIO | Errno::ENOSPC => {
+                tracing::warn!(op, unique, nodeid, %errno, error = %err, "operation failed")
+            }
+            _ => tracing::debug!(op, unique, nodeid, %errno, error = %err, "operation refused"),
+        }
+        errno
+    }
+}

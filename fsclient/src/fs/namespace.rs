@@ -1,0 +1,342 @@
+//! Names and attributes: lookup, getattr, setattr (incl. truncation through
+//! the staging floor), mknod, mkdir, symlink, link, unlink, rmdir, rename,
+//! readlink, and reclaiming orphans once nothing has them open.
+//!
+//! Permission checks are the kernel's (`default_permissions`); the kernel
+//! has also applied the umask to every mode (DONT_MASK is not negotiated),
+//! so creations pass umask 0. Set-group-ID inheritance is baton-meta's.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStringExt;
+
+use baton_meta::{
+    CreateArgs, FileKind, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked, S_ISGID, S_ISUID,
+    S_IXGRP,
+};
+use fuse_wire::abi::{self, fattr};
+use fuse_wire::{Errno, Request};
+
+use super::BatonFs;
+use crate::error::{Error, Result};
+
+/// `RENAME_NOREPLACE`.
+const RENAME_NOREPLACE: u32 = 1;
+/// `RENAME_EXCHANGE`.
+const RENAME_EXCHANGE: u32 = 2;
+
+impl BatonFs {
+    pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> Result<abi::EntryOut> {
+        let attr = self.meta.lookup(parent, name)?;
+        self.entry_out(&attr)
+    }
+
+    pub(super) fn do_getattr(&self, ino: u64) -> Result<abi::AttrOut> {
+        let attr = self.meta.getattr(ino)?;
+        self.attr_out(&attr)
+    }
+
+    pub(super) fn do_setattr(&self, ino: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut> {
+        let valid = arg.valid;
+        let mut set = SetAttr::default();
+        if valid & fattr::MODE != 0 {
+            set.mode = Some(arg.mode);
+        }
+        if valid & fattr::UID != 0 {
+            set.uid = Some(arg.uid);
+        }
+        if valid & fattr::GID != 0 {
+            set.gid = Some(arg.gid);
+        }
+        set.atime = time_arg(
+            valid,
+            fattr::ATIME,
+            fattr::ATIME_NOW,
+            arg.atime,
+            arg.atimensec,
+        );
+        set.mtime = time_arg(
+            valid,
+            fattr::MTIME,
+            fattr::MTIME_NOW,
+            arg.mtime,
+            arg.mtimensec,
+        );
+        if valid & fattr::CTIME != 0 {
+            set.ctime = Some(Timespec {
+                sec: arg.ctime as i64,
+                nsec: arg.ctimensec,
+            });
+        }
+        if valid & fattr::KILL_SUIDGID != 0 && set.mode.is_none() {
+            let a = self.meta.getattr(ino)?;
+            set.mode = Some(killed_suidgid(a.mode));
+        }
+        if valid & fattr::SIZE != 0 {
+            self.truncate(ino, arg.size)?;
+            if set.mtime.is_none() {
+                set.mtime = Some(TimeOrNow::Now);
+            }
+        }
+        let attr = if set == SetAttr::default() {
+            self.meta.getattr(ino)?
+        } else {
+            self.meta.setattr(ino, &set, None)?.0
+        };
+        self.attr_out(&attr)
+    }
+
+    /// Sets the size through staging (the floor protocol): staged blocks
+    /// past it are cut, committed data past it reads as zeros, and the next
+    /// flush commits it. Flushed at once when no handle has the file open.
+    pub(super) fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+        let attr = self.meta.getattr(ino)?;
+        match attr.kind {
+            FileKind::Regular => {}
+            FileKind::Directory => {
+                return Err(Error::refused(
+                    ino,
+                    "truncate of a directory",
+                    Errno::EISDIR,
+                ))
+            }
+            _ => {
+                return Err(Error::refused(
+                    ino,
+                    "truncate of a special file",
+                    Errno::EINVAL,
+                ))
+            }
+        }
+        if size > baton_blocks::FILE_SIZE_BYTES_MAX {
+            return Err(Error::refused(
+                ino,
+                "size past the largest file",
+                Errno::EFBIG,
+            ));
+        }
+        let _guard = self.inode_lock(ino);
+        self.staging.set_size(ino, size)?;
+        self.invalidate(ino);
+        if self.handles.open_count(ino) == 0 {
+            self.flush_locked(ino, &[])?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        Ok(self.meta.readlink(ino)?.into_vec())
+    }
+
+    /// Creates a node owned by the caller (mode already umasked by the kernel).
+    fn create_node(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mut args: CreateArgs,
+    ) -> Result<abi::EntryOut> {
+        let (uid, gid, _) = req.caller();
+        args.mode &= 0o7777;
+        args.uid = uid;
+        args.gid = gid;
+        let attr = self.meta.create(parent, name, &args, None)?;
+        self.entry_out(&attr)
+    }
+
+    pub(super) fn do_symlink(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        target: &OsStr,
+    ) -> Result<abi::EntryOut> {
+        let mut args = CreateArgs::new(FileKind::Symlink, 0o777);
+        args.symlink_target = Some(target.to_owned());
+        self.create_node(req, parent, name, args)
+    }
+
+    pub(super) fn do_mknod(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MknodIn,
+    ) -> Result<abi::EntryOut> {
+        let kind = match arg.mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => FileKind::Regular,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            _ => {
+                return Err(Error::refused(
+                    parent,
+                    "mknod of an unknown file type",
+                    Errno::EINVAL,
+                ))
+            }
+        };
+        let rdev = match kind {
+            FileKind::CharDevice | FileKind::BlockDevice => arg.rdev,
+            _ => 0,
+        };
+        let mut args = CreateArgs::new(kind, arg.mode);
+        args.rdev = rdev;
+        self.create_node(req, parent, name, args)
+    }
+
+    pub(super) fn do_mkdir(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        arg: &abi::MkdirIn,
+    ) -> Result<abi::EntryOut> {
+        self.create_node(
+            req,
+            parent,
+            name,
+            CreateArgs::new(FileKind::Directory, arg.mode),
+        )
+    }
+
+    pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let gone = self.meta.unlink(parent, name, None)?;
+        self.lost_name(gone)
+    }
+
+    pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
+        let gone = self.meta.rmdir(parent, name, None)?;
+        self.lost_name(gone)
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<()> {
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(Error::refused(
+                parent,
+                "unsupported rename flags",
+                Errno::EINVAL,
+            ));
+        }
+        let flags = RenameFlags {
+            noreplace: flags & RENAME_NOREPLACE != 0,
+            exchange: flags & RENAME_EXCHANGE != 0,
+        };
+        let renamed = self
+            .meta
+            .rename(parent, name, newparent, newname, flags, None)?;
+        match renamed.replaced {
+            Some(gone) => self.lost_name(gone),
+            None => Ok(()),
+        }
+    }
+
+    pub(super) fn do_link(
+        &self,
+        ino: u64,
+        newparent: u64,
+        newname: &OsStr,
+    ) -> Result<abi::EntryOut> {
+        let attr = self.meta.link(ino, newparent, newname, None)?;
+        self.entry_out(&attr)
+    }
+
+    /// An inode lost a name; at nlink 0 it is reclaimed now, or at its last
+    /// release if something has it open.
+    fn lost_name(&self, gone: Unlinked) -> Result<()> {
+        if gone.nlink_after == 0 && self.handles.orphaned(gone.ino) {
+            self.reclaim(gone.ino)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes an orphan: its staged data, its metadata, then its objects.
+    pub(super) fn reclaim(&self, ino: u64) -> Result<()> {
+        let _guard = self.inode_lock(ino);
+        self.staging.discard(ino)?;
+        let released = self.meta.reclaim(ino, None)?;
+        self.invalidate(ino);
+        super::lock(&self.readahead).remove(&ino);
+        self.delete_objects(released.iter().map(|o| o.key.as_str()));
+        tracing::debug!(nodeid = ino, objects = released.len(), "orphan reclaimed");
+        Ok(())
+    }
+
+    /// Clears set-user-ID and set-group-ID after a write by the kernel's
+    /// request (FUSE_WRITE_KILL_SUIDGID).
+    pub(super) fn kill_suidgid(&self, ino: u64) -> Result<()> {
+        let a = self.meta.getattr(ino)?;
+        let mode = killed_suidgid(a.mode);
+        if mode != a.mode {
+            let set = SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            };
+            self.meta.setattr(ino, &set, None)?;
+        }
+        Ok(())
+    }
+}
+
+/// `mode` without set-user-ID, and without set-group-ID when group-execute
+/// is set (otherwise it marks mandatory locking and stays).
+fn killed_suidgid(mode: u32) -> u32 {
+    let mut mode = mode & !S_ISUID;
+    if mode & S_IXGRP != 0 {
+        mode &= !S_ISGID;
+    }
+    mode
+}
+
+/// A time from SETATTR: explicit (ns precision), now, or unchanged.
+fn time_arg(valid: u32, set: u32, now: u32, sec: u64, nsec: u32) -> Option<TimeOrNow> {
+    if valid & now != 0 {
+        Some(TimeOrNow::Now)
+    } else if valid & set != 0 {
+        Some(TimeOrNow::At(Timespec {
+            sec: sec as i64,
+            nsec,
+        }))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_suidgid_keeps_sgid_without_group_execute() {
+        assert_eq!(killed_suidgid(0o6755), 0o0755);
+        assert_eq!(killed_suidgid(0o6745), 0o2745);
+    }
+
+    #[test]
+    fn setattr_times_prefer_now_over_explicit() {
+        assert_eq!(
+            time_arg(
+                fattr::ATIME | fattr::ATIME_NOW,
+                fattr::ATIME,
+                fattr::ATIME_NOW,
+                5,
+                6
+            ),
+            Some(TimeOrNow::Now)
+        );
+        assert_eq!(
+            time_arg(fattr::ATIME, fattr::ATIME, fattr::ATIME_NOW, 5, 6),
+            Some(TimeOrNow::At(Timespec { sec: 5, nsec: 6 }))
+        );
+        assert_eq!(time_arg(0, fattr::ATIME, fattr::ATIME_NOW, 5, 6), None);
+    }
+}

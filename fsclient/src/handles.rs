@@ -1,0 +1,171 @@
+//! Open file and directory handles, and how many are open per inode.
+//!
+//! An unlinked inode (nlink 0, an orphan in the metadata) stays readable and
+//! writable while a handle is open; the last release reclaims it. The table
+//! knows which orphans wait for their last release.
+//!
+//! Handles are numbered from a counter; a handle number the table does not
+//! know (issued by an earlier generation of the server) is accepted for
+//! I/O, which works by nodeid only, and its release is a no-op here.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Open handles at most; OPEN beyond it gets ENFILE.
+pub const HANDLES_MAX: usize = 1 << 20;
+
+/// One open file or directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handle {
+    /// The inode.
+    pub ino: u64,
+    /// The open(2) flags.
+    pub flags: u32,
+    /// A directory handle.
+    pub dir: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    handles: HashMap<u64, Handle>,
+    open_count: HashMap<u64, u32>,
+    orphans: HashSet<u64>,
+}
+
+/// The handle table, shared by every worker.
+pub struct Handles {
+    next_fh: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles {
+            next_fh: AtomicU64::new(1),
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+}
+
+/// What a release found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The handle, if this table issued it.
+    pub handle: Option<Handle>,
+    /// The inode is an orphan and this was its last open handle: reclaim it.
+    pub reclaim: bool,
+}
+
+impl Handles {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // The maps stay consistent: every mutation is one statement.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers a new handle; `None` when [`HANDLES_MAX`] are open.
+    pub fn open(&self, handle: Handle) -> Option<u64> {
+        let mut inner = self.lock();
+        if inner.handles.len() >= HANDLES_MAX {
+            return None;
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        inner.handles.insert(fh, handle);
+        *inner.open_count.entry(handle.ino).or_insert(0) += 1;
+        Some(fh)
+    }
+
+    /// The handle `fh`, if this table issued it.
+    pub fn get(&self, fh: u64) -> Option<Handle> {
+        self.lock().handles.get(&fh).copied()
+    }
+
+    /// Removes `fh`; says whether its inode must now be reclaimed.
+    pub fn release(&self, fh: u64) -> Released {
+        let mut inner = self.lock();
+        let Some(handle) = inner.handles.remove(&fh) else {
+            return Released {
+                handle: None,
+                reclaim: false,
+            };
+        };
+        let ino = handle.ino;
+        let left = match inner.open_count.get_mut(&ino) {
+            Some(count) => {
+                *count = count.saturating_sub(1);
+                *count
+            }
+            None => 0,
+        };
+        if left == 0 {
+            inner.open_count.remove(&ino);
+        }
+        let reclaim = left == 0 && inner.orphans.remove(&ino);
+        Released {
+            handle: Some(handle),
+            reclaim,
+        }
+    }
+
+    /// Handles open on `ino`.
+    pub fn open_count(&self, ino: u64) -> u32 {
+        self.lock().open_count.get(&ino).copied().unwrap_or(0)
+    }
+
+    /// `ino` lost its last name. Returns true if it may be reclaimed now
+    /// (nothing open); otherwise the last release will say so.
+    pub fn orphaned(&self, ino: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.open_count.contains_key(&ino) {
+            inner.orphans.insert(ino);
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Whether `ino` is an orphan kept alive by open handles.
+    pub fn is_open_orphan(&self, ino: u64) -> bool {
+        self.lock().orphans.contains(&ino)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn file(ino: u64) -> Handle {
+        Handle {
+            ino,
+            flags: 0,
+            dir: false,
+        }
+    }
+
+    #[test]
+    fn an_orphan_is_reclaimed_at_its_last_release_only() {
+        let h = Handles::default();
+        let a = h.open(file(5)).unwrap();
+        let b = h.open(file(5)).unwrap();
+        assert!(!h.orphaned(5));
+        assert!(!h.release(a).reclaim);
+        assert!(h.release(b).reclaim);
+        assert_eq!(h.open_count(5), 0);
+    }
+
+    #[test]
+    fn an_unopened_orphan_is_reclaimed_at_once() {
+        let h = Handles::default();
+        assert!(h.orphaned(9));
+        assert!(!h.is_open_orphan(9));
+    }
+
+    #[test]
+    fn unknown_handles_release_harmlessly() {
+        let h = Handles::default();
+        let r = h.release(12345);
+        assert_eq!(r.handle, None);
+        assert!(!r.reclaim);
+    }
+}

@@ -1,0 +1,563 @@
+//! The lock table: POSIX byte-range locks (`fcntl` F_SETLK/F_SETLKW/F_GETLK)
+//! per (inode, lock owner) with splitting and merging, BSD `flock` locks per
+//! (inode, open file), and the requests parked by SETLKW.
+//!
+//! The kernel leaves locking to the filesystem (INIT negotiated POSIX_LOCKS
+//! and FLOCK_LOCKS), so this table is the only place locks exist. It is pure
+//! (no I/O, no FUSE types): a waiter is any value `W` (the FUSE layer parks
+//! its `ReplyEmpty` here), and every operation returns the waiters it
+//! granted or cancelled so the caller can answer them after releasing its
+//! mutex. A SETLKW never blocks a worker thread.
+//!
+//! Invariant: the locks of one owner on one inode never overlap and no two
+//! of the same type touch (they are merged); locks of different owners
+//! never conflict (a conflicting request is refused or parked).
+//!
+//! Limits: at most [`WAITERS_MAX`] parked requests (ENOLCK past it) and
+//! [`INTERRUPTED_MAX`] remembered early INTERRUPTs. The table lives in the
+//! process: a new generation starts with no locks.
+
+use std::collections::{HashMap, VecDeque};
+
+/// The largest offset (`OFFSET_MAX`): a lock to EOF ends here.
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
+/// Parked SETLKW requests at most; more get ENOLCK.
+pub const WAITERS_MAX: usize = 1024;
+/// INTERRUPTs remembered for requests not parked yet.
+pub const INTERRUPTED_MAX: usize = 64;
+
+/// Shared or exclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockType {
+    /// F_RDLCK / LOCK_SH.
+    Read,
+    /// F_WRLCK / LOCK_EX.
+    Write,
+}
+
+/// POSIX record lock or BSD flock: two independent lock spaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// fcntl byte-range lock, owned by a lock owner (process files table).
+    Posix,
+    /// flock whole-file lock, owned by an open file description.
+    Flock,
+}
+
+/// One held lock; `end` is inclusive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    /// The owner (FUSE `lock_owner`).
+    pub owner: u64,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive); [`OFFSET_MAX`] for "to EOF".
+    pub end: u64,
+    /// Shared or exclusive.
+    pub typ: LockType,
+    /// The process that took it (reported by F_GETLK).
+    pub pid: u32,
+}
+
+impl HeldLock {
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.start <= end && start <= self.end
+    }
+}
+
+/// A lock or unlock request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockRequest {
+    /// POSIX or flock.
+    pub kind: LockKind,
+    /// The owner.
+    pub owner: u64,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive.
+    pub end: u64,
+    /// The lock wanted; `None` unlocks.
+    pub typ: Option<LockType>,
+    /// The requesting process.
+    pub pid: u32,
+}
+
+#[derive(Debug, Default)]
+struct InodeLocks {
+    posix: Vec<HeldLock>,
+    flock: Vec<HeldLock>,
+}
+
+impl InodeLocks {
+    fn list(&self, kind: LockKind) -> &Vec<HeldLock> {
+        match kind {
+            LockKind::Posix => &self.posix,
+            LockKind::Flock => &self.flock,
+        }
+    }
+
+    fn list_mut(&mut self, kind: LockKind) -> &mut Vec<HeldLock> {
+        match kind {
+            LockKind::Posix => &mut self.posix,
+            LockKind::Flock => &mut self.flock,
+        }
+    }
+
+    fn conflict(&self, req: &LockRequest) -> Option<HeldLock> {
+        let typ = req.typ?;
+        self.list(req.kind)
+            .iter()
+            .find(|l| {
+                l.owner != req.owner
+                    && l.overlaps(req.start, req.end)
+                    && (l.typ == LockType::Write || typ == LockType::Write)
+            })
+            .copied()
+    }
+
+    fn apply(&mut self, req: &LockRequest) {
+        let list = self.list_mut(req.kind);
+        let mut kept = Vec::with_capacity(list.len() + 2);
+        for l in list.drain(..) {
+            if l.owner != req.owner || !l.overlaps(req.start, req.end) {
+                kept.push(l);
+                continue;
+            }
+            if l.start < req.start {
+                kept.push(HeldLock {
+                    end: req.start - 1,
+                    ..l
+                });
+            }
+            if l.end > req.end {
+                kept.push(HeldLock {
+                    start: req.end + 1,
+                    ..l
+                });
+            }
+        }
+        *list = kept;
+        if let Some(typ) = req.typ {
+            insert_merged(
+                list,
+                HeldLock {
+                    owner: req.owner,
+                    start: req.start,
+                    end: req.end,
+                    typ,
+                    pid: req.pid,
+                },
+            );
+        }
+    }
+
+    fn remove_owner(&mut self, kind: LockKind, owner: u64) -> bool {
+        let list = self.list_mut(kind);
+        let before = list.len();
+        list.retain(|l| l.owner != owner);
+        list.len() != before
+    }
+
+    fn is_empty(&self) -> bool {
+        self.posix.is_empty() && self.flock.is_empty()
+    }
+}
+
+/// Inserts `new` into `list`, merging it with the same owner's locks of the
+/// same type that overlap or touch it.
+fn insert_merged(list: &mut Vec<HeldLock>, mut new: HeldLock) {
+    let touches = |l: &HeldLock, n: &HeldLock| {
+        l.owner == n.owner
+            && l.typ == n.typ
+            && l.start <= n.end.saturating_add(1)
+            && n.start <= l.end.saturating_add(1)
+    };
+    let mut index = 0;
+    while index < list.len() {
+        if touches(&list[index], &new) {
+            let l = list.swap_remove(index);
+            new.start = new.start.min(l.start);
+            new.end = new.end.max(l.end);
+        } else {
+            index += 1;
+        }
+    }
+    list.push(new);
+    list.sort_by_key(|l| (l.owner, l.start));
+}
+
+/// What a SETLK/SETLKW did.
+#[derive(Debug)]
+pub enum SetOutcome<W> {
+    /// Applied (or unlocked); answer OK. Also returns waiters now granted.
+    Done {
+        /// Parked requests granted by this change: answer each OK.
+        granted: Vec<W>,
+        /// The caller's own waiter, not parked: answer it OK.
+        own: Option<W>,
+    },
+    /// Conflict and no wait: answer EAGAIN. A failed flock conversion
+    /// still dropped the old lock (Linux semantics), which may grant others.
+    WouldBlock {
+        /// Parked requests granted meanwhile: answer each OK.
+        granted: Vec<W>,
+    },
+    /// Parked until the conflicting lock goes away.
+    Parked {
+        /// Parked requests granted meanwhile: answer each OK.
+        granted: Vec<W>,
+    },
+    /// Not parked (too many waiters, or interrupted already): answer with
+    /// the errno.
+    Refused {
+        /// The waiter to answer.
+        waiter: W,
+        /// ENOLCK or EINTR.
+        errno: i32,
+        /// Parked requests granted meanwhile: answer each OK.
+        granted: Vec<W>,
+    },
+}
+
+struct Waiter<W> {
+    ino: u64,
+    unique: u64,
+    req: LockRequest,
+    waiter: W,
+}
+
+/// All locks of a volume and the parked SETLKW requests.
+pub struct LockTable<W> {
+    inodes: HashMap<u64, InodeLocks>,
+    waiters: VecDeque<Waiter<W>>,
+    interrupted: VecDeque<u64>,
+}
+
+impl<W> Default for LockTable<W> {
+    fn default() -> Self {
+        LockTable {
+            inodes: HashMap::new(),
+            waiters: VecDeque::new(),
+            interrupted: VecDeque::new(),
+        }
+    }
+}
+
+impl<W> LockTable<W> {
+    /// The lock that blocks `req` (F_GETLK), if any.
+    pub fn conflict(&self, ino: u64, req: &LockRequest) -> Option<HeldLock> {
+        self.inodes.get(&ino)?.conflict(req)
+    }
+
+    /// SETLK (`wait == None`) or SETLKW (`wait == Some((unique, waiter))`).
+    pub fn set(&mut self, ino: u64, req: LockRequest, wait: Option<(u64, W)>) -> SetOutcome<W> {
+        if self.conflict(ino, &req).is_none() {
+            self.inodes.entry(ino).or_default().apply(&req);
+            return SetOutcome::Done {
+                granted: self.wake(ino),
+                own: wait.map(|(_, w)| w),
+            };
+        }
+        // A flock conversion releases the old lock before waiting for the
+        // new one, so two shared holders upgrading cannot deadlock.
+        let granted = if req.kind == LockKind::Flock {
+            self.release_owner(ino, LockKind::Flock, req.owner)
+        } else {
+            Vec::new()
+        };
+        let Some((unique, waiter)) = wait else {
+            return SetOutcome::WouldBlock { granted };
+        };
+        if let Some(pos) = self.interrupted.iter().position(|u| *u == unique) {
+            self.interrupted.remove(pos);
+            return SetOutcome::Refused {
+                waiter,
+                errno: libc::EINTR,
+                granted,
+            };
+        }
+        if self.waiters.len() >= WAITERS_MAX {
+            return SetOutcome::Refused {
+                waiter,
+                errno: libc::ENOLCK,
+                granted,
+            };
+        }
+        self.waiters.push_back(Waiter {
+            ino,
+            unique,
+            req,
+            waiter,
+        });
+        SetOutcome::Parked { granted }
+    }
+
+    /// Drops every lock of `kind` held by `owner` on `ino` (close); returns
+    /// the waiters granted as a result.
+    pub fn release_owner(&mut self, ino: u64, kind: LockKind, owner: u64) -> Vec<W> {
+        let removed = match self.inodes.get_mut(&ino) {
+            Some(locks) => locks.remove_owner(kind, owner),
+            None => false,
+        };
+        if !removed {
+            return Vec::new();
+        }
+        self.wake(ino)
+    }
+
+    /// INTERRUPT of `unique`: the parked request, to answer EINTR. If it is
+    /// not parked (yet), remember the unique so a later park is refused.
+    pub fn interrupt(&mut self, unique: u64) -> Option<W> {
+        if let Some(pos) = self.waiters.iter().position(|w| w.unique == unique) {
+            return self.waiters.remove(pos).map(|w| w.waiter);
+        }
+        if self.interrupted.len() >= INTERRUPTED_MAX {
+            self.interrupted.pop_front();
+        }
+        self.interrupted.push_back(unique);
+        None
+    }
+
+    /// Takes every parked request (shutdown: answer them EINTR).
+    pub fn drain_waiters(&mut self) -> Vec<W> {
+        self.waiters.drain(..).map(|w| w.waiter).collect()
+    }
+
+    /// Number of parked requests.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// The locks of `kind` held on `ino` (tests, status).
+    pub fn held(&self, ino: u64, kind: LockKind) -> Vec<HeldLock> {
+        self.inodes
+            .get(&ino)
+            .map(|l| l.list(kind).clone())
+            .unwrap_or_default()
+    }
+
+    /// Grants parked requests on `ino` that no longer conflict, in arrival
+    /// order (an earlier grant may block a later waiter).
+    fn wake(&mut self, ino: u64) -> Vec<W> {
+        let mut granted = Vec::new();
+        let mut index = 0;
+        while index < self.waiters.len() {
+            let w = &self.waiters[index];
+            if w.ino == ino && self.conflict(ino, &w.req).is_none() {
+                if let Some(w) = self.waiters.remove(index) {
+                    self.inodes.entry(ino).or_default().apply(&w.req);
+                    granted.push(w.waiter);
+                }
+                index = 0;
+                continue;
+            }
+            index += 1;
+        }
+        if self.inodes.get(&ino).is_some_and(InodeLocks::is_empty) {
+            self.inodes.remove(&ino);
+        }
+        granted
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn posix(owner: u64, start: u64, end: u64, typ: Option<LockType>) -> LockRequest {
+        LockRequest {
+            kind: LockKind::Posix,
+            owner,
+            start,
+            end,
+            typ,
+            pid: owner as u32,
+        }
+    }
+
+    fn flock(owner: u64, typ: Option<LockType>) -> LockRequest {
+        LockRequest {
+            kind: LockKind::Flock,
+            owner,
+            start: 0,
+            end: OFFSET_MAX,
+            typ,
+            pid: owner as u32,
+        }
+    }
+
+    fn ranges(t: &LockTable<u32>, kind: LockKind) -> Vec<(u64, u64, u64, LockType)> {
+        t.held(7, kind)
+            .iter()
+            .map(|l| (l.owner, l.start, l.end, l.typ))
+            .collect()
+    }
+
+    fn done(outcome: SetOutcome<u32>) -> Vec<u32> {
+        match outcome {
+            SetOutcome::Done { granted, .. } => granted,
+            _ => panic!("expected the lock to be applied"),
+        }
+    }
+
+    use LockType::{Read, Write};
+
+    #[test]
+    fn adjacent_locks_of_one_owner_and_type_merge() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 9, Some(Write)), None));
+        done(t.set(7, posix(1, 10, 19, Some(Write)), None));
+        done(t.set(7, posix(1, 5, 14, Some(Write)), None));
+        assert_eq!(ranges(&t, LockKind::Posix), vec![(1, 0, 19, Write)]);
+    }
+
+    #[test]
+    fn unlocking_the_middle_splits_a_lock() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 99, Some(Write)), None));
+        done(t.set(7, posix(1, 40, 59, None), None));
+        assert_eq!(
+            ranges(&t, LockKind::Posix),
+            vec![(1, 0, 39, Write), (1, 60, 99, Write)]
+        );
+    }
+
+    #[test]
+    fn changing_the_type_of_a_subrange_splits_into_three() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 99, Some(Write)), None));
+        done(t.set(7, posix(1, 10, 19, Some(Read)), None));
+        assert_eq!(
+            ranges(&t, LockKind::Posix),
+            vec![(1, 0, 9, Write), (1, 10, 19, Read), (1, 20, 99, Write)]
+        );
+    }
+
+    #[test]
+    fn readers_share_and_writers_conflict_across_owners() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 9, Some(Read)), None));
+        done(t.set(7, posix(2, 5, 14, Some(Read)), None));
+        assert!(matches!(
+            t.set(7, posix(3, 9, 9, Some(Write)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        let c = t.conflict(7, &posix(3, 12, 20, Some(Write))).unwrap();
+        assert_eq!((c.owner, c.start, c.end), (2, 5, 14));
+        assert!(t.conflict(7, &posix(3, 15, 20, Some(Write))).is_none());
+        // An owner's own locks never conflict with its requests.
+        assert!(t.conflict(7, &posix(1, 0, 4, Some(Write))).is_none());
+    }
+
+    #[test]
+    fn a_parked_waiter_is_granted_when_the_conflict_goes_away() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, OFFSET_MAX, Some(Write)), None));
+        assert!(matches!(
+            t.set(7, posix(2, 0, 0, Some(Write)), Some((0x10, 42))),
+            SetOutcome::Parked { .. }
+        ));
+        assert_eq!(t.waiter_count(), 1);
+        let granted = done(t.set(7, posix(1, 0, OFFSET_MAX, None), None));
+        assert_eq!(granted, vec![42]);
+        assert_eq!(ranges(&t, LockKind::Posix), vec![(2, 0, 0, Write)]);
+    }
+
+    #[test]
+    fn releasing_an_owner_wakes_waiters_in_order() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 9, Some(Write)), None));
+        t.set(7, posix(2, 0, 9, Some(Write)), Some((2, 20)));
+        t.set(7, posix(3, 0, 9, Some(Write)), Some((3, 30)));
+        assert_eq!(t.release_owner(7, LockKind::Posix, 1), vec![20]);
+        assert_eq!(t.release_owner(7, LockKind::Posix, 2), vec![30]);
+        assert_eq!(t.waiter_count(), 0);
+    }
+
+    #[test]
+    fn flock_and_posix_locks_are_independent() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, flock(1, Some(Write)), None));
+        done(t.set(7, posix(2, 0, 9, Some(Write)), None));
+        assert!(matches!(
+            t.set(7, flock(2, Some(Read)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        // Conversion by the owner replaces its lock.
+        done(t.set(7, flock(1, Some(Read)), None));
+        done(t.set(7, flock(2, Some(Read)), None));
+        assert_eq!(
+            ranges(&t, LockKind::Flock),
+            vec![(1, 0, OFFSET_MAX, Read), (2, 0, OFFSET_MAX, Read)]
+        );
+    }
+
+    #[test]
+    fn a_flock_upgrade_drops_the_shared_lock_before_waiting() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, flock(1, Some(Read)), None));
+        done(t.set(7, flock(2, Some(Read)), None));
+        // Owner 1 waits to upgrade; its shared lock is gone meanwhile.
+        assert!(matches!(
+            t.set(7, flock(1, Some(Write)), Some((1, 10))),
+            SetOutcome::Parked { .. }
+        ));
+        assert_eq!(ranges(&t, LockKind::Flock), vec![(2, 0, OFFSET_MAX, Read)]);
+        // Owner 2 is alone now: its upgrade is granted at once, and its
+        // release grants owner 1.
+        assert!(done(t.set(7, flock(2, Some(Write)), None)).is_empty());
+        assert_eq!(t.release_owner(7, LockKind::Flock, 2), vec![10]);
+        assert_eq!(ranges(&t, LockKind::Flock), vec![(1, 0, OFFSET_MAX, Write)]);
+        // A failed non-blocking conversion loses the old lock, as on Linux.
+        t.release_owner(7, LockKind::Flock, 1);
+        done(t.set(7, flock(3, Some(Read)), None));
+        done(t.set(7, flock(4, Some(Read)), None));
+        assert!(matches!(
+            t.set(7, flock(3, Some(Write)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        assert_eq!(ranges(&t, LockKind::Flock), vec![(4, 0, OFFSET_MAX, Read)]);
+    }
+
+    #[test]
+    fn interrupt_cancels_a_parked_request_or_one_not_parked_yet() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, flock(1, Some(Write)), None));
+        t.set(7, flock(2, Some(Write)), Some((0x20, 2)));
+        assert_eq!(t.interrupt(0x20), Some(2));
+        assert_eq!(t.interrupt(0x30), None);
+        match t.set(7, flock(3, Some(Write)), Some((0x30, 3))) {
+            SetOutcome::Refused { waiter, errno, .. } => {
+                assert_eq!((waiter, errno), (3, libc::EINTR))
+            }
+            _ => panic!("an interrupted request must not park"),
+        }
+    }
+
+    #[test]
+    fn waiters_are_bounded() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, flock(1, Some(Write)), None));
+        for i in 0..WAITERS_MAX as u64 {
+            assert!(matches!(
+                t.set(7, flock(100 + i, Some(Write)), Some((i, 0))),
+                SetOutcome::Parked { .. }
+            ));
+        }
+        match t.set(7, flock(5, Some(Write)), Some((1 << 40, 9))) {
+            SetOutcome::Refused { errno, .. } => assert_eq!(errno, libc::ENOLCK),
+            _ => panic!("the waiter list is full"),
+        }
+        assert_eq!(t.drain_waiters().len(), WAITERS_MAX);
+    }
+
+    #[test]
+    fn interrupted_memory_is_bounded() {
+        let mut t = LockTable::<u32>::default();
+        for u in 0..(INTERRUPTED_MAX as u64 + 10) {
+            assert_eq!(t.interrupt(u), None);
+        }
+        assert_eq!(t.interrupted.len(), INTERRUPTED_MAX);
+    }
+}

@@ -1,0 +1,25 @@
+//! `fsclient` binary: parses the command line and runs it (see the library
+//! docs). Errors print as `fsclient: <chain>` and exit 2.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match run() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("fsclient: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<ExitCode> {
+    let cli = fsclient::cli::Cli::parse();
+    Ok(fsclient::runtime::run(cli)?)
+}

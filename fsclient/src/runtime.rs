@@ -1,0 +1,221 @@
+//! Running the server: `mount` (mount(2), INIT, serve, flush, unmount) and
+//! `serve` (adopt a supervisor's initialized connection, RESEND if asked,
+//! serve, flush, exit without unmounting).
+//!
+//! Signals: SIGTERM and SIGINT are blocked in every thread (before any is
+//! spawned) and taken by the main thread with `sigwait`. When the
+//! connection ends by itself (unmount: ENODEV) the thread joining the
+//! workers sends SIGTERM to the process so the main thread wakes. Shutdown
+//! order: stop the workers between requests, answer parked lock requests
+//! EINTR, flush every staged file (commit), then unmount (`mount` only).
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use fuse_wire::{Channel, ExitReason, InitConfig, InitParams, Session, Workers};
+use nix::sys::signal::{SigSet, Signal};
+use upgrade_protocol::{connect_seqpacket, recv_message, send_message, Message, NegotiatedInit};
+
+use crate::cli::{Cli, Command, VolumeArgs};
+use crate::error::{Error, Result};
+use crate::fs::{BatonFs, FsConfig};
+use crate::volume::{check_mountpoint, LockMode, Volume, VolumePaths};
+
+/// Runs the command line.
+pub fn run(cli: Cli) -> Result<ExitCode> {
+    let signals = control_signals();
+    signals.thread_block().map_err(signal_error)?;
+    match cli.command {
+        Command::Mount {
+            volume,
+            mountpoint,
+            options,
+        } => mount(&volume, &mountpoint, &options, &signals),
+        Command::Serve {
+            connect,
+            volume,
+            options,
+        } => serve(&connect, &volume, &options, &signals),
+    }
+}
+
+fn control_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set
+}
+
+fn signal_error(errno: nix::errno::Errno) -> Error {
+    Error::from(fuse_wire::Error::Signal(errno))
+}
+
+fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<BatonFs>, Volume2)> {
+    let paths = VolumePaths::resolve(volume, &options.base_dir)?;
+    let opened = Volume::open(&paths, &options.volume_options(), mode)?;
+    let name = opened.name.clone();
+    let config = FsConfig {
+        attr_ttl: options.attr_ttl(),
+    };
+    let (fs, lock) = BatonFs::from_volume(opened, config);
+    Ok((Arc::new(fs), Volume2 { name, _lock: lock }))
+}
+
+/// What stays alive with the server besides the filesystem.
+struct Volume2 {
+    name: String,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn mount(
+    volume: &str,
+    mountpoint: &Path,
+    options: &VolumeArgs,
+    signals: &SigSet,
+) -> Result<ExitCode> {
+    check_mountpoint(mountpoint)?;
+    let (fs, held) = open_fs(volume, options, LockMode::Exclusive)?;
+    fs.recover(true)?;
+    let mount_options = fuse_wire::MountOptions {
+        source: held.name.clone(),
+        subtype: "baton".into(),
+        allow_other: true,
+        default_permissions: true,
+    };
+    let fd = fuse_wire::mount_fuse(mountpoint, &mount_options)?;
+    let channel = Arc::new(Channel::new(fd));
+    let params = match fuse_wire::initialize(&channel, &InitConfig::baton()) {
+        Ok(params) => params,
+        Err(err) => {
+            let _ = fuse_wire::unmount(mountpoint);
+            return Err(err.into());
+        }
+    };
+    tracing::info!(volume = %held.name, mountpoint = %mountpoint.display(), "mounted");
+    let (reason, flushed) =
+        serve_until_signal(&fs, channel, params, options.threads, signals, None)?;
+    // Unmount even when the final flush failed: the data stays staged and
+    // the next mount commits it.
+    if !matches!(reason, ExitReason::Ended(_)) {
+        fuse_wire::unmount(mountpoint)?;
+    }
+    tracing::info!(volume = %held.name, "unmounted");
+    flushed?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -> Result<ExitCode> {
+    let (fs, held) = open_fs(volume, options, LockMode::Shared)?;
+    let socket = connect_seqpacket(connect)?;
+    let (message, mut fds) = recv_message(std::os::fd::AsFd::as_fd(&socket))?;
+    let Message::Adopt {
+        generation,
+        init,
+        resend,
+    } = message
+    else {
+        return Err(Error::Handover {
+            socket: connect.to_path_buf(),
+            reason: "the first message was not `adopt`",
+        });
+    };
+    let Some(fd) = fds.pop() else {
+        return Err(Error::Handover {
+            socket: connect.to_path_buf(),
+            reason: "the adopt message carried no /dev/fuse fd",
+        });
+    };
+    // No other generation is alive when RESEND is allowed: recover what a
+    // dead one left staged. During a planned upgrade the old generation
+    // flushes its own data.
+    if resend {
+        fs.recover(false)?;
+    }
+    tracing::info!(volume = %held.name, generation, resend, "adopted the FUSE connection");
+    let hello = Message::Serving {
+        generation,
+        pid: std::process::id(),
+    };
+    let announce = move || {
+        if let Err(err) = send_message(std::os::fd::AsFd::as_fd(&socket), &hello, &[]) {
+            tracing::warn!(%err, "cannot tell the supervisor we serve");
+        }
+    };
+    let (_, flushed) = serve_until_signal(
+        &fs,
+        Arc::new(Channel::new(fd)),
+        from_record(&init),
+        options.threads,
+        signals,
+        Some((resend, Box::new(announce))),
+    )?;
+    flushed?;
+    Ok(ExitCode::SUCCESS)
+}
+
+type Announce = Box<dyn FnOnce()>;
+
+/// Serves until SIGTERM/SIGINT or the connection ends, then stops the
+/// workers, cancels parked lock requests and flushes everything staged.
+/// Returns why serving ended and how the final flush went.
+fn serve_until_signal(
+    fs: &Arc<BatonFs>,
+    channel: Arc<Channel>,
+    params: InitParams,
+    threads: usize,
+    signals: &SigSet,
+    adopted: Option<(bool, Announce)>,
+) -> Result<(ExitReason, Result<()>)> {
+    fs.set_init(&params);
+    let session = Session::new(channel, params, Arc::clone(fs));
+    let mut announce = None;
+    if let Some((resend, hello)) = adopted {
+        if resend {
+            session.resend()?;
+        }
+        announce = Some(hello);
+    }
+    let workers = session.start(threads)?;
+    let stopper = workers.stopper();
+    let waiter = spawn_waiter(workers);
+    if let Some(hello) = announce {
+        hello();
+    }
+    let signal = signals.wait().map_err(signal_error)?;
+    tracing::info!(?signal, "stopping between requests");
+    stopper.stop();
+    let reason = waiter.join().unwrap_or(ExitReason::Stopped);
+    fs.cancel_lock_waiters();
+    Ok((reason, fs.flush_all()))
+}
+
+/// Joins the workers; if the connection ends by itself, wakes the main
+/// thread with SIGTERM.
+fn spawn_waiter(workers: Workers) -> std::thread::JoinHandle<ExitReason> {
+    std::thread::spawn(move || {
+        let reason = workers.join();
+        if let ExitReason::Ended(errno) = reason {
+            tracing::info!(%errno, "FUSE connection ended");
+            let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
+        }
+        reason
+    })
+}
+
+/// The INIT parameters a generation adopts (upgrade-protocol's record and
+/// fuse-wire's type know nothing of each other).
+pub fn from_record(r: &NegotiatedInit) -> InitParams {
+    InitParams {
+        major: r.major,
+        minor: r.minor,
+        kernel_minor: r.kernel_minor,
+        flags: r.flags,
+        max_readahead: r.max_readahead,
+        max_write: r.max_write,
+        max_pages: r.max_pages,
+        max_background: r.max_background,
+        congestion_threshold: r.congestion_threshold,
+        time_gran: r.time_gran,
+    }
+}

@@ -1,0 +1,302 @@
+//! Finding and opening a volume: where its metadata, cache and staging
+//! live, the one-mount-per-host lock, and every check that must pass before
+//! mount(2) (each failure says what to fix and changes nothing).
+//!
+//! Order of checks: mountpoint (a directory, empty), metadata present (else
+//! "run `fsctl format`"), metadata readable and ours, storage answering
+//! (its probe object is deleted at once), then the lock (`meta.db.lock`,
+//! flock held for the process's life; the first file this creates), staging
+//! directory writable, cache directory usable.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use baton_blocks::{BlockCache, BlockStore, Staging};
+use baton_meta::{Location, MetaError, MetaStore};
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::error::{Error, Result};
+
+/// Default base directory of named volumes.
+pub const DEFAULT_BASE_DIR: &str = "/var/lib/baton";
+/// Default block cache capacity: 1 GiB.
+pub const DEFAULT_CACHE_SIZE_BYTES: u64 = 1 << 30;
+
+/// Where a volume's files are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumePaths {
+    /// The volume as given (a name or a URL), for messages.
+    pub display: String,
+    /// The metadata URL handed to `baton_meta::open`.
+    pub meta_url: String,
+    /// The metadata database file.
+    pub meta_path: PathBuf,
+    /// The directory holding the metadata (defaults are relative to it).
+    pub dir: PathBuf,
+}
+
+impl VolumePaths {
+    /// Resolves `volume`: a name (`BASE/NAME/meta.db`) or a metadata URL
+    /// (`sqlite:///path/meta.db`).
+    pub fn resolve(volume: &str, base_dir: &Path) -> Result<VolumePaths> {
+        let bad = |reason| Error::BadVolume {
+            volume: volume.to_string(),
+            reason,
+        };
+        if volume.contains("://") || volume.starts_with("sqlite:") {
+            let Location::Sqlite(path) = Location::parse(volume)
+                .map_err(|_| bad("only sqlite:///absolute/path URLs are supported"))?;
+            let dir = path
+                .parent()
+                .map(Path::to_path_buf)
+                .ok_or_else(|| bad("the URL names no file"))?;
+            return Ok(VolumePaths {
+                display: volume.to_string(),
+                meta_url: volume.to_string(),
+                meta_path: path,
+                dir,
+            });
+        }
+        if volume.is_empty() || volume.contains('/') || volume == "." || volume == ".." {
+            return Err(bad("a volume name is one path component"));
+        }
+        let dir = base_dir.join(volume);
+        let meta_path = dir.join("meta.db");
+        Ok(VolumePaths {
+            display: volume.to_string(),
+            meta_url: meta_path.display().to_string(),
+            meta_path,
+            dir,
+        })
+    }
+
+    /// The lock file next to the metadata.
+    pub fn lock_path(&self) -> PathBuf {
+        let mut name = self.meta_path.as_os_str().to_owned();
+        name.push(".lock");
+        PathBuf::from(name)
+    }
+}
+
+/// Local options of a volume.
+#[derive(Clone, Debug)]
+pub struct VolumeOptions {
+    /// Block cache directory (default: `DIR/cache`).
+    pub cache_dir: Option<PathBuf>,
+    /// Block cache capacity.
+    pub cache_size_bytes: u64,
+    /// Staging directory (default: `DIR/staging`).
+    pub staging_dir: Option<PathBuf>,
+}
+
+/// Who else may hold the volume lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// `fsclient mount`: the only server of the volume on this host.
+    Exclusive,
+    /// `fsclient serve`: generations of one supervisor may overlap during a
+    /// planned upgrade, but a `mount` of the same volume is refused.
+    Shared,
+}
+
+/// An opened volume: its parts, and the lock held while it lives.
+pub struct Volume {
+    /// Name for logs and mount source.
+    pub name: String,
+    /// Metadata.
+    pub meta: Arc<dyn MetaStore>,
+    /// Object storage.
+    pub store: Arc<BlockStore>,
+    /// Local block cache.
+    pub cache: BlockCache,
+    /// Local write staging.
+    pub staging: Staging,
+    /// Block size of the volume.
+    pub block_size_bytes: u64,
+    /// The flock on `meta.db.lock`; released when the process exits.
+    pub lock: Flock<File>,
+}
+
+/// Checks that `path` exists, is a directory and is empty.
+pub fn check_mountpoint(path: &Path) -> Result<()> {
+    let problem = |problem: String, fix| Error::Mountpoint {
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| {
+        problem(
+            format!("cannot be used: {e}"),
+            "create it with `mkdir -p` or pick another path",
+        )
+    })?;
+    if !meta.is_dir() {
+        return Err(problem(
+            "is not a directory".into(),
+            "mount on an empty directory",
+        ));
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|e| {
+        problem(
+            format!("cannot be listed: {e}"),
+            "mount on an empty directory you can read",
+        )
+    })?;
+    if entries.next().is_some() {
+        return Err(problem(
+            "is not empty".into(),
+            "mount on an empty directory (or move its contents away)",
+        ));
+    }
+    Ok(())
+}
+
+impl Volume {
+    /// Runs every check and opens the volume. Nothing in the volume changes
+    /// when a check fails.
+    pub fn open(paths: &VolumePaths, options: &VolumeOptions, mode: LockMode) -> Result<Volume> {
+        let display = paths.display.clone();
+        if !paths.meta_path.exists() {
+            return Err(Error::NotFormatted {
+                volume: display,
+                path: paths.meta_path.clone(),
+            });
+        }
+        let meta = baton_meta::open(&paths.meta_url).map_err(|source| match source {
+            MetaError::NotFormatted { path } => Error::NotFormatted {
+                volume: display.clone(),
+                path,
+            },
+            source => Error::MetaOpen {
+                volume: display.clone(),
+                cause: Box::new(source),
+            },
+        })?;
+        let record = meta.volume();
+        let store = open_store(&display, &record.storage_url)?;
+        // Read-only checks passed; from here on we write, so take the lock.
+        let lock = take_lock(paths, mode)?;
+        let block_size_bytes = u64::from(record.block_size_bytes);
+        let staging_dir = options
+            .staging_dir
+            .clone()
+            .unwrap_or_else(|| paths.dir.join("staging"));
+        check_writable(&staging_dir)?;
+        let staging = Staging::open(&staging_dir, block_size_bytes)?;
+        let cache_dir = options
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| paths.dir.join("cache"));
+        let cache = BlockCache::open(&cache_dir, options.cache_size_bytes, Arc::clone(&store))?;
+        tracing::info!(
+            volume = %record.name,
+            storage = %record.storage_url,
+            block_size_bytes,
+            staging = %staging_dir.display(),
+            cache = %cache_dir.display(),
+            "volume opened"
+        );
+        Ok(Volume {
+            name: record.name,
+            meta: Arc::new(meta) as Arc<dyn MetaStore>,
+            store,
+            cache,
+            staging,
+            block_size_bytes,
+            lock,
+        })
+    }
+}
+
+fn open_store(volume: &str, url: &str) -> Result<Arc<BlockStore>> {
+    let unreachable = |source| Error::StorageUnreachable {
+        volume: volume.to_string(),
+        url: url.to_string(),
+        cause: Box::new(source),
+    };
+    let store = BlockStore::open(url).map_err(unreachable)?;
+    store.check_reachable().map_err(unreachable)?;
+    Ok(Arc::new(store))
+}
+
+/// Creates `dir` if needed and proves a file can be written in it.
+fn check_writable(dir: &Path) -> Result<()> {
+    let fail = |cause| Error::StagingNotWritable {
+        path: dir.to_path_buf(),
+        cause,
+    };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    let written = File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
+    let _ = std::fs::remove_file(&probe);
+    written.map_err(fail)
+}
+
+/// Takes the volume lock; a conflict names the pid recorded in the file.
+fn take_lock(paths: &VolumePaths, mode: LockMode) -> Result<Flock<File>> {
+    let path = paths.lock_path();
+    let io_err = |cause| Error::Lock {
+        volume: paths.display.clone(),
+        path: path.clone(),
+        cause,
+    };
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err)?;
+    let arg = match mode {
+        LockMode::Exclusive => FlockArg::LockExclusiveNonblock,
+        LockMode::Shared => FlockArg::LockSharedNonblock,
+    };
+    match Flock::lock(file, arg) {
+        Ok(mut locked) => {
+            let pid = std::process::id().to_string();
+            let written = locked
+                .set_len(0)
+                .and_then(|()| locked.rewind())
+                .and_then(|()| locked.write_all(pid.as_bytes()));
+            written.map_err(io_err)?;
+            Ok(locked)
+        }
+        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            Err(Error::AlreadyMounted {
+                volume: paths.display.clone(),
+                pid: text.trim().parse().unwrap_or(0),
+                path: path.clone(),
+            })
+        }
+        Err((_, errno)) => Err(io_err(std::io::Error::from(errno))),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_under_the_base_dir_and_urls_to_their_file() {
+        let p = VolumePaths::resolve("vol", Path::new("/b")).unwrap();
+        assert_eq!(p.meta_path, PathBuf::from("/b/vol/meta.db"));
+        assert_eq!(p.dir, PathBuf::from("/b/vol"));
+        assert_eq!(p.lock_path(), PathBuf::from("/b/vol/meta.db.lock"));
+        let u = VolumePaths::resolve("sqlite:///x/y/meta.db", Path::new("/b")).unwrap();
+        assert_eq!(u.meta_path, PathBuf::from("/x/y/meta.db"));
+        assert_eq!(u.dir, PathBuf::from("/x/y"));
+    }
+
+    #[test]
+    fn bad_volume_arguments_are_refused() {
+        for bad in ["", "a/b", "..", "postgres://h/db", "sqlite://rel/x.db"] {
+            let err = VolumePaths::resolve(bad, Path::new("/b")).unwrap_err();
+            assert!(matches!(err, Error::BadVolume { .. }), "{bad}: {err}");
+        }
+    }
+}

@@ -1,0 +1,353 @@
+//! Shared fixtures of the fsclient mount tests: a formatted volume in a
+//! temp dir, the real `fsclient` binary as a child process (killed on
+//! drop), a mount guard that unmounts with MNT_DETACH on every path (and
+//! aborts the connection first when the test failed), a watchdog that
+//! aborts a connection stuck past its deadline, and shell helpers that run
+//! as root or as `nobody`.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_meta::VolumeConfig;
+
+/// How long anything may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+/// Block size of test volumes: small, so small files span several blocks.
+pub const BLOCK_SIZE: u32 = 64 * 1024;
+/// The volume name.
+pub const VOLUME: &str = "vol";
+
+/// A volume under a temp dir.
+pub struct Volume {
+    pub dir: tempfile::TempDir,
+    pub base: PathBuf,
+    pub data: PathBuf,
+}
+
+impl Volume {
+    pub fn new() -> Volume {
+        Volume::with_block_size(BLOCK_SIZE)
+    }
+
+    pub fn with_block_size(block_size_bytes: u32) -> Volume {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let base = dir.path().join("base");
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(base.join(VOLUME)).expect("volume dir");
+        std::fs::create_dir_all(&data).expect("data dir");
+        let config = VolumeConfig {
+            name: VOLUME.into(),
+            storage_url: format!("file://{}", data.display()),
+            block_size_bytes,
+        };
+        let meta = baton_meta::format(s(&base.join(VOLUME).join("meta.db")), &config)
+            .expect("format the volume");
+        drop(meta);
+        Volume { dir, base, data }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn meta_path(&self) -> PathBuf {
+        self.base.join(VOLUME).join("meta.db")
+    }
+
+    /// A fresh empty mountpoint.
+    pub fn mountpoint(&self, name: &str) -> PathBuf {
+        let mnt = self.path(name);
+        std::fs::create_dir_all(&mnt).expect("mountpoint");
+        mnt
+    }
+
+    /// `fsclient mount vol MNT --base-dir BASE ...extra`, not waited for.
+    pub fn spawn_mount(&self, mnt: &Path, extra: &[&str]) -> ChildGuard {
+        let mut args = vec!["mount", VOLUME, s(mnt), "--base-dir", s(&self.base)];
+        args.extend_from_slice(extra);
+        ChildGuard(
+            Command::new(env!("CARGO_BIN_EXE_fsclient"))
+                .args(&args)
+                .env(
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                )
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn fsclient"),
+        )
+    }
+
+    /// Mounts and waits until the mount answers.
+    pub fn mount(&self, mnt: &Path) -> Mounted {
+        self.mount_with(mnt, &[])
+    }
+
+    pub fn mount_with(&self, mnt: &Path, extra: &[&str]) -> Mounted {
+        let mut child = self.spawn_mount(mnt, extra);
+        let up = wait_until(DEADLINE, || {
+            if let Ok(Some(status)) = child.0.try_wait() {
+                panic!("fsclient exited before mounting: {status}");
+            }
+            fuse_wire::connection_id(mnt).is_ok()
+        });
+        assert!(up, "fsclient did not mount {}", mnt.display());
+        let guard = MountGuard::new(mnt);
+        Mounted {
+            watchdog: Watchdog::start(mnt, Duration::from_secs(120)),
+            guard,
+            child,
+            mnt: mnt.to_path_buf(),
+        }
+    }
+
+    /// Runs `fsclient ARGS` to completion (for bad-input cases).
+    pub fn run_fsclient(&self, args: &[&str]) -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fsclient"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn fsclient");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if child.try_wait().expect("wait").is_some() {
+                return child.wait_with_output().expect("output");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("fsclient {args:?} did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// A running mount: dropping it kills fsclient and unmounts.
+pub struct Mounted {
+    pub watchdog: Watchdog,
+    pub guard: MountGuard,
+    pub child: ChildGuard,
+    pub mnt: PathBuf,
+}
+
+impl Mounted {
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// SIGKILLs fsclient, then detaches the dead mount (`umount -l`).
+    pub fn kill9(mut self) {
+        self.child.0.kill().unwrap();
+        self.child.0.wait().unwrap();
+        fuse_wire::unmount(&self.mnt).unwrap();
+    }
+
+    /// SIGTERM, then waits for a clean exit (flush + unmount).
+    pub fn stop(mut self) {
+        nix::sys::signal::kill(self.child.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self
+            .child
+            .wait_timeout(DEADLINE)
+            .expect("fsclient exits after SIGTERM");
+        assert!(status.success(), "fsclient exit status {status}");
+        assert!(
+            fuse_wire::connection_id(&self.mnt).is_err(),
+            "still mounted after SIGTERM"
+        );
+    }
+}
+
+/// Unmounts (MNT_DETACH) when dropped; aborts the connection first if the
+/// test is failing so nothing stays blocked.
+pub struct MountGuard {
+    path: PathBuf,
+}
+
+impl MountGuard {
+    pub fn new(path: &Path) -> Self {
+        MountGuard {
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = fuse_wire::abort_connection(&self.path);
+        }
+        while fuse_wire::connection_id(&self.path).is_ok() {
+            if fuse_wire::unmount(&self.path).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Aborts the mount's connection if the test is still running at the
+/// deadline, so a hung request fails the test instead of hanging it.
+pub struct Watchdog {
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    pub fn start(mnt: &Path, after: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&done);
+        let mnt = mnt.to_path_buf();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + after;
+            while Instant::now() < deadline {
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            eprintln!("watchdog: aborting {} after {after:?}", mnt.display());
+            let _ = fuse_wire::abort_connection(&mnt);
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.0.id() as i32)
+    }
+
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Polls `condition` every 5 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+pub fn cstr(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap()
+}
+
+/// The errno of the last failed libc call.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Runs `sh -c SCRIPT` as root; returns (success, stdout, stderr).
+pub fn sh(script: &str) -> (bool, String, String) {
+    run_shell(Command::new("sh").arg("-c").arg(script))
+}
+
+/// Runs `sh -c SCRIPT` as uid/gid 65534 (nobody) without supplementary
+/// groups.
+pub fn sh_as_nobody(script: &str) -> (bool, String, String) {
+    sh_as(65534, 65534, script)
+}
+
+pub fn sh_as(uid: u32, gid: u32, script: &str) -> (bool, String, String) {
+    run_shell(
+        Command::new("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={gid}"))
+            .arg("--clear-groups")
+            .args(["sh", "-c", script]),
+    )
+}
+
+fn run_shell(cmd: &mut Command) -> (bool, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shell");
+    let deadline = Instant::now() + DEADLINE;
+    while child.try_wait().expect("wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("shell command did not finish in time");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().expect("output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every file under `dir` with its bytes, sorted: to prove nothing changed.
+pub fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.push((path.clone(), Vec::new()));
+                stack.push(path);
+            } else {
+                out.push((path.clone(), std::fs::read(&path).unwrap_or_default()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Deterministic test bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 5) as u8)
+        .collect()
+}

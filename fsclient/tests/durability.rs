@@ -1,0 +1,162 @@
+//! Data survives: a clean unmount and remount, an external umount, and a
+//! kill -9 of fsclient with acknowledged writes still only staged (the next
+//! mount commits them before serving). Needs root and /dev/fuse.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+
+use common::*;
+
+fn staged_inodes(vol: &Volume) -> usize {
+    let dir = vol.base.join(VOLUME).join("staging");
+    fs::read_dir(dir)
+        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
+        .unwrap_or(0)
+}
+
+fn sync_range(f: &File) {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a valid fd; writes back the page cache without FUSE fsync.
+    let r = unsafe { libc::sync_file_range(f.as_raw_fd(), 0, 0, flags) };
+    assert_eq!(r, 0, "sync_file_range: {}", errno());
+}
+
+#[test]
+fn data_survives_unmount_and_remount() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    let big = pattern(1_000_003, 1);
+    fs::write(m.p("big"), &big).unwrap();
+    fs::create_dir_all(m.p("a/b")).unwrap();
+    fs::write(m.p("a/b/small"), b"small").unwrap();
+    std::os::unix::fs::symlink("b/small", m.p("a/link")).unwrap();
+    let f = OpenOptions::new().write(true).open(m.p("big")).unwrap();
+    f.set_len(700_000).unwrap();
+    f.write_all_at(b"patched", 10).unwrap();
+    // Left open and unflushed: SIGTERM must flush it.
+    let open_direct = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("direct"))
+        .unwrap();
+    open_direct.write_all_at(b"staged at shutdown", 0).unwrap();
+    drop(f);
+    m.stop();
+    assert_eq!(staged_inodes(&vol), 0, "shutdown committed all staged data");
+    drop(open_direct);
+
+    let m = vol.mount(&mnt);
+    let mut want = big[..700_000].to_vec();
+    want[10..17].copy_from_slice(b"patched");
+    assert_eq!(fs::read(m.p("big")).unwrap(), want);
+    assert_eq!(fs::read(m.p("a/link")).unwrap(), b"small");
+    assert_eq!(fs::read(m.p("direct")).unwrap(), b"staged at shutdown");
+
+    // An external (non-lazy) umount ends fsclient cleanly too.
+    fs::write(m.p("late"), b"late").unwrap();
+    let Mounted {
+        mut child,
+        guard,
+        watchdog,
+        ..
+    } = m;
+    let (ok, _, err) = sh(&format!("umount {}", s(&mnt)));
+    assert!(ok, "{err}");
+    let status = child
+        .wait_timeout(DEADLINE)
+        .expect("fsclient exits after umount");
+    assert!(status.success(), "{status}");
+    drop((guard, watchdog));
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::read(m.p("late")).unwrap(), b"late");
+    m.stop();
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9_of_fsclient() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    fs::write(m.p("committed"), pattern(300_000, 2)).unwrap();
+
+    // O_DIRECT: write(2) returns once fsclient acknowledged the WRITE.
+    let direct = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("direct"))
+        .unwrap();
+    let direct_data = pattern(150_000, 3);
+    direct.write_all_at(&direct_data, 0).unwrap();
+    // Buffered: written back to fsclient (WRITE requests), never fsynced.
+    let buffered = File::create(m.p("buffered")).unwrap();
+    buffered.write_all_at(&pattern(90_000, 4), 0).unwrap();
+    sync_range(&buffered);
+    // A truncation of an open file is staged too (the floor), with a write
+    // past it.
+    let trunc = OpenOptions::new()
+        .write(true)
+        .open(m.p("committed"))
+        .unwrap();
+    trunc.set_len(100_000).unwrap();
+    trunc.write_all_at(b"after", 200_000).unwrap();
+    sync_range(&trunc);
+    assert!(
+        staged_inodes(&vol) >= 3,
+        "the data is staged, not committed"
+    );
+
+    m.kill9();
+    drop((direct, buffered, trunc)); // closes on a dead connection fail harmlessly
+    assert!(staged_inodes(&vol) >= 3, "staging survived the kill");
+
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::read(m.p("direct")).unwrap(), direct_data);
+    assert_eq!(fs::read(m.p("buffered")).unwrap(), pattern(90_000, 4));
+    let back = fs::read(m.p("committed")).unwrap();
+    assert_eq!(back.len(), 200_005);
+    assert_eq!(&back[..100_000], &pattern(300_000, 2)[..100_000]);
+    assert!(
+        back[100_000..200_000].iter().all(|b| *b == 0),
+        "the floor hid the old bytes"
+    );
+    assert_eq!(&back[200_000..], b"after");
+    assert_eq!(
+        staged_inodes(&vol),
+        0,
+        "recovery committed and cleared staging"
+    );
+    m.stop();
+}
+
+#[test]
+fn an_orphan_left_by_a_killed_server_is_reclaimed_at_the_next_mount() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    fs::write(m.p("doomed"), pattern(200_000, 5)).unwrap();
+    let ino = fs::metadata(m.p("doomed")).unwrap().ino();
+    let held = File::open(m.p("doomed")).unwrap();
+    fs::remove_file(m.p("doomed")).unwrap();
+    let objects = vol.data.join("blocks").join(format!("{ino:016x}"));
+    assert!(
+        fs::read_dir(&objects).unwrap().count() > 0,
+        "open: objects kept"
+    );
+    m.kill9();
+    drop(held);
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::read_dir(&objects).map(|d| d.count()).unwrap_or(0), 0);
+    m.stop();
+}

@@ -1,0 +1,129 @@
+//! Permission checks as non-root users (`setpriv` to uid 65534 / 65533):
+//! the kernel enforces modes and the sticky bit (`default_permissions`),
+//! fsclient records the caller as owner. Needs root and /dev/fuse.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use common::*;
+
+fn open_dir(m: &Mounted, name: &str, mode: u32) -> String {
+    fs::create_dir(m.p(name)).unwrap();
+    fs::set_permissions(m.p(name), fs::Permissions::from_mode(mode)).unwrap();
+    s(&m.p(name)).to_string()
+}
+
+#[test]
+fn new_files_belong_to_their_creator_and_modes_are_enforced() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let shared = open_dir(&m, "shared", 0o777);
+    let (ok, _, err) = sh_as_nobody(&format!("echo mine > {shared}/n && chmod 600 {shared}/n"));
+    assert!(ok, "{err}");
+    let meta = fs::metadata(m.p("shared/n")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+
+    // Another user can neither read nor write a 0600 file.
+    let (ok, _, err) = sh_as(65533, 65533, &format!("cat {shared}/n"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    let (ok, _, err) = sh_as(65533, 65533, &format!("echo x >> {shared}/n"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    // Nor change its mode or owner.
+    let (ok, _, err) = sh_as(65533, 65533, &format!("chmod 666 {shared}/n"));
+    assert!(!ok && err.contains("Operation not permitted"), "{err}");
+    let (ok, _, err) = sh_as_nobody(&format!("chown 65533 {shared}/n"));
+    assert!(!ok && err.contains("Operation not permitted"), "{err}");
+    // The owner can.
+    let (ok, out, err) = sh_as_nobody(&format!("cat {shared}/n"));
+    assert!(ok, "{err}");
+    assert_eq!(out, "mine\n");
+
+    // A root-owned 0755 directory refuses creations by others.
+    let closed = open_dir(&m, "closed", 0o755);
+    let (ok, _, err) = sh_as_nobody(&format!("touch {closed}/x"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    let (ok, _, err) = sh_as_nobody(&format!("mkdir {closed}/d"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    // Search permission: no x on a directory hides what is inside.
+    let hidden = open_dir(&m, "hidden", 0o700);
+    fs::write(m.p("hidden/f"), b"").unwrap();
+    let (ok, _, err) = sh_as_nobody(&format!("stat {hidden}/f"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    // Executable bits are checked on exec of a script.
+    fs::write(m.p("shared/script"), b"#!/bin/sh\necho ran\n").unwrap();
+    fs::set_permissions(m.p("shared/script"), fs::Permissions::from_mode(0o644)).unwrap();
+    let (ok, _, err) = sh_as_nobody(&format!("{shared}/script"));
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    m.stop();
+}
+
+#[test]
+fn sticky_directories_protect_other_users_entries() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let tmp = open_dir(&m, "tmp", 0o1777);
+    let (ok, _, err) = sh_as_nobody(&format!("echo a > {tmp}/owned && mkdir {tmp}/dir"));
+    assert!(ok, "{err}");
+    let (ok, _, err) = sh_as(65533, 65533, &format!("rm -f {tmp}/owned"));
+    assert!(!ok && err.contains("Operation not permitted"), "{err}");
+    let (ok, _, err) = sh_as(65533, 65533, &format!("mv {tmp}/owned {tmp}/stolen"));
+    assert!(!ok && err.contains("Operation not permitted"), "{err}");
+    let (ok, _, err) = sh_as(65533, 65533, &format!("rmdir {tmp}/dir"));
+    assert!(!ok && err.contains("Operation not permitted"), "{err}");
+    // The other user may still create its own entries, and delete them.
+    let (ok, _, err) = sh_as(
+        65533,
+        65533,
+        &format!("touch {tmp}/theirs && rm {tmp}/theirs"),
+    );
+    assert!(ok, "{err}");
+    // The owner may delete its own.
+    let (ok, _, err) = sh_as_nobody(&format!("rm {tmp}/owned && rmdir {tmp}/dir"));
+    assert!(ok, "{err}");
+    assert!(!m.p("tmp/owned").exists());
+    m.stop();
+}
+
+#[test]
+fn setgid_directories_give_their_group_to_non_members() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let g = open_dir(&m, "g", 0o777);
+    std::os::unix::fs::chown(m.p("g"), Some(0), Some(4242)).unwrap();
+    fs::set_permissions(m.p("g"), fs::Permissions::from_mode(0o2777)).unwrap();
+    let (ok, _, err) = sh_as_nobody(&format!("touch {g}/f && mkdir {g}/d"));
+    assert!(ok, "{err}");
+    let f = fs::metadata(m.p("g/f")).unwrap();
+    let d = fs::metadata(m.p("g/d")).unwrap();
+    assert_eq!((f.uid(), f.gid()), (65534, 4242));
+    assert_eq!(d.gid(), 4242);
+    assert_eq!(d.mode() & 0o2000, 0o2000);
+    // A non-member cannot set set-group-ID for a group it is not in: the
+    // kernel drops the bit.
+    let (ok, _, err) = sh_as_nobody(&format!("chmod 2755 {g}/f"));
+    assert!(ok, "{err}");
+    assert_eq!(fs::metadata(m.p("g/f")).unwrap().mode() & 0o7777, 0o755);
+    m.stop();
+}
+
+#[test]
+fn writes_by_a_non_owner_clear_set_user_id() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    fs::write(m.p("suid"), b"x").unwrap();
+    fs::set_permissions(m.p("suid"), fs::Permissions::from_mode(0o4777)).unwrap();
+    let (ok, _, err) = sh_as_nobody(&format!("echo more >> {}", s(&m.p("suid"))));
+    assert!(ok, "{err}");
+    assert!(
+        wait_until(DEADLINE, || {
+            fs::metadata(m.p("suid")).unwrap().mode() & 0o4000 == 0
+        }),
+        "set-user-ID cleared by the write"
+    );
+    assert_eq!(fs::read(m.p("suid")).unwrap(), b"xmore\n");
+    m.stop();
+}

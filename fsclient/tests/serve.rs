@@ -1,0 +1,198 @@
+//! The supervisor path: `fsclient serve` adopting an initialized connection
+//! from this test (which plays the supervisor: it mounts, answers INIT and
+//! keeps /dev/fuse), stopping on SIGTERM without unmounting, a handle opened
+//! under one generation used under the next, and a successor recovering a
+//! killed generation's staged data after RESEND. Needs root and /dev/fuse.
+//!
+//! This is the only test of its binary, and every generation is spawned
+//! before any file on the mount is opened: a process spawned while this
+//! process holds a file on a mount nobody serves would block in execve
+//! (close-on-exec sends FLUSH to the mount).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::*;
+use fuse_wire::{Channel, InitConfig, InitParams};
+use upgrade_protocol::{
+    accept_seqpacket, listen_seqpacket, recv_message, send_message, Message, NegotiatedInit,
+};
+
+/// The test as supervisor: holds the mounted, initialized connection.
+struct Holder {
+    channel: Arc<Channel>,
+    params: InitParams,
+    _guard: MountGuard,
+}
+
+/// A spawned `fsclient serve` waiting for its adopt message.
+struct Generation {
+    number: u64,
+    listener: OwnedFd,
+    child: ChildGuard,
+}
+
+fn to_record(p: &InitParams) -> NegotiatedInit {
+    NegotiatedInit {
+        major: p.major,
+        minor: p.minor,
+        kernel_minor: p.kernel_minor,
+        flags: p.flags,
+        max_readahead: p.max_readahead,
+        max_write: p.max_write,
+        max_pages: p.max_pages,
+        max_background: p.max_background,
+        congestion_threshold: p.congestion_threshold,
+        time_gran: p.time_gran,
+    }
+}
+
+fn spawn_generation(vol: &Volume, number: u64) -> Generation {
+    let socket = vol.path(&format!("gen{number}.sock"));
+    let listener = listen_seqpacket(&socket).unwrap();
+    let child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_fsclient"))
+            .args([
+                "serve",
+                "--connect",
+                s(&socket),
+                VOLUME,
+                "--base-dir",
+                s(&vol.base),
+            ])
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    Generation {
+        number,
+        listener,
+        child,
+    }
+}
+
+impl Holder {
+    fn mount(mnt: &Path) -> Holder {
+        let fd = fuse_wire::mount_fuse(mnt, &fuse_wire::MountOptions::default()).unwrap();
+        let guard = MountGuard::new(mnt);
+        let channel = Arc::new(Channel::new(fd));
+        let params = fuse_wire::initialize(&channel, &InitConfig::baton()).unwrap();
+        Holder {
+            channel,
+            params,
+            _guard: guard,
+        }
+    }
+
+    /// Hands the connection to `generation`; returns once it serves.
+    fn adopt(&self, generation: Generation, resend: bool) -> ChildGuard {
+        // A generation that fails at start never connects: fail, do not hang.
+        let mut ready = [nix::poll::PollFd::new(
+            generation.listener.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let polled = nix::poll::poll(&mut ready, nix::poll::PollTimeout::from(30_000u16)).unwrap();
+        assert_eq!(
+            polled, 1,
+            "generation {} did not connect within 30 s",
+            generation.number
+        );
+        let stream = accept_seqpacket(generation.listener.as_fd()).unwrap();
+        let adopt = Message::Adopt {
+            generation: generation.number,
+            init: to_record(&self.params),
+            resend,
+        };
+        send_message(stream.as_fd(), &adopt, &[self.channel.fd()]).unwrap();
+        let (reply, _) = recv_message(stream.as_fd()).unwrap();
+        assert_eq!(
+            reply,
+            Message::Serving {
+                generation: generation.number,
+                pid: generation.child.0.id()
+            }
+        );
+        generation.child
+    }
+}
+
+fn sigterm(child: &mut ChildGuard) {
+    nix::sys::signal::kill(child.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child
+        .wait_timeout(DEADLINE)
+        .expect("generation exits on SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
+fn staged_inodes(vol: &Volume) -> usize {
+    let dir = vol.base.join(VOLUME).join("staging");
+    fs::read_dir(dir)
+        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let holder = Holder::mount(&mnt);
+    let _watchdog = Watchdog::start(&mnt, std::time::Duration::from_secs(120));
+    let (g1, g2, g3) = (
+        spawn_generation(&vol, 1),
+        spawn_generation(&vol, 2),
+        spawn_generation(&vol, 3),
+    );
+
+    let mut gen1 = holder.adopt(g1, false);
+    fs::write(mnt.join("one"), b"from generation 1").unwrap();
+    let open_across = File::open(mnt.join("one")).unwrap();
+    sigterm(&mut gen1);
+    assert!(
+        fuse_wire::connection_id(&mnt).is_ok(),
+        "serve never unmounts"
+    );
+
+    let mut gen2 = holder.adopt(g2, true);
+    assert_eq!(fs::read(mnt.join("one")).unwrap(), b"from generation 1");
+    let mut buf = [0u8; 4];
+    open_across.read_exact_at(&mut buf, 5).unwrap();
+    assert_eq!(
+        &buf, b"gene",
+        "a handle opened under generation 1 still reads"
+    );
+    drop(open_across);
+    let direct = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("two"))
+        .unwrap();
+    direct.write_all_at(b"staged by generation 2", 0).unwrap();
+    gen2.0.kill().unwrap();
+    gen2.0.wait().unwrap();
+
+    // No generation alive: the successor recovers the staged data, and the
+    // RESEND makes the kernel redeliver anything gen2 had read.
+    let mut gen3 = holder.adopt(g3, true);
+    assert_eq!(
+        fs::read(mnt.join("two")).unwrap(),
+        b"staged by generation 2"
+    );
+    drop(direct);
+    assert_eq!(staged_inodes(&vol), 0);
+    sigterm(&mut gen3);
+    drop(holder);
+}

@@ -1,0 +1,79 @@
+//! `fs-supervisor`: holds the /dev/fuse fd of every Baton mount and keeps a
+//! generation (`fsclient serve`) serving each one (see the `daemon` module).
+//!
+//! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT: every mount is
+//! unmounted first), 1 when it cannot start or its loop fails (the message
+//! says why), 2 bad usage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use supervisor::control::DEFAULT_SOCKET;
+use supervisor::daemon::{default_client_binary, Config, DEFAULT_STATE_DIR};
+use supervisor::size::parse_size;
+
+#[derive(Parser)]
+#[command(
+    name = "fs-supervisor",
+    about = "Hold Baton mounts' /dev/fuse fds and keep a generation serving each"
+)]
+struct Cli {
+    /// State directory (mount records, generation sockets, logs).
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Control socket fsctl talks to.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The fsclient binary [default: `fsclient` next to this executable].
+    #[arg(long)]
+    client_binary: Option<PathBuf>,
+    /// Keep a warm standby generation per mount (the default).
+    #[arg(long, overrides_with = "no_standby")]
+    standby: bool,
+    /// Start a new generation only after a death (cold).
+    #[arg(long, overrides_with = "standby")]
+    no_standby: bool,
+    /// Memory limit of each generation's cgroup, e.g. 512M.
+    #[arg(long, value_parser = parse_size)]
+    memory_max: Option<u64>,
+    /// Stop restarting a mount after N consecutive failed starts.
+    #[arg(long)]
+    give_up_after: Option<u32>,
+    /// Name of the parent cgroup generations' cgroups are created in.
+    #[arg(long, default_value = "baton")]
+    cgroup_parent: String,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("fs-supervisor: {err:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    let config = Config {
+        state_dir: cli.state_dir,
+        socket: cli.socket,
+        client_binary: cli.client_binary.unwrap_or_else(default_client_binary),
+        standby: cli.standby || !cli.no_standby,
+        memory_max_bytes: cli.memory_max,
+        give_up_after: cli.give_up_after,
+        cgroup_parent: cli.cgroup_parent,
+        cgroup_root: PathBuf::from(supervisor::cgroup::CGROUP_FS_ROOT),
+        sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
+    };
+    supervisor::daemon::run(config)?;
+    Ok(ExitCode::SUCCESS)
+}

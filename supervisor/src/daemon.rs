@@ -1,0 +1,635 @@
+//! `fs-supervisor`: one event loop per process over a closed set of inputs:
+//! signals (signalfd), control commands (forwarded by the socket threads
+//! through a channel + eventfd), each mount's generation socket (connects),
+//! each generation's control connection (Serving) and pidfd (death), and
+//! the machine's timers (the poll timeout). Every mount's decisions are the
+//! lifecycle machine's; this loop only turns readiness into events and
+//! hands them to the mount's executor.
+//!
+//! Shutdown (SIGTERM/SIGINT): every mount is unmounted as by `fsctl
+//! umount`, then the loop ends. A supervisor killed outright leaves the
+//! serving generations running (they hold the fd) but nothing restarts
+//! them; re-adopting mounts after a supervisor restart is not implemented.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{getsockopt, sockopt};
+use upgrade_protocol::{
+    accept_seqpacket, listen_seqpacket, recv_message, ErrorKind, Message, Reply, Request,
+    StatusReport,
+};
+
+use crate::cgroup;
+use crate::control;
+use crate::executor::{Env, Mount, NewMount};
+use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
+use crate::mounting::{self, invalid};
+use crate::preflight;
+use crate::state_file::StateDir;
+use crate::Error;
+
+/// Default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
+/// Mounts one supervisor holds at most.
+pub const MOUNTS_MAX: usize = 64;
+/// The longest poll wait when no timer is armed.
+const IDLE_POLL_MS: u64 = 60_000;
+
+/// How the daemon runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// State directory.
+    pub state_dir: PathBuf,
+    /// Control socket.
+    pub socket: PathBuf,
+    /// The fsclient binary.
+    pub client_binary: PathBuf,
+    /// Keep a warm standby per mount.
+    pub standby: bool,
+    /// Memory limit per generation.
+    pub memory_max_bytes: Option<u64>,
+    /// Stop restarting after this many consecutive failed starts.
+    pub give_up_after: Option<u32>,
+    /// Name of the Baton parent cgroup.
+    pub cgroup_parent: String,
+    /// Where cgroup filesystems are mounted.
+    pub cgroup_root: PathBuf,
+    /// Where the FUSE sysctls are.
+    pub sysctl_dir: PathBuf,
+}
+
+/// What the socket threads and helpers send to the loop.
+enum Command {
+    Control {
+        request: Request,
+        reply: Sender<Reply>,
+    },
+    UnmountFinished {
+        mount_id: String,
+        outcome: Result<String, String>,
+    },
+}
+
+/// Sends commands to the loop and wakes it.
+#[derive(Clone)]
+struct Waker {
+    tx: Sender<Command>,
+    eventfd: Arc<EventFd>,
+}
+
+impl Waker {
+    fn send(&self, command: Command) -> bool {
+        if self.tx.send(command).is_err() {
+            return false;
+        }
+        if let Err(errno) = self.eventfd.write(1) {
+            tracing::error!(%errno, "cannot wake the event loop");
+        }
+        true
+    }
+}
+
+/// Which input became ready.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Token {
+    Signal,
+    Wake,
+    Listener(usize),
+    Pidfd(usize, u32),
+    Conn(usize, u32),
+}
+
+struct Daemon {
+    env: Env,
+    mounts: Vec<Mount>,
+    waker: Waker,
+    rx: Receiver<Command>,
+    signals: SignalFd,
+    shutting_down: bool,
+}
+
+/// Runs the supervisor until SIGTERM/SIGINT.
+pub fn run(config: Config) -> Result<(), Error> {
+    preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
+    let state = StateDir::create(&config.state_dir)?;
+    warn_about_leftovers(&state);
+    let cgroups = setup_cgroups(&config)?;
+    let signals = shutdown_signals()?;
+    let eventfd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+        .map_err(Error::sys("eventfd"))?;
+    let (tx, rx) = mpsc::channel();
+    let waker = Waker {
+        tx,
+        eventfd: Arc::new(eventfd),
+    };
+    let listener = control::bind(&config.socket)?;
+    let forward = waker.clone();
+    control::serve(
+        listener,
+        config.socket.clone(),
+        Arc::new(move |request| forward_request(&forward, request)),
+    );
+    tracing::info!(
+        socket = %config.socket.display(),
+        state_dir = %config.state_dir.display(),
+        client = %config.client_binary.display(),
+        standby = config.standby,
+        cgroups = ?cgroups.as_ref().map(|c| c.dir().to_path_buf()),
+        "fs-supervisor ready"
+    );
+    let mut daemon = Daemon {
+        env: Env {
+            policy: Policy {
+                standby: config.standby,
+                give_up_after: config.give_up_after,
+            },
+            state,
+            cgroups,
+            memory_max_bytes: config.memory_max_bytes,
+            client_binary: config.client_binary.clone(),
+        },
+        mounts: Vec::new(),
+        waker,
+        rx,
+        signals,
+        shutting_down: false,
+    };
+    let result = daemon.run_loop();
+    let _ = std::fs::remove_file(&config.socket);
+    if let Some(parent) = &daemon.env.cgroups {
+        // Best effort: another supervisor may still use it.
+        let _ = std::fs::remove_dir(parent.dir());
+    }
+    result
+}
+
+fn warn_about_leftovers(state: &StateDir) {
+    for (path, record) in state.leftover_records() {
+        match record {
+            Ok(r) => tracing::warn!(
+                record = %path.display(),
+                mountpoint = %r.mountpoint.display(),
+                pid = r.pid,
+                "a previous supervisor left this mount; re-adoption is not implemented: it stays served by that pid (if alive) until you unmount it; remove the record afterwards"
+            ),
+            Err(err) => {
+                tracing::warn!(record = %path.display(), err, "unreadable leftover state record")
+            }
+        }
+    }
+}
+
+/// Blocks SIGTERM/SIGINT (before any thread exists, so every thread
+/// inherits the mask) and returns a signalfd that receives them.
+fn shutdown_signals() -> Result<SignalFd, Error> {
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.add(Signal::SIGINT);
+    mask.thread_block()
+        .map_err(Error::sys("blocking SIGTERM/SIGINT"))?;
+    SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(Error::sys("signalfd"))
+}
+
+fn setup_cgroups(config: &Config) -> Result<Option<cgroup::Parent>, Error> {
+    match cgroup::detect(&config.cgroup_root) {
+        Some(layout) => {
+            tracing::info!(?layout, "memory cgroups");
+            cgroup::Parent::create(layout, &config.cgroup_parent).map(Some)
+        }
+        None if config.memory_max_bytes.is_some() => Err(Error::NoMemoryCgroup {
+            root: config.cgroup_root.clone(),
+        }),
+        None => {
+            tracing::warn!(root = %config.cgroup_root.display(), "no memory cgroup controller: generations share the supervisor's cgroup and OOM kills are reported as SIGKILL");
+            Ok(None)
+        }
+    }
+}
+
+/// Runs in a socket thread: hands the request to the loop and waits.
+fn forward_request(waker: &Waker, request: Request) -> Reply {
+    let (reply, answer) = mpsc::channel();
+    if !waker.send(Command::Control { request, reply }) {
+        return shutting_down_reply();
+    }
+    answer.recv().unwrap_or_else(|_| shutting_down_reply())
+}
+
+fn shutting_down_reply() -> Reply {
+    Reply::Error {
+        kind: ErrorKind::Failed,
+        message: "fs-supervisor is shutting down".into(),
+    }
+}
+
+/// Starts the unmount helper of a mount; it reports back through `waker`.
+fn unmounter(waker: Waker) -> impl Fn(&Mount) {
+    move |mount: &Mount| {
+        let (waker, mount_id) = (waker.clone(), mount.id.clone());
+        mounting::unmount_in_background(
+            mount.mountpoint.clone(),
+            mount.connection_id,
+            move |outcome| {
+                waker.send(Command::UnmountFinished { mount_id, outcome });
+            },
+        );
+    }
+}
+
+fn readable(fd: BorrowedFd<'_>) -> PollFd<'_> {
+    PollFd::new(fd, PollFlags::POLLIN)
+}
+
+impl Daemon {
+    fn run_loop(&mut self) -> Result<(), Error> {
+        loop {
+            if self.shutting_down && self.mounts.is_empty() {
+                tracing::info!("every mount is unmounted; exiting");
+                return Ok(());
+            }
+            let ready = self.wait()?;
+            for token in ready {
+                self.on_ready(token);
+            }
+            self.fire_timers();
+        }
+    }
+
+    /// Polls every input until one is ready or the next timer is due.
+    fn wait(&self) -> Result<Vec<Token>, Error> {
+        let mut tokens = vec![Token::Signal, Token::Wake];
+        let mut fds = vec![
+            readable(self.signals.as_fd()),
+            readable(self.waker.eventfd.as_fd()),
+        ];
+        for (index, mount) in self.mounts.iter().enumerate() {
+            tokens.push(Token::Listener(index));
+            fds.push(readable(mount.listener.as_fd()));
+            for process in mount.active.iter().chain(mount.standby.iter()) {
+                tokens.push(Token::Pidfd(index, process.pid));
+                fds.push(readable(process.pidfd()));
+                if let Some(conn) = &process.conn {
+                    tokens.push(Token::Conn(index, process.pid));
+                    fds.push(readable(conn.as_fd()));
+                }
+            }
+        }
+        let now = Instant::now();
+        let timeout_ms = self
+            .mounts
+            .iter()
+            .filter_map(Mount::next_deadline)
+            .min()
+            .map(|at| at.saturating_duration_since(now).as_millis() as u64 + 1)
+            .unwrap_or(IDLE_POLL_MS)
+            .min(IDLE_POLL_MS);
+        let timeout = PollTimeout::try_from(timeout_ms as i32).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(errno) => return Err(Error::sys("poll")(errno)),
+        }
+        let ready = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+        let mut out: Vec<Token> = fds
+            .iter()
+            .zip(tokens)
+            .filter(|(fd, _)| fd.revents().is_some_and(|r| r.intersects(ready)))
+            .map(|(_, token)| token)
+            .collect();
+        // Deaths first: a takeover must not wait behind anything else.
+        out.sort_by_key(|t| !matches!(t, Token::Pidfd(..)));
+        Ok(out)
+    }
+
+    fn on_ready(&mut self, token: Token) {
+        match token {
+            Token::Signal => self.on_signal(),
+            Token::Wake => {
+                let _ = self.waker.eventfd.read();
+                while let Ok(command) = self.rx.try_recv() {
+                    self.on_command(command);
+                }
+            }
+            Token::Listener(index) => self.on_connect(index),
+            Token::Pidfd(index, pid) => self.on_pidfd(index, pid),
+            Token::Conn(index, pid) => self.on_conn(index, pid),
+        }
+    }
+
+    fn with_mount(&mut self, index: usize, event: Event) {
+        let start_unmount = unmounter(self.waker.clone());
+        if let Some(mount) = self.mounts.get_mut(index) {
+            mount.handle(&self.env, event, &start_unmount);
+        }
+    }
+
+    fn on_signal(&mut self) {
+        while let Ok(Some(info)) = self.signals.read_signal() {
+            tracing::info!(
+                signal = info.ssi_signo,
+                "shutting down: unmounting every mount"
+            );
+            self.shutting_down = true;
+        }
+        if self.shutting_down {
+            for index in 0..self.mounts.len() {
+                self.with_mount(index, Event::UmountRequested);
+            }
+        }
+    }
+
+    fn on_pidfd(&mut self, index: usize, pid: u32) {
+        let Some(mount) = self.mounts.get_mut(index) else {
+            return;
+        };
+        let Some((_, process)) = mount.process_mut(pid) else {
+            return;
+        };
+        let cause = match process.try_reap() {
+            Ok(Some(cause)) => cause,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::error!(mount = %mount.id, pid, %err, "cannot reap a generation");
+                return;
+            }
+        };
+        let Some((role, process)) = mount.take_process(pid) else {
+            return;
+        };
+        let death = Death {
+            generation: process.generation,
+            pid,
+            cause,
+        };
+        // Unmounted behind our back (umount by hand): the generation saw
+        // ENODEV and exited by itself; no generation can serve it again.
+        // Only checked for exits, so a kill's takeover never waits on it.
+        let gone = role == Role::Active
+            && process.adopted
+            && matches!(cause, Cause::Exit(_))
+            && fuse_wire::connection_id(&mount.mountpoint).ok() != Some(mount.connection_id);
+        if gone {
+            tracing::warn!(mount = %mount.id, mountpoint = %mount.mountpoint.display(), "the mount was removed outside fs-supervisor; cleaning up");
+            self.with_mount(index, Event::UmountRequested);
+        }
+        self.with_mount(
+            index,
+            match role {
+                Role::Active => Event::ActiveExited(death),
+                Role::Standby => Event::StandbyExited(death),
+            },
+        );
+    }
+
+    fn on_connect(&mut self, index: usize) {
+        let Some(mount) = self.mounts.get_mut(index) else {
+            return;
+        };
+        let conn = match accept_seqpacket(mount.listener.as_fd()) {
+            Ok(conn) => conn,
+            Err(err) => {
+                tracing::warn!(mount = %mount.id, %err, "accepting a generation failed");
+                return;
+            }
+        };
+        let pid = match getsockopt(&conn, sockopt::PeerCredentials) {
+            Ok(peer) => peer.pid() as u32,
+            Err(errno) => {
+                tracing::warn!(mount = %mount.id, %errno, "no peer credentials on a generation socket");
+                return;
+            }
+        };
+        let event = match mount.process_mut(pid) {
+            Some((role, process)) if process.conn.is_none() && !process.connected => {
+                process.conn = Some(conn);
+                process.connected = true;
+                match role {
+                    Role::Active => Event::ActiveConnected,
+                    Role::Standby => Event::StandbyConnected,
+                }
+            }
+            _ => {
+                tracing::warn!(mount = %mount.id, pid, socket = %mount.socket_path.display(), "refused a connection from a process that is not this mount's generation");
+                return;
+            }
+        };
+        self.with_mount(index, event);
+    }
+
+    fn on_conn(&mut self, index: usize, pid: u32) {
+        let Some(mount) = self.mounts.get_mut(index) else {
+            return;
+        };
+        let mount_id = mount.id.clone();
+        let Some((role, process)) = mount.process_mut(pid) else {
+            return;
+        };
+        let Some(conn) = &process.conn else {
+            return;
+        };
+        match recv_message(conn.as_fd()) {
+            Ok((Message::Serving { generation, .. }, _)) if role == Role::Active => {
+                tracing::debug!(mount = %mount_id, generation, pid, "serving reported");
+                self.with_mount(index, Event::ActiveServing);
+            }
+            Ok((other, _)) => {
+                tracing::warn!(mount = %mount_id, pid, kind = other.kind(), ?role, "unexpected message from a generation");
+            }
+            Err(_) => {
+                // fsclient closes its socket once it serves; a death is
+                // seen through the pidfd, never here.
+                process.conn = None;
+            }
+        }
+    }
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        for index in 0..self.mounts.len() {
+            while let Some(timer) = self.mounts[index].take_due_timer(now) {
+                self.with_mount(index, Event::Timer(timer));
+            }
+        }
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Control { request, reply } => self.on_request(request, reply),
+            Command::UnmountFinished { mount_id, outcome } => {
+                if let Some(index) = self.mounts.iter().position(|m| m.id == mount_id) {
+                    let mut mount = self.mounts.remove(index);
+                    mount.close(&self.env, outcome);
+                }
+            }
+        }
+    }
+
+    fn on_request(&mut self, request: Request, reply: Sender<Reply>) {
+        tracing::info!(command = request.name(), "fsctl request");
+        match request {
+            Request::Status => {
+                let report = StatusReport {
+                    mounts: self.mounts.iter().map(Mount::status).collect(),
+                };
+                let _ = reply.send(Reply::Status { report });
+            }
+            Request::Umount { mountpoint } => {
+                let canonical = std::fs::canonicalize(&mountpoint).unwrap_or(mountpoint.clone());
+                let Some(index) = self
+                    .mounts
+                    .iter()
+                    .position(|m| m.mountpoint == canonical || m.mountpoint == mountpoint)
+                else {
+                    let _ = reply.send(invalid(format!(
+                        "no mount of this fs-supervisor at {}; `fsctl status` lists them",
+                        mountpoint.display()
+                    )));
+                    return;
+                };
+                self.mounts[index].umount_waiters.push(reply);
+                self.with_mount(index, Event::UmountRequested);
+            }
+            Request::Mount {
+                volume,
+                mountpoint,
+                base_dir,
+                options,
+            } => {
+                if self.shutting_down {
+                    let _ = reply.send(shutting_down_reply());
+                    return;
+                }
+                match self.mount(volume, &mountpoint, base_dir, options, reply.clone()) {
+                    Ok(()) => {}
+                    Err(refusal) => {
+                        let _ = reply.send(refusal);
+                    }
+                }
+            }
+        }
+    }
+
+    fn mount(
+        &mut self,
+        volume: String,
+        mountpoint: &Path,
+        base_dir: PathBuf,
+        options: upgrade_protocol::ClientOptions,
+        reply: Sender<Reply>,
+    ) -> Result<(), Reply> {
+        let mountpoint = self.validate(&volume, mountpoint, &base_dir)?;
+        let id = mounting::mount_id(&mountpoint);
+        let failed = |message: String| Reply::Error {
+            kind: ErrorKind::Failed,
+            message,
+        };
+        let socket_path = self.env.state.socket_path(&id);
+        let _ = std::fs::remove_file(&socket_path);
+        let listener = listen_seqpacket(&socket_path).map_err(|err| {
+            failed(format!(
+                "cannot create the generation socket {}: {err}",
+                socket_path.display()
+            ))
+        })?;
+        let log = self
+            .env
+            .state
+            .open_log(&id)
+            .map_err(|err| failed(err.to_string()))?;
+        let (channel, init, connection_id) = mounting::mount_and_init(&mountpoint, &volume)
+            .map_err(|err| {
+                let _ = std::fs::remove_file(&socket_path);
+                failed(format!(
+                    "mounting volume {volume} at {}: {err}",
+                    mountpoint.display()
+                ))
+            })?;
+        tracing::info!(
+            mount = %id,
+            mountpoint = %mountpoint.display(),
+            volume,
+            connection_id,
+            minor = init.minor,
+            flags = format_args!("{:#x}", init.flags),
+            max_write = init.max_write,
+            max_pages = init.max_pages,
+            fd = channel.fd().as_raw_fd(),
+            "mounted and initialized"
+        );
+        let parts = NewMount {
+            log_path: self.env.state.log_path(&id),
+            id,
+            mountpoint,
+            volume,
+            base_dir,
+            options,
+            channel,
+            init,
+            connection_id,
+            listener,
+            socket_path,
+            log,
+        };
+        let mount = Mount::new(parts, reply);
+        mount.write_record(&self.env);
+        self.mounts.push(mount);
+        let index = self.mounts.len() - 1;
+        let start_unmount = unmounter(self.waker.clone());
+        self.mounts[index].start(&self.env, &start_unmount);
+        Ok(())
+    }
+
+    /// Checks a mount request; returns the canonical mountpoint.
+    fn validate(&self, volume: &str, mountpoint: &Path, base_dir: &Path) -> Result<PathBuf, Reply> {
+        if self.mounts.len() >= MOUNTS_MAX {
+            return Err(invalid(format!(
+                "this fs-supervisor holds {MOUNTS_MAX} mounts already; unmount one first"
+            )));
+        }
+        let canonical = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
+        if let Some(m) = self.mounts.iter().find(|m| m.mountpoint == canonical) {
+            return Err(invalid(format!(
+                "{} is already mounted by this fs-supervisor (volume {}, generation {}); `fsctl umount {}` first",
+                canonical.display(),
+                m.volume,
+                m.status().generation,
+                canonical.display()
+            )));
+        }
+        let meta = mounting::check_volume(volume, base_dir)?;
+        if let Some(m) = self
+            .mounts
+            .iter()
+            .find(|m| mounting::check_volume(&m.volume, &m.base_dir).ok() == Some(meta.clone()))
+        {
+            return Err(invalid(format!(
+                "volume {volume} is already mounted at {}; a volume is served by one mount at a time",
+                m.mountpoint.display()
+            )));
+        }
+        mounting::check_mountpoint(mountpoint)
+    }
+}
+
+/// The default `fsclient`: next to this executable.
+pub fn default_client_binary() -> PathBuf {
+    std::env::current_exe()
+        .map(|exe| exe.with_file_name("fsclient"))
+        .unwrap_or_else(|_| PathBuf::from("fsclient"))
+}
+
+/// How long fsctl waits for each command by default.
+pub fn command_timeout(request: &Request) -> Duration {
+    match request {
+        Request::Status => Duration::from_secs(10),
+        Request::Mount { .. } | Request::Umount { .. } => Duration::from_secs(90),
+    }
+}

@@ -1,0 +1,105 @@
+//! The supervisor's error type: every failure names the object (path,
+//! mountpoint, generation) and, where there is one, the next step.
+
+use std::path::PathBuf;
+
+use nix::errno::Errno;
+
+/// Errors of the supervisor daemon and of fsctl's client side.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A FUSE request timeout is configured in the kernel.
+    #[error("/proc/sys/fs/fuse/{name} is {value_s} s: a kernel request timeout aborts the whole mount when a handover takes longer; set it to 0 (`sysctl -w fs.fuse.{name}=0`) before starting fs-supervisor")]
+    RequestTimeout {
+        /// The sysctl name.
+        name: &'static str,
+        /// Its value in seconds.
+        value_s: u64,
+    },
+    /// A file or directory operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A system call failed.
+    #[error("{op} failed: {errno}")]
+    Sys {
+        /// Which call, and on what.
+        op: String,
+        /// The errno.
+        errno: Errno,
+    },
+    /// `--memory-max` was given but no memory cgroup controller is mounted.
+    #[error("--memory-max needs a memory cgroup, but neither cgroup v2 with the memory controller nor a cgroup v1 memory hierarchy is mounted under {root}")]
+    NoMemoryCgroup {
+        /// Where cgroups were looked for.
+        root: PathBuf,
+    },
+    /// Another supervisor answers on the control socket.
+    #[error(
+        "another fs-supervisor already answers on {path}; stop it first or pass another --socket"
+    )]
+    AlreadyRunning {
+        /// The socket.
+        path: PathBuf,
+    },
+    /// The control socket is unreachable.
+    #[error("cannot reach fs-supervisor at {path}: {errno}; start it with `fs-supervisor` or pass --socket")]
+    Unreachable {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        errno: Errno,
+    },
+    /// The supervisor did not answer in time.
+    #[error(
+        "fs-supervisor at {path} did not answer `{command}` within {timeout_s} s; check its log"
+    )]
+    NoAnswer {
+        /// The socket.
+        path: PathBuf,
+        /// The command.
+        command: &'static str,
+        /// The deadline.
+        timeout_s: u64,
+    },
+    /// The peer answered with something other than a reply.
+    #[error("fs-supervisor at {path} answered with `{kind}` instead of a reply; is it a Baton supervisor of the same version?")]
+    UnexpectedReply {
+        /// The socket.
+        path: PathBuf,
+        /// The message kind received.
+        kind: &'static str,
+    },
+    /// The control protocol failed.
+    #[error("talking to fs-supervisor at {path}: {source}")]
+    Protocol {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        source: upgrade_protocol::ProtocolError,
+    },
+    /// The FUSE layer failed (mount, INIT, unmount).
+    #[error(transparent)]
+    Fuse(#[from] fuse_wire::Error),
+}
+
+impl Error {
+    /// An [`Error::Io`] for `op` on `path`.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { op, path, source }
+    }
+
+    /// An [`Error::Sys`] for `op`.
+    pub fn sys(op: impl Into<String>) -> impl FnOnce(Errno) -> Error {
+        let op = op.into();
+        move |errno| Error::Sys { op, errno }
+    }
+}

@@ -1,0 +1,586 @@
+//! The executor of one mount: the only code that acts on the lifecycle
+//! machine's actions (spawn, adopt, signal, timers, unmount). It owns the
+//! mount's /dev/fuse fd, its processes (active and standby slots), timers
+//! and counters. Results of actions that fail come back as events (a spawn
+//! that fails is a death), so the machine's state is the only state.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant, SystemTime};
+
+use fuse_wire::Channel;
+use nix::sys::signal::Signal;
+use upgrade_protocol::{
+    send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit,
+    Recovery, Reply, Restarts, RECORD_FORMAT_VERSION,
+};
+
+use crate::cgroup;
+use crate::generation::{describe, Launch, Process};
+use crate::lifecycle::mount::{self, Action, Cause, Death, Event, Policy, Role, State, Timer};
+use crate::state_file::{log_tail, StateDir};
+
+/// Events one dispatch may chain (an event and the events its actions
+/// cause) at most.
+pub const EVENTS_PER_DISPATCH_MAX: usize = 16;
+
+/// What every mount's executor shares.
+pub struct Env {
+    /// Machine policy.
+    pub policy: Policy,
+    /// The state directory.
+    pub state: StateDir,
+    /// The Baton parent cgroup, if memory cgroups are in use.
+    pub cgroups: Option<cgroup::Parent>,
+    /// `--memory-max`.
+    pub memory_max_bytes: Option<u64>,
+    /// The fsclient binary.
+    pub client_binary: PathBuf,
+}
+
+/// How the supervisor asks the unmount helper to run.
+pub type StartUnmount<'a> = &'a dyn Fn(&Mount);
+
+/// One supervised mount.
+pub struct Mount {
+    /// The supervisor's id (hash of the mountpoint).
+    pub id: String,
+    /// The mountpoint (canonical).
+    pub mountpoint: PathBuf,
+    /// The volume as given.
+    pub volume: String,
+    /// Where named volumes live.
+    pub base_dir: PathBuf,
+    /// Forwarded options.
+    pub options: ClientOptions,
+    /// The /dev/fuse open file, held for the mount's whole life.
+    pub channel: Option<Channel>,
+    /// The INIT result.
+    pub init: NegotiatedInit,
+    /// The fusectl connection number.
+    pub connection_id: u32,
+    /// Generations of this mount connect here.
+    pub listener: OwnedFd,
+    /// Its path.
+    pub socket_path: PathBuf,
+    /// The generations' log.
+    pub log: File,
+    /// Its path.
+    pub log_path: PathBuf,
+    /// The machine's state.
+    pub state: State,
+    state_since: Instant,
+    /// The process holding (or about to hold) the fd.
+    pub active: Option<Process>,
+    /// The warm standby.
+    pub standby: Option<Process>,
+    next_generation: u64,
+    last_generation: u64,
+    /// Armed timers.
+    pub timers: BTreeMap<Timer, Instant>,
+    restarts: Restarts,
+    last_recovery: Option<Recovery>,
+    recovery_started: Option<Instant>,
+    promoted_warm: bool,
+    created: Instant,
+    created_unix_ms: u64,
+    /// `fsctl mount` callers waiting for the first serve.
+    pub mount_waiters: Vec<Sender<Reply>>,
+    /// `fsctl umount` callers waiting for the unmount.
+    pub umount_waiters: Vec<Sender<Reply>>,
+    /// Why generation 1 failed, for `fsctl mount`.
+    mount_failure: Option<String>,
+}
+
+fn unix_ms(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// What a new mount is made of.
+pub struct NewMount {
+    /// Id.
+    pub id: String,
+    /// Canonical mountpoint.
+    pub mountpoint: PathBuf,
+    /// Volume.
+    pub volume: String,
+    /// Base dir.
+    pub base_dir: PathBuf,
+    /// Options.
+    pub options: ClientOptions,
+    /// The initialized fd.
+    pub channel: Channel,
+    /// INIT result.
+    pub init: NegotiatedInit,
+    /// fusectl number.
+    pub connection_id: u32,
+    /// Generation socket.
+    pub listener: OwnedFd,
+    /// Its path.
+    pub socket_path: PathBuf,
+    /// Log.
+    pub log: File,
+    /// Its path.
+    pub log_path: PathBuf,
+}
+
+impl Mount {
+    /// A mounted, initialized connection with no generation yet.
+    pub fn new(parts: NewMount, waiter: Sender<Reply>) -> Mount {
+        Mount {
+            id: parts.id,
+            mountpoint: parts.mountpoint,
+            volume: parts.volume,
+            base_dir: parts.base_dir,
+            options: parts.options,
+            channel: Some(parts.channel),
+            init: parts.init,
+            connection_id: parts.connection_id,
+            listener: parts.listener,
+            socket_path: parts.socket_path,
+            log: parts.log,
+            log_path: parts.log_path,
+            state: State::Unmounted,
+            state_since: Instant::now(),
+            active: None,
+            standby: None,
+            next_generation: 1,
+            last_generation: 0,
+            timers: BTreeMap::new(),
+            restarts: Restarts::default(),
+            last_recovery: None,
+            recovery_started: None,
+            promoted_warm: false,
+            created: Instant::now(),
+            created_unix_ms: unix_ms(SystemTime::now()),
+            mount_waiters: vec![waiter],
+            umount_waiters: Vec::new(),
+            mount_failure: None,
+        }
+    }
+
+    /// Starts the machine.
+    pub fn start(&mut self, env: &Env, start_unmount: StartUnmount<'_>) {
+        let (state, actions) = mount::start();
+        self.transition(state, "start");
+        let mut queue = VecDeque::new();
+        for action in actions {
+            self.execute(env, action, &mut queue, start_unmount);
+        }
+        self.drain(env, queue, start_unmount);
+    }
+
+    /// Feeds one event to the machine and executes what it returns.
+    pub fn handle(&mut self, env: &Env, event: Event, start_unmount: StartUnmount<'_>) {
+        self.drain(env, VecDeque::from([event]), start_unmount);
+    }
+
+    fn drain(&mut self, env: &Env, mut queue: VecDeque<Event>, start_unmount: StartUnmount<'_>) {
+        let mut handled = 0;
+        while let Some(event) = queue.pop_front() {
+            handled += 1;
+            // Invariant: actions cause at most a death each; a longer chain
+            // is a loop in the machine.
+            assert!(
+                handled <= EVENTS_PER_DISPATCH_MAX,
+                "mount {}: event chain longer than {EVENTS_PER_DISPATCH_MAX} at {event:?}",
+                self.id
+            );
+            let (next, actions) = mount::step(self.state, event, &env.policy);
+            if next == self.state && actions.is_empty() {
+                tracing::debug!(mount = %self.id, state = self.state.name(), ?event, "event ignored");
+                continue;
+            }
+            self.transition(next, &format!("{event:?}"));
+            for action in actions {
+                self.execute(env, action, &mut queue, start_unmount);
+            }
+        }
+    }
+
+    fn transition(&mut self, next: State, cause: &str) {
+        let now = Instant::now();
+        if next.name() != self.state.name() {
+            let state_from = if cause == "start" {
+                "new"
+            } else {
+                self.state.name()
+            };
+            tracing::info!(
+                mount = %self.id,
+                generation = self.active_generation(),
+                pid = self.active.as_ref().map(|p| p.pid),
+                state_from,
+                state_to = next.name(),
+                elapsed_us = now.duration_since(self.state_since).as_micros() as u64,
+                cause,
+                "mount state"
+            );
+            self.state_since = now;
+        }
+        self.state = next;
+    }
+
+    fn active_generation(&self) -> u64 {
+        self.active
+            .as_ref()
+            .map(|p| p.generation)
+            .unwrap_or(self.last_generation)
+    }
+
+    fn slot(&mut self, role: Role) -> &mut Option<Process> {
+        match role {
+            Role::Active => &mut self.active,
+            Role::Standby => &mut self.standby,
+        }
+    }
+
+    fn execute(
+        &mut self,
+        env: &Env,
+        action: Action,
+        queue: &mut VecDeque<Event>,
+        start_unmount: StartUnmount<'_>,
+    ) {
+        match action {
+            Action::SpawnActive => self.spawn(env, Role::Active, queue),
+            Action::SpawnStandby => self.spawn(env, Role::Standby, queue),
+            Action::PromoteStandby => {
+                // Invariant: the active slot was emptied by the reap.
+                assert!(
+                    self.active.is_none(),
+                    "mount {}: promote over a live active",
+                    self.id
+                );
+                self.active = self.standby.take();
+                self.promoted_warm = self.active.as_ref().is_some_and(|p| p.connected);
+            }
+            Action::SendAdopt { resend } => self.send_adopt(env, resend),
+            Action::TerminateActive => self.signal(Role::Active, Signal::SIGTERM),
+            Action::KillActive => self.signal(Role::Active, Signal::SIGKILL),
+            Action::KillStandby => self.signal(Role::Standby, Signal::SIGKILL),
+            Action::ArmTimer { timer, after_ms } => {
+                self.timers
+                    .insert(timer, Instant::now() + Duration::from_millis(after_ms));
+            }
+            Action::CancelTimer(timer) => {
+                self.timers.remove(&timer);
+            }
+            Action::RecordDeath { role, death } => self.record_death(role, death),
+            Action::AnnounceServing => self.announce_serving(env),
+            Action::FailMount(death) => self.fail_mount(death),
+            Action::ReportGaveUp => tracing::error!(
+                mount = %self.id,
+                failures = self.state.failures(),
+                mountpoint = %self.mountpoint.display(),
+                "gave up restarting after --give-up-after consecutive failed starts; applications on the mount wait until `fsctl umount`"
+            ),
+            Action::Unmount => start_unmount(self),
+        }
+    }
+
+    fn spawn(&mut self, env: &Env, role: Role, queue: &mut VecDeque<Event>) {
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let launch = Launch {
+            client_binary: &env.client_binary,
+            socket: &self.socket_path,
+            volume: &self.volume,
+            base_dir: &self.base_dir,
+            options: &self.options,
+            log: &self.log,
+            generation,
+        };
+        let cgroup = match &env.cgroups {
+            Some(parent) => parent
+                .child(
+                    &format!("{}-gen{generation}", self.id),
+                    env.memory_max_bytes,
+                )
+                .map(Some),
+            None => Ok(None),
+        };
+        match cgroup.and_then(|cgroup| Process::spawn(&launch, cgroup)) {
+            Ok(process) => {
+                tracing::info!(mount = %self.id, generation, pid = process.pid, ?role, "generation started");
+                *self.slot(role) = Some(process);
+            }
+            Err(err) => {
+                tracing::error!(mount = %self.id, generation, ?role, %err, "cannot start a generation");
+                let death = Death {
+                    generation,
+                    pid: 0,
+                    cause: Cause::SpawnFailed,
+                };
+                queue.push_back(match role {
+                    Role::Active => Event::ActiveExited(death),
+                    Role::Standby => Event::StandbyExited(death),
+                });
+            }
+        }
+    }
+
+    fn send_adopt(&mut self, env: &Env, resend: bool) {
+        let (Some(process), Some(channel)) = (self.active.as_mut(), self.channel.as_ref()) else {
+            tracing::error!(mount = %self.id, "adopt without an active process or fd");
+            return;
+        };
+        // Invariant: RESEND re-queues every unanswered request of the whole
+        // connection; only a process that never held the fd may adopt, and
+        // the standby slot never holds it.
+        assert!(
+            !process.adopted && !self.standby.as_ref().is_some_and(|s| s.adopted),
+            "mount {}: a second adopter while a generation holds the fd",
+            self.id
+        );
+        let message = Message::Adopt {
+            generation: process.generation,
+            init: self.init,
+            resend,
+        };
+        let sent = match &process.conn {
+            Some(conn) => send_message(conn.as_fd(), &message, &[channel.fd()]),
+            None => Err(upgrade_protocol::ProtocolError::Closed),
+        };
+        match sent {
+            Ok(()) => {
+                process.adopted = true;
+                tracing::info!(mount = %self.id, generation = process.generation, pid = process.pid, resend, "fd handed over");
+                self.last_generation = process.generation;
+                self.write_record(env);
+            }
+            Err(err) => {
+                tracing::error!(mount = %self.id, generation = process.generation, pid = process.pid, %err, "cannot hand the fd over; killing the generation");
+                process.signal(Signal::SIGKILL);
+            }
+        }
+    }
+
+    fn signal(&self, role: Role, signal: Signal) {
+        let process = match role {
+            Role::Active => &self.active,
+            Role::Standby => &self.standby,
+        };
+        if let Some(process) = process {
+            process.signal(signal);
+        }
+    }
+
+    fn record_death(&mut self, role: Role, death: Death) {
+        let cause = describe(death.cause);
+        let tail = log_tail(&self.log_path);
+        match role {
+            Role::Active => {
+                match death.cause {
+                    Cause::Exit(_) | Cause::SpawnFailed => self.restarts.exit += 1,
+                    Cause::Signal(_) => self.restarts.signal += 1,
+                    Cause::Oom => self.restarts.oom += 1,
+                }
+                self.last_recovery = Some(Recovery {
+                    died_generation: death.generation,
+                    cause: cause.clone(),
+                    at_unix_ms: unix_ms(SystemTime::now()),
+                    next_generation: None,
+                    takeover_us: None,
+                    warm: false,
+                });
+                self.recovery_started = Some(Instant::now());
+                tracing::error!(
+                    mount = %self.id,
+                    generation = death.generation,
+                    pid = death.pid,
+                    cause,
+                    "generation died\n--- log tail ---\n{tail}\n---"
+                );
+            }
+            Role::Standby => tracing::warn!(
+                mount = %self.id,
+                generation = death.generation,
+                pid = death.pid,
+                cause,
+                "standby died before taking over\n--- log tail ---\n{tail}\n---"
+            ),
+        }
+    }
+
+    fn announce_serving(&mut self, env: &Env) {
+        let now = Instant::now();
+        let Some(process) = self.active.as_mut() else {
+            return;
+        };
+        process.serving_since = Some(now);
+        let (generation, pid) = (process.generation, process.pid);
+        let takeover_us = self
+            .recovery_started
+            .take()
+            .map(|start| now.duration_since(start).as_micros() as u64);
+        if let (Some(recovery), Some(us)) = (self.last_recovery.as_mut(), takeover_us) {
+            recovery.next_generation = Some(generation);
+            recovery.takeover_us = Some(us);
+            recovery.warm = self.promoted_warm;
+        }
+        tracing::info!(mount = %self.id, generation, pid, elapsed_us = takeover_us, warm = self.promoted_warm, "generation serving");
+        self.promoted_warm = false;
+        for waiter in self.mount_waiters.drain(..) {
+            let _ = waiter.send(Reply::Mounted {
+                mountpoint: self.mountpoint.clone(),
+                generation,
+                pid,
+            });
+        }
+        self.write_record(env);
+    }
+
+    /// Generation 1 never served: the mount fails; `fsctl mount` gets the
+    /// message once the mount is removed (see [`Mount::close`]).
+    fn fail_mount(&mut self, death: Death) {
+        let message = format!(
+            "generation 1 serving volume {} at {} ended before serving ({}); the mount was removed. Its log ({}):\n{}",
+            self.volume,
+            self.mountpoint.display(),
+            describe(death.cause),
+            self.log_path.display(),
+            log_tail(&self.log_path)
+        );
+        self.mount_failure = Some(message);
+    }
+
+    /// Writes the state record (logged on failure: the mount keeps running).
+    pub fn write_record(&self, env: &Env) {
+        let record = MountRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            mount_id: self.id.clone(),
+            mountpoint: self.mountpoint.clone(),
+            volume: self.volume.clone(),
+            base_dir: self.base_dir.clone(),
+            options: self.options.clone(),
+            connection_id: self.connection_id,
+            init: self.init,
+            has_resend: self.init.flags & fuse_wire::abi::init_flags::HAS_RESEND != 0,
+            supervisor_pid: std::process::id(),
+            generation: self.active_generation(),
+            pid: self.active.as_ref().filter(|p| p.adopted).map(|p| p.pid),
+            created_unix_ms: self.created_unix_ms,
+        };
+        if let Err(err) = env.state.write_record(&record) {
+            tracing::warn!(mount = %self.id, %err, "cannot write the mount's state record");
+        }
+    }
+
+    /// The status entry.
+    pub fn status(&self) -> MountStatus {
+        let now = Instant::now();
+        let active = self.active.as_ref();
+        MountStatus {
+            mount_id: self.id.clone(),
+            mountpoint: self.mountpoint.clone(),
+            volume: self.volume.clone(),
+            state: self.state.name().to_string(),
+            generation: self.active_generation(),
+            pid: active.map(|p| p.pid),
+            standby_pid: self.standby.as_ref().map(|p| p.pid),
+            restarts: self.restarts,
+            uptime_s: now.duration_since(self.created).as_secs(),
+            generation_uptime_s: active
+                .and_then(|p| p.serving_since)
+                .map(|t| now.duration_since(t).as_secs())
+                .unwrap_or(0),
+            consecutive_failures: self.state.failures(),
+            gave_up: matches!(self.state, State::GaveUp { .. }),
+            last_recovery: self.last_recovery.clone(),
+            connection_id: self.connection_id,
+            cgroup: active
+                .and_then(|p| p.cgroup.as_ref())
+                .map(|c| c.dir().to_path_buf()),
+            init: self.init,
+        }
+    }
+
+    /// The process with `pid`, and its slot.
+    pub fn process_mut(&mut self, pid: u32) -> Option<(Role, &mut Process)> {
+        if let Some(p) = self.active.as_mut().filter(|p| p.pid == pid) {
+            return Some((Role::Active, p));
+        }
+        self.standby
+            .as_mut()
+            .filter(|p| p.pid == pid)
+            .map(|p| (Role::Standby, p))
+    }
+
+    /// Removes the process with `pid` from its slot (after it was reaped).
+    pub fn take_process(&mut self, pid: u32) -> Option<(Role, Process)> {
+        if self.active.as_ref().is_some_and(|p| p.pid == pid) {
+            return self.active.take().map(|p| (Role::Active, p));
+        }
+        if self.standby.as_ref().is_some_and(|p| p.pid == pid) {
+            return self.standby.take().map(|p| (Role::Standby, p));
+        }
+        None
+    }
+
+    /// The earliest armed timer.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers.values().min().copied()
+    }
+
+    /// Removes and returns a timer that is due at `now`.
+    pub fn take_due_timer(&mut self, now: Instant) -> Option<Timer> {
+        let due = self
+            .timers
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .min_by_key(|(_, at)| **at)
+            .map(|(timer, _)| *timer)?;
+        self.timers.remove(&due);
+        Some(due)
+    }
+
+    /// Closes the fd and removes the socket and record: the last step of an
+    /// unmount. Answers every waiter.
+    pub fn close(&mut self, env: &Env, outcome: Result<String, String>) {
+        self.channel = None;
+        let _ = std::fs::remove_file(&self.socket_path);
+        if let Err(err) = env.state.remove_record(&self.id) {
+            tracing::warn!(mount = %self.id, %err, "cannot remove the state record");
+        }
+        let reply = match &outcome {
+            Ok(how) => {
+                tracing::info!(mount = %self.id, mountpoint = %self.mountpoint.display(), how, "unmounted");
+                Reply::Unmounted {
+                    mountpoint: self.mountpoint.clone(),
+                }
+            }
+            Err(err) => {
+                tracing::error!(mount = %self.id, mountpoint = %self.mountpoint.display(), err, "unmount failed; the fd is closed, so the connection is gone");
+                Reply::Error {
+                    kind: ErrorKind::Failed,
+                    message: format!(
+                        "unmounting {} failed: {err}; the FUSE connection is closed; run `umount -l {}`",
+                        self.mountpoint.display(),
+                        self.mountpoint.display()
+                    ),
+                }
+            }
+        };
+        for waiter in self.umount_waiters.drain(..) {
+            let _ = waiter.send(reply.clone());
+        }
+        let failure = self.mount_failure.take().unwrap_or_else(|| {
+            format!(
+                "the mount at {} was removed before it served",
+                self.mountpoint.display()
+            )
+        });
+        for waiter in self.mount_waiters.drain(..) {
+            let _ = waiter.send(Reply::Error {
+                kind: ErrorKind::Failed,
+                message: failure.clone(),
+            });
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! One generation process: `fsclient serve --connect SOCKET VOLUME ...`,
+//! started in its own memory cgroup (joined from a `pre_exec` hook, so it
+//! is in the cgroup before it execs), watched through a pidfd (readable the
+//! moment the whole process has exited: death is seen at once, without
+//! polling), reaped with waitpid, and its death classified as exit code,
+//! signal or OOM kill.
+//!
+//! A process gets the /dev/fuse fd only in its Adopt message; until then it
+//! is a standby that has opened the volume and waits on its socket.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use upgrade_protocol::ClientOptions;
+
+use crate::cgroup::Cgroup;
+use crate::lifecycle::mount::Cause;
+use crate::Error;
+
+/// How to start one generation.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    /// The `fsclient` binary.
+    pub client_binary: &'a Path,
+    /// The mount's generation socket.
+    pub socket: &'a Path,
+    /// The volume (name or URL).
+    pub volume: &'a str,
+    /// Where named volumes live.
+    pub base_dir: &'a Path,
+    /// Forwarded options.
+    pub options: &'a ClientOptions,
+    /// Its stdout and stderr go here.
+    pub log: &'a File,
+    /// The generation number.
+    pub generation: u64,
+}
+
+/// The command line of a generation. Pure.
+pub fn command_args(launch: &Launch<'_>) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "serve".into(),
+        "--connect".into(),
+        launch.socket.into(),
+        "--base-dir".into(),
+        launch.base_dir.into(),
+    ];
+    if let Some(dir) = &launch.options.cache_dir {
+        args.extend(["--cache-dir".into(), dir.into()]);
+    }
+    if let Some(dir) = &launch.options.staging_dir {
+        args.extend(["--staging-dir".into(), dir.into()]);
+    }
+    if let Some(threads) = launch.options.threads {
+        args.extend(["--threads".into(), threads.to_string().into()]);
+    }
+    args.push(launch.volume.into());
+    args
+}
+
+/// A started generation process.
+#[derive(Debug)]
+pub struct Process {
+    /// Its generation number.
+    pub generation: u64,
+    /// Its pid.
+    pub pid: u32,
+    child: Child,
+    pidfd: OwnedFd,
+    /// Its control connection, once it connected (and until it closes it).
+    pub conn: Option<OwnedFd>,
+    /// It connected at least once.
+    pub connected: bool,
+    /// It was sent the fd.
+    pub adopted: bool,
+    /// Its memory cgroup.
+    pub cgroup: Option<Cgroup>,
+    /// When it was started.
+    pub spawned_at: Instant,
+    /// When it reported serving.
+    pub serving_since: Option<Instant>,
+}
+
+/// Writes "0" (itself) to a cgroup's procs file. Runs between fork and
+/// exec, so only async-signal-safe calls: open, write, close.
+fn join_cgroup(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: plain syscalls on a NUL-terminated path and a static buffer.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written != 1 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+fn pidfd_open(pid: u32) -> Result<OwnedFd, Error> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd
+    // (always close-on-exec) or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(Error::Sys {
+            op: format!("pidfd_open({pid})"),
+            errno: nix::errno::Errno::last(),
+        });
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+impl Process {
+    /// Starts a generation in `cgroup` (if any). The cgroup is removed if
+    /// the start fails.
+    pub fn spawn(launch: &Launch<'_>, cgroup: Option<Cgroup>) -> Result<Process, Error> {
+        let procs = match &cgroup {
+            Some(c) => Some(
+                CString::new(c.procs_path().as_os_str().as_bytes()).map_err(|_| Error::Io {
+                    op: "joining cgroup",
+                    path: c.procs_path(),
+                    source: std::io::Error::other("path contains NUL"),
+                })?,
+            ),
+            None => None,
+        };
+        let result = Self::spawn_in(launch, procs);
+        match result {
+            Ok((child, pid, pidfd)) => Ok(Process {
+                generation: launch.generation,
+                pid,
+                child,
+                pidfd,
+                conn: None,
+                connected: false,
+                adopted: false,
+                cgroup,
+                spawned_at: Instant::now(),
+                serving_since: None,
+            }),
+            Err(err) => {
+                if let Some(cgroup) = cgroup {
+                    cgroup.remove();
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn spawn_in(
+        launch: &Launch<'_>,
+        procs: Option<CString>,
+    ) -> Result<(Child, u32, OwnedFd), Error> {
+        let out = launch
+            .log
+            .try_clone()
+            .map_err(Error::io("duplicating log of", launch.socket))?;
+        let err = launch
+            .log
+            .try_clone()
+            .map_err(Error::io("duplicating log of", launch.socket))?;
+        let mut command = Command::new(launch.client_binary);
+        command
+            .args(command_args(launch))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        // The log is a file: no terminal colour codes in it.
+        command.env("NO_COLOR", "1");
+        if let Some(procs) = procs {
+            // SAFETY: join_cgroup only makes async-signal-safe syscalls.
+            unsafe {
+                command.pre_exec(move || join_cgroup(&procs));
+            }
+        }
+        let mut child = command
+            .spawn()
+            .map_err(Error::io("starting", launch.client_binary))?;
+        let pid = child.id();
+        match pidfd_open(pid) {
+            Ok(pidfd) => Ok((child, pid, pidfd)),
+            Err(err) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(err)
+            }
+        }
+    }
+
+    /// The pidfd: readable once the process has exited.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// Sends `signal` (the process is not reaped yet, so the pid is ours).
+    pub fn signal(&self, signal: Signal) {
+        if let Err(errno) = nix::sys::signal::kill(Pid::from_raw(self.pid as i32), signal) {
+            tracing::warn!(pid = self.pid, generation = self.generation, %errno, ?signal, "cannot signal generation");
+        }
+    }
+
+    /// Reaps the process if it has exited: how it ended. Removes its cgroup
+    /// (after reading the OOM count).
+    pub fn try_reap(&mut self) -> Result<Option<Cause>, Error> {
+        let status = self.child.try_wait().map_err(Error::io(
+            "waiting for",
+            PathBuf::from(format!("pid {}", self.pid)),
+        ))?;
+        let Some(status) = status else {
+            return Ok(None);
+        };
+        let oom_kills = self.cgroup.as_ref().map(Cgroup::oom_kills);
+        let cause = classify(
+            status.code(),
+            status.signal(),
+            oom_kills.and_then(Result::ok),
+        );
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.remove();
+        }
+        Ok(Some(cause))
+    }
+}
+
+/// How a process ended, from its wait status and its cgroup's OOM kill
+/// count. Pure.
+pub fn classify(code: Option<i32>, signal: Option<i32>, oom_kills: Option<u64>) -> Cause {
+    match (code, signal) {
+        (_, Some(libc::SIGKILL)) if oom_kills.is_some_and(|n| n > 0) => Cause::Oom,
+        (_, Some(signal)) => Cause::Signal(signal),
+        (Some(code), None) => Cause::Exit(code),
+        (None, None) => Cause::Exit(-1),
+    }
+}
+
+/// `exit 2`, `signal 9 (SIGKILL)`, `oom`. Pure.
+pub fn describe(cause: Cause) -> String {
+    match cause {
+        Cause::Exit(code) => format!("exit {code}"),
+        Cause::Signal(signal) => match Signal::try_from(signal) {
+            Ok(name) => format!("signal {signal} ({name})"),
+            Err(_) => format!("signal {signal}"),
+        },
+        Cause::Oom => "oom".to_string(),
+        Cause::SpawnFailed => "could not start".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deaths_are_classified_with_oom_only_for_sigkill_with_a_kill_count() {
+        assert_eq!(classify(Some(0), None, None), Cause::Exit(0));
+        assert_eq!(classify(None, Some(9), Some(0)), Cause::Signal(9));
+        assert_eq!(classify(None, Some(9), Some(1)), Cause::Oom);
+        assert_eq!(classify(None, Some(9), None), Cause::Signal(9));
+        assert_eq!(classify(None, Some(15), Some(1)), Cause::Signal(15));
+        assert_eq!(describe(Cause::Signal(9)), "signal 9 (SIGKILL)");
+        assert_eq!(describe(Cause::Exit(2)), "exit 2");
+    }
+
+    #[test]
+    fn command_line_forwards_options_and_ends_with_the_volume() {
+        let log = tempfile::tempfile().unwrap();
+        let options = ClientOptions {
+            cache_dir: None,
+            staging_dir: Some("/s".into()),
+            threads: Some(2),
+        };
+        let launch = Launch {
+            client_binary: Path::new("/bin/fsclient"),
+            socket: Path::new("/state/run/m.sock"),
+            volume: "vol",
+            base_dir: Path::new("/base"),
+            options: &options,
+            log: &log,
+            generation: 1,
+        };
+        let args: Vec<String> = command_args(&launch)
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "serve",
+                "--connect",
+                "/state/run/m.sock",
+                "--base-dir",
+                "/base",
+                "--staging-dir",
+                "/s",
+                "--threads",
+                "2",
+                "vol"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_spawned_process_is_seen_exiting_through_its_pidfd_and_reaped() {
+        let log = tempfile::tempfile().unwrap();
+        let options = ClientOptions::default();
+        let launch = Launch {
+            client_binary: Path::new("/bin/false"),
+            socket: Path::new("/nonexistent"),
+            volume: "v",
+            base_dir: Path::new("/"),
+            options: &options,
+            log: &log,
+            generation: 1,
+        };
+        let mut process = Process::spawn(&launch, None).unwrap();
+        let mut fds = [nix::poll::PollFd::new(
+            process.pidfd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16)).unwrap();
+        assert_eq!(ready, 1);
+        assert_eq!(process.try_reap().unwrap(), Some(Cause::Exit(1)));
+    }
+}

@@ -1,0 +1,250 @@
+//! Making and removing a supervised mount: validating `fsctl mount`
+//! (mountpoint, volume), mount(2) and FUSE_INIT by the supervisor itself
+//! (so it is the one source of truth for the negotiated parameters), and
+//! the unmount helper (normal umount, MNT_DETACH when busy, and an abort
+//! through fusectl if the unmount hangs, so it never blocks the loop).
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use fuse_wire::{Channel, InitConfig, InitParams, MountOptions};
+use nix::errno::Errno;
+use nix::mount::{umount2, MntFlags};
+use upgrade_protocol::{ErrorKind, NegotiatedInit, Reply};
+
+/// How long a normal unmount may take before the connection is aborted.
+pub const UNMOUNT_WAIT_MS: u64 = 5_000;
+
+/// A refusal for the user: the message names the object and the next step.
+pub fn invalid(message: String) -> Reply {
+    Reply::Error {
+        kind: ErrorKind::Invalid,
+        message,
+    }
+}
+
+/// A stable id for a mountpoint: FNV-1a of its canonical path, 16 hex
+/// digits (names its state record, socket, log and cgroups). Pure.
+pub fn mount_id(mountpoint: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let hash = mountpoint
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{hash:016x}")
+}
+
+/// Whether `/proc/self/mountinfo` lists a mount exactly at `path`.
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    text.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|point| Path::new(&point.replace("\\040", " ")) == path)
+}
+
+/// Checks the mountpoint: absolute, an existing empty directory, not a
+/// mountpoint already. Returns its canonical path.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Reply> {
+    if !path.is_absolute() {
+        return Err(invalid(format!(
+            "mountpoint {} is relative; fsctl sends absolute paths, so this peer is not fsctl",
+            path.display()
+        )));
+    }
+    let canonical = std::fs::canonicalize(path).map_err(|err| {
+        invalid(format!(
+            "mountpoint {}: {err}; create it with `mkdir -p {}`",
+            path.display(),
+            path.display()
+        ))
+    })?;
+    let mut entries = std::fs::read_dir(&canonical).map_err(|err| {
+        invalid(format!(
+            "mountpoint {} is not a readable directory ({err}); pick a directory",
+            canonical.display()
+        ))
+    })?;
+    if entries.next().is_some() {
+        return Err(invalid(format!(
+            "mountpoint {} is not empty; mount on an empty directory",
+            canonical.display()
+        )));
+    }
+    if is_mountpoint(&canonical) {
+        return Err(invalid(format!(
+            "{} is already a mountpoint; unmount it first or pick another directory",
+            canonical.display()
+        )));
+    }
+    Ok(canonical)
+}
+
+/// Checks that the volume exists: `BASE/NAME/meta.db`, or the file of a
+/// `sqlite://` URL.
+pub fn check_volume(volume: &str, base_dir: &Path) -> Result<PathBuf, Reply> {
+    let meta = match volume.strip_prefix("sqlite://") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            if volume.is_empty() || volume.contains('/') || volume.starts_with('.') {
+                return Err(invalid(format!(
+                    "volume `{volume}` is neither a name nor a sqlite:///path/meta.db URL"
+                )));
+            }
+            base_dir.join(volume).join("meta.db")
+        }
+    };
+    if !meta.is_file() {
+        return Err(invalid(format!(
+            "volume `{volume}` not found: {} does not exist; create it with `fsctl format {volume} --base-dir {}`",
+            meta.display(),
+            base_dir.display()
+        )));
+    }
+    Ok(meta)
+}
+
+/// The record a generation adopts, from fuse-wire's INIT result.
+pub fn to_record(p: &InitParams) -> NegotiatedInit {
+    NegotiatedInit {
+        major: p.major,
+        minor: p.minor,
+        kernel_minor: p.kernel_minor,
+        flags: p.flags,
+        max_readahead: p.max_readahead,
+        max_write: p.max_write,
+        max_pages: p.max_pages,
+        max_background: p.max_background,
+        congestion_threshold: p.congestion_threshold,
+        time_gran: p.time_gran,
+    }
+}
+
+/// mount(2) at `mountpoint` and answer INIT. On an INIT failure the mount
+/// is removed again.
+pub fn mount_and_init(
+    mountpoint: &Path,
+    source: &str,
+) -> Result<(Channel, NegotiatedInit, u32), fuse_wire::Error> {
+    let options = MountOptions {
+        source: source.to_string(),
+        subtype: "baton".into(),
+        allow_other: true,
+        default_permissions: true,
+    };
+    let fd = fuse_wire::mount_fuse(mountpoint, &options)?;
+    // From mountinfo: stat() on the mountpoint would block until INIT.
+    let connection_id = match fuse_wire::connection_id(mountpoint) {
+        Ok(id) => id,
+        Err(err) => {
+            let _ = fuse_wire::unmount(mountpoint);
+            return Err(err);
+        }
+    };
+    let channel = Channel::new(fd);
+    match fuse_wire::initialize(&channel, &InitConfig::baton()) {
+        Ok(params) => Ok((channel, to_record(&params), connection_id)),
+        Err(err) => {
+            let _ = fuse_wire::unmount(mountpoint);
+            Err(err)
+        }
+    }
+}
+
+fn unmount_now(mountpoint: &Path) -> Result<String, String> {
+    match umount2(mountpoint, MntFlags::empty()) {
+        Ok(()) => Ok("unmounted".into()),
+        Err(Errno::EBUSY) => umount2(mountpoint, MntFlags::MNT_DETACH)
+            .map(|()| "detached (files were still open on it)".into())
+            .map_err(|errno| format!("umount2(MNT_DETACH): {errno}")),
+        Err(Errno::EINVAL | Errno::ENOENT) => Ok("was already unmounted".into()),
+        Err(errno) => Err(format!("umount2: {errno}")),
+    }
+}
+
+/// Unmounts `mountpoint` in a thread; if that takes longer than
+/// [`UNMOUNT_WAIT_MS`] (the kernel waits for a server that is gone),
+/// aborts connection `connection_id` so it returns. Calls `done` with the
+/// outcome.
+pub fn unmount_in_background(
+    mountpoint: PathBuf,
+    connection_id: u32,
+    done: impl FnOnce(Result<String, String>) + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let (tx, rx) = mpsc::channel();
+        let path = mountpoint.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(unmount_now(&path));
+        });
+        let wait = Duration::from_millis(UNMOUNT_WAIT_MS);
+        let outcome = match rx.recv_timeout(wait) {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::warn!(mountpoint = %mountpoint.display(), connection_id, "unmount hangs; aborting the FUSE connection");
+                let abort = format!("/sys/fs/fuse/connections/{connection_id}/abort");
+                let _ = std::fs::write(&abort, b"1");
+                rx.recv_timeout(wait)
+                    .unwrap_or_else(|_| Err("unmount still hangs after the abort".into()))
+                    .map(|how| format!("{how} after aborting the connection"))
+            }
+        };
+        done(outcome);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_ids_are_stable_and_distinct() {
+        let a = mount_id(Path::new("/mnt/a"));
+        assert_eq!(a, mount_id(Path::new("/mnt/a")));
+        assert_ne!(a, mount_id(Path::new("/mnt/b")));
+        assert_eq!(a.len(), 16);
+    }
+
+    #[test]
+    fn mountpoints_must_exist_be_empty_and_not_mounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = format!("{:?}", check_mountpoint(&missing).unwrap_err());
+        assert!(err.contains("mkdir -p"), "{err}");
+        let full = dir.path().join("full");
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("x"), "x").unwrap();
+        let err = format!("{:?}", check_mountpoint(&full).unwrap_err());
+        assert!(err.contains("not empty"), "{err}");
+        let err = format!("{:?}", check_mountpoint(Path::new("/proc")).unwrap_err());
+        assert!(
+            err.contains("not empty") || err.contains("mountpoint"),
+            "{err}"
+        );
+        assert!(check_mountpoint(Path::new("rel")).is_err());
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert_eq!(
+            check_mountpoint(&empty).unwrap(),
+            empty.canonicalize().unwrap()
+        );
+    }
+
+    #[test]
+    fn missing_volume_says_how_to_format_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = format!("{:?}", check_volume("vol", dir.path()).unwrap_err());
+        assert!(err.contains("fsctl format vol --base-dir"), "{err}");
+        assert!(check_volume("../x", dir.path()).is_err());
+        std::fs::create_dir(dir.path().join("vol")).unwrap();
+        std::fs::write(dir.path().join("vol/meta.db"), "").unwrap();
+        assert!(check_volume("vol", dir.path()).is_ok());
+        let url = format!("sqlite://{}/vol/meta.db", dir.path().display());
+        assert!(check_volume(&url, Path::new("/nonexistent")).is_ok());
+    }
+}

@@ -1,0 +1,238 @@
+//! The control contract between `fsctl` and `fs-supervisor`: one closed
+//! enum of commands ([`Request`]), their answers ([`Reply`]), the status
+//! report `fsctl status --json` prints ([`StatusReport`]), and the per-mount
+//! state record the supervisor keeps in its state directory ([`MountRecord`]).
+//!
+//! Requests and replies travel in the same frame as every other
+//! [`crate::Message`] (`Message::Control` / `Message::ControlReply`), one per
+//! SEQPACKET packet, without fds. The state record is a JSON document of its
+//! own with a `format_version` (1), encoded and decoded by
+//! [`encode_record`] / [`decode_record`] (pure: the caller does the IO).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{NegotiatedInit, ProtocolError};
+
+/// The state record format this binary writes and the highest it reads.
+pub const RECORD_FORMAT_VERSION: u32 = 1;
+
+/// Options `fsctl mount` forwards to every `fsclient serve` of the mount.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientOptions {
+    /// `--cache-dir` (default: next to the metadata).
+    pub cache_dir: Option<PathBuf>,
+    /// `--staging-dir` (default: next to the metadata).
+    pub staging_dir: Option<PathBuf>,
+    /// `--threads` (default: fsclient's).
+    pub threads: Option<u32>,
+}
+
+/// fsctl → supervisor: every command there is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Request {
+    /// Mount `volume` at `mountpoint` and keep it served.
+    Mount {
+        /// A volume name under `base_dir`, or `sqlite:///path/meta.db`.
+        volume: String,
+        /// An existing empty directory (absolute).
+        mountpoint: PathBuf,
+        /// Where named volumes live.
+        base_dir: PathBuf,
+        /// Forwarded to every generation.
+        options: ClientOptions,
+    },
+    /// Report every mount.
+    Status,
+    /// Stop serving and unmount `mountpoint`.
+    Umount {
+        /// The mountpoint as given to `Mount` (absolute).
+        mountpoint: PathBuf,
+    },
+}
+
+impl Request {
+    /// The command name, for logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Mount { .. } => "mount",
+            Request::Status => "status",
+            Request::Umount { .. } => "umount",
+        }
+    }
+}
+
+/// Why a request failed, so fsctl can pick its exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request is wrong as given (bad mountpoint, unknown mount, ...).
+    Invalid,
+    /// The peer is not allowed to control the supervisor.
+    PermissionDenied,
+    /// The operation was attempted and failed.
+    Failed,
+}
+
+/// supervisor → fsctl: the answer to one [`Request`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// The mount is up and its first generation serves.
+    Mounted {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+        /// The serving generation.
+        generation: u64,
+        /// Its process id.
+        pid: u32,
+    },
+    /// Every mount of this supervisor.
+    Status {
+        /// The report.
+        report: StatusReport,
+    },
+    /// The mount is gone and its fd closed.
+    Unmounted {
+        /// The mountpoint.
+        mountpoint: PathBuf,
+    },
+    /// The request failed; `message` names the object and the next step.
+    Error {
+        /// What kind of failure.
+        kind: ErrorKind,
+        /// The message for the user.
+        message: String,
+    },
+}
+
+/// `fsctl status --json`: every mount of one supervisor.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// One entry per mount, in mount order.
+    pub mounts: Vec<MountStatus>,
+}
+
+/// Generation deaths by cause (each one caused a restart or a takeover).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restarts {
+    /// Exited by itself (any exit code, including 0) or could not start.
+    pub exit: u64,
+    /// Killed by a signal (other than an OOM kill).
+    pub signal: u64,
+    /// Killed by the kernel OOM killer in its memory cgroup.
+    pub oom: u64,
+}
+
+/// The last time a generation died and another took over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// The generation that died.
+    pub died_generation: u64,
+    /// Why: `exit 3`, `signal 9 (SIGKILL)`, `oom`.
+    pub cause: String,
+    /// When the supervisor saw the death (Unix time, ms).
+    pub at_unix_ms: u64,
+    /// The generation that took over, once one serves.
+    pub next_generation: Option<u64>,
+    /// From seeing the death to the next generation reporting it serves, µs.
+    pub takeover_us: Option<u64>,
+    /// Whether a warm standby took over (false: a cold start).
+    pub warm: bool,
+}
+
+/// One mount in the status report.
+///
+/// There is no count of requests recovered by RESEND: the generation that
+/// answers them does not report it to the supervisor (protocol version 1).
+/// `last_recovery.takeover_us` is what the supervisor measures itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountStatus {
+    /// The supervisor's id of the mount (state file, cgroup and socket names).
+    pub mount_id: String,
+    /// The mountpoint.
+    pub mountpoint: PathBuf,
+    /// The volume as given to `fsctl mount`.
+    pub volume: String,
+    /// The lifecycle state (`launching`, `adopting`, `serving`, ...).
+    pub state: String,
+    /// The generation that serves (or last served / is starting).
+    pub generation: u64,
+    /// Its process id, if one is alive.
+    pub pid: Option<u32>,
+    /// The warm standby's process id, if one is alive.
+    pub standby_pid: Option<u32>,
+    /// Deaths by cause.
+    pub restarts: Restarts,
+    /// Seconds since the mount was made.
+    pub uptime_s: u64,
+    /// Seconds the current generation has served.
+    pub generation_uptime_s: u64,
+    /// Consecutive failed starts (reset once a generation serves stably).
+    pub consecutive_failures: u32,
+    /// True once `--give-up-after` was reached: no more restarts.
+    pub gave_up: bool,
+    /// The last death and takeover.
+    pub last_recovery: Option<Recovery>,
+    /// The fusectl connection number (`/sys/fs/fuse/connections/N`).
+    pub connection_id: u32,
+    /// The memory cgroup of the serving generation, if cgroups are in use.
+    pub cgroup: Option<PathBuf>,
+    /// The INIT result every generation adopts.
+    pub init: NegotiatedInit,
+}
+
+/// The supervisor's durable record of one mount (`STATE_DIR/mounts/ID.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountRecord {
+    /// [`RECORD_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// The supervisor's id of the mount.
+    pub mount_id: String,
+    /// The mountpoint.
+    pub mountpoint: PathBuf,
+    /// The volume as given.
+    pub volume: String,
+    /// Where named volumes live.
+    pub base_dir: PathBuf,
+    /// Forwarded to every generation.
+    pub options: ClientOptions,
+    /// The fusectl connection number.
+    pub connection_id: u32,
+    /// The INIT result.
+    pub init: NegotiatedInit,
+    /// Whether FUSE_HAS_RESEND was granted (also in `init.flags`; spelled
+    /// out because recovery depends on it being harmless either way).
+    pub has_resend: bool,
+    /// The supervisor holding the fd.
+    pub supervisor_pid: u32,
+    /// The generation serving when the record was written.
+    pub generation: u64,
+    /// Its process id.
+    pub pid: Option<u32>,
+    /// When the mount was made (Unix time, ms).
+    pub created_unix_ms: u64,
+}
+
+/// Serializes a state record (pretty JSON). Pure.
+pub fn encode_record(record: &MountRecord) -> Result<Vec<u8>, ProtocolError> {
+    Ok(serde_json::to_vec_pretty(record)?)
+}
+
+/// Parses a state record, refusing a newer format. Pure.
+pub fn decode_record(bytes: &[u8]) -> Result<MountRecord, ProtocolError> {
+    #[derive(Deserialize)]
+    struct Version {
+        format_version: u32,
+    }
+    let version: Version = serde_json::from_slice(bytes)?;
+    if version.format_version > RECORD_FORMAT_VERSION {
+        return Err(ProtocolError::UnsupportedVersion {
+            found: u16::try_from(version.format_version).unwrap_or(u16::MAX),
+            supported: RECORD_FORMAT_VERSION as u16,
+        });
+    }
+    Ok(serde_json::from_slice(bytes)?)
+}
