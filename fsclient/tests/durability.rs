@@ -112,8 +112,12 @@ fn acknowledged_writes_survive_kill_9_of_fsclient() {
     trunc.set_len(100_000).unwrap();
     trunc.write_all_at(b"after", 200_000).unwrap();
     sync_range(&trunc);
+    // `direct` and `buffered` are still open, so their data cannot have
+    // been committed by a flush or release. (`committed` may have been: the
+    // RELEASE of the handle `fs::write` closed is asynchronous and can land
+    // after the truncation was staged.)
     assert!(
-        staged_inodes(&vol) >= 3,
+        staged_inodes(&vol) >= 2,
         "the data is staged, not committed"
     );
 
