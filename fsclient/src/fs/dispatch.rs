@@ -169,7 +169,10 @@ impl Filesystem for BatonFs {
             nodeid,
             self.do_open(nodeid, arg.flags),
             reply,
-            |fh| reply.opened(fh, 0)
+            // Keep the page cache across opens: data changes only through
+            // this mount, and AUTO_INVAL_DATA drops pages when mtime or size
+            // change.
+            |fh| reply.opened(fh, abi::fopen::KEEP_CACHE)
         );
     }
 

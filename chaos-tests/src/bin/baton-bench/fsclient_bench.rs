@@ -69,15 +69,16 @@ impl Baton {
     }
 
     /// Unmounts, empties the block cache, and mounts again.
-    fn remount_cold(&self, target: Target) -> anyhow::Result<Target> {
-        let Target { server, .. } = target;
+    fn remount_cold(&self, mut target: Target) -> anyhow::Result<Target> {
         let status = Command::new("umount").arg(&self.mnt).status()?;
         anyhow::ensure!(status.success(), "umount {}", self.mnt.display());
-        if let Some(mut server) = server {
+        if let Some(server) = target.server.as_mut() {
             server
                 .wait_timeout(Duration::from_secs(60))
                 .context("fsclient did not exit after umount")?;
         }
+        // Its unmount guard must go before the new mount stacks on the path.
+        drop(target);
         let cache = self.base.join("bench/cache");
         if cache.exists() {
             std::fs::remove_dir_all(&cache)?;
