@@ -376,10 +376,7 @@ fn up(
         mountpoint.display()
     );
     println!("  status:  fsctl status --socket {s}");
-    println!(
-        "  upgrade: fsctl upgrade {} --binary PATH --socket {s}   (with the upgrade issue)",
-        mountpoint.display()
-    );
+    println!("  upgrade: not yet (fsctl upgrade comes with the upgrade issue); kill -9 the pid in status to see a crash recovery");
     println!(
         "  stop:    fsctl umount {} --socket {s}",
         mountpoint.display()
