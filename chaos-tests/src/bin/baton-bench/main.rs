@@ -46,6 +46,18 @@ enum Bench {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// Application-visible stall of kill -9 recovery, warm and cold.
+    Stall {
+        /// Kills per mode.
+        #[arg(long, default_value_t = 100)]
+        kills: usize,
+        /// Milliseconds between kills.
+        #[arg(long, default_value_t = 250)]
+        interval_ms: u64,
+        /// Where to put the volume.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+    },
     /// Throughput and metadata rates: plain directory vs bindfs vs Baton.
     Fsclient {
         /// Size of the large file, MiB.
@@ -96,6 +108,11 @@ fn run() -> anyhow::Result<()> {
             runs.max(1),
             json.as_deref(),
         ),
+        Bench::Stall {
+            kills,
+            interval_ms,
+            dir,
+        } => stall::run(&dir, kills, Duration::from_millis(interval_ms)),
         Bench::Fsclient {
             size_mib,
             files,
@@ -113,6 +130,7 @@ fn run() -> anyhow::Result<()> {
 }
 
 mod fsclient_bench;
+mod stall;
 
 fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(path)?;

@@ -1,0 +1,187 @@
+//! `baton-bench stall`: what an application sees when the filesystem process
+//! is killed. A supervised Baton mount serves a reader that loops on 4 KiB
+//! O_DIRECT reads (each one reaches the server); the generation is killed
+//! with SIGKILL every `interval`; for each kill, the stall is the time from
+//! the kill to the end of the first read that completes after it.
+
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use chaos_tests::bench::{percentile, AlignedBuf};
+use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+
+/// Runs `fsctl` against the bench's supervisor and returns its stdout.
+fn fsctl(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "fsctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
+    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
+    status["mounts"][0]["pid"]
+        .as_u64()
+        .map(|p| p as u32)
+        .context("no generation pid in fsctl status")
+}
+
+/// Stalls (µs) of `kills` kills, with or without a warm standby, and the
+/// number of reads the application completed (a failed read fails the run).
+fn measure(
+    dir: &Path,
+    kills: usize,
+    interval: Duration,
+    standby: bool,
+) -> anyhow::Result<(Vec<u64>, usize)> {
+    let socket = dir.join("sup.sock");
+    let mut args = vec![
+        "--socket".to_string(),
+        socket.display().to_string(),
+        "--state-dir".into(),
+        dir.join("state").display().to_string(),
+        "--cgroup-parent".into(),
+        "baton-bench".into(),
+    ];
+    if !standby {
+        args.push("--no-standby".into());
+    }
+    let _supervisor = ChildGuard(
+        Command::new(workspace_binary("fs-supervisor"))
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    if !wait_until(Duration::from_secs(20), || socket.exists()) {
+        bail!("fs-supervisor did not start");
+    }
+    let base = dir.join("base");
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(["format", "stall"])
+        .arg("--base-dir")
+        .arg(&base)
+        .output()?;
+    if !out.status.success() {
+        bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt)?;
+    fsctl(
+        &socket,
+        &[
+            "mount",
+            "stall",
+            mnt.to_str().context("utf-8 path")?,
+            "--base-dir",
+            base.to_str().context("utf-8 path")?,
+        ],
+    )?;
+    let _guard = MountGuard::new(&mnt);
+    std::fs::write(mnt.join("data"), vec![7u8; 1 << 20])?;
+
+    // The reader: (start, end) of every read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mnt.join("data"))?;
+    let reads: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (reads, stop) = (Arc::clone(&reads), Arc::clone(&stop));
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let mut buf = AlignedBuf::new(4096);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                file.read_exact_at(buf.bytes_mut(), (i % 256) * 4096)?;
+                reads
+                    .lock()
+                    .map_err(|_| std::io::Error::other("poisoned"))?
+                    .push((start, Instant::now()));
+                i += 1;
+            }
+            Ok(())
+        })
+    };
+    let mut kill_times = Vec::with_capacity(kills);
+    for _ in 0..kills {
+        std::thread::sleep(interval);
+        let pid = generation_pid(&socket)?;
+        let at = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+        kill_times.push(at);
+        // Wait for the next generation before the next kill.
+        if !wait_until(Duration::from_secs(30), || {
+            generation_pid(&socket).is_ok_and(|p| p != pid)
+        }) {
+            bail!("no new generation after killing {pid}");
+        }
+    }
+    std::thread::sleep(interval);
+    stop.store(true, Ordering::Relaxed);
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))?
+        .context("the application's read failed")?;
+    let reads = reads.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let stalls = kill_times
+        .iter()
+        .filter_map(|kill| {
+            reads
+                .iter()
+                .find(|(_, end)| end > kill)
+                .map(|(_, end)| end.duration_since(*kill).as_micros() as u64)
+        })
+        .collect();
+    fsctl(&socket, &["umount", mnt.to_str().context("utf-8 path")?])?;
+    Ok((stalls, reads.len()))
+}
+
+/// Prints p50/p99/max of the stall with and without a warm standby.
+pub fn run(dir: &Path, kills: usize, interval: Duration) -> anyhow::Result<()> {
+    let root = tempfile::Builder::new()
+        .prefix("baton-stall-")
+        .tempdir_in(dir)?;
+    println!("kill -9 of the serving generation every {} ms under a 4 KiB O_DIRECT read loop; stall = kill to the end of the next completed read", interval.as_millis());
+    println!("(any failed application read fails the run, so every row below had 0 errors)");
+    println!(
+        "{:<14} {:>6} {:>10} {:>10} {:>10} {:>12}",
+        "mode", "kills", "p50 ms", "p99 ms", "max ms", "app reads"
+    );
+    for (name, standby) in [("warm standby", true), ("cold start", false)] {
+        let dir = root.path().join(name.replace(' ', "-"));
+        std::fs::create_dir_all(&dir)?;
+        let (mut stalls, reads) =
+            measure(&dir, kills, interval, standby).with_context(|| format!("{name} run"))?;
+        stalls.sort_unstable();
+        let ms = |q: f64| percentile(&stalls, q) / 1000.0;
+        println!(
+            "{:<14} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12}",
+            name,
+            stalls.len(),
+            ms(0.5),
+            ms(0.99),
+            ms(1.0),
+            reads
+        );
+    }
+    Ok(())
+}
