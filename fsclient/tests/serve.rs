@@ -20,11 +20,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
+use chaos_tests::init_record::to_record;
 use common::*;
 use fuse_wire::{Channel, InitConfig, InitParams};
-use upgrade_protocol::{
-    accept_seqpacket, listen_seqpacket, recv_message, send_message, Message, NegotiatedInit,
-};
+use upgrade_protocol::{accept_seqpacket, listen_seqpacket, recv_message, send_message, Message};
 
 /// The test as supervisor: holds the mounted, initialized connection.
 struct Holder {
@@ -38,21 +37,6 @@ struct Generation {
     number: u64,
     listener: OwnedFd,
     child: ChildGuard,
-}
-
-fn to_record(p: &InitParams) -> NegotiatedInit {
-    NegotiatedInit {
-        major: p.major,
-        minor: p.minor,
-        kernel_minor: p.kernel_minor,
-        flags: p.flags,
-        max_readahead: p.max_readahead,
-        max_write: p.max_write,
-        max_pages: p.max_pages,
-        max_background: p.max_background,
-        congestion_threshold: p.congestion_threshold,
-        time_gran: p.time_gran,
-    }
 }
 
 fn spawn_generation(vol: &Volume, number: u64) -> Generation {

@@ -10,12 +10,14 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_meta::VolumeConfig;
+/// The same guards the chaos tests use: unmount on every path, kill children.
+pub use chaos_tests::mount_guard::{wait_until, ChildGuard, MountGuard};
 
 /// How long anything may take before the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
@@ -166,33 +168,6 @@ impl Mounted {
     }
 }
 
-/// Unmounts (MNT_DETACH) when dropped; aborts the connection first if the
-/// test is failing so nothing stays blocked.
-pub struct MountGuard {
-    path: PathBuf,
-}
-
-impl MountGuard {
-    pub fn new(path: &Path) -> Self {
-        MountGuard {
-            path: path.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let _ = fuse_wire::abort_connection(&self.path);
-        }
-        while fuse_wire::connection_id(&self.path).is_ok() {
-            if fuse_wire::unmount(&self.path).is_err() {
-                break;
-            }
-        }
-    }
-}
-
 /// Aborts the mount's connection if the test is still running at the
 /// deadline, so a hung request fails the test instead of hanging it.
 pub struct Watchdog {
@@ -222,47 +197,6 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Relaxed);
-    }
-}
-
-/// A child process killed (SIGKILL) and reaped when dropped.
-pub struct ChildGuard(pub Child);
-
-impl ChildGuard {
-    pub fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.0.id() as i32)
-    }
-
-    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.0.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        None
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Polls `condition` every 5 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
     }
 }
 
