@@ -315,13 +315,21 @@ impl App {
     }
 
     /// Waits for it to finish; returns (success, stdout, stderr).
-    fn finish(mut self) -> (bool, String, String) {
+    fn finish(self) -> (bool, String, String) {
+        self.finish_or(String::new)
+    }
+
+    /// [`App::finish`], printing `logs()` if it does not finish in time.
+    fn finish_or(mut self, logs: impl Fn() -> String) -> (bool, String, String) {
         let mut child = self.child.take().expect("app");
         let deadline = Instant::now() + DEADLINE;
         while matches!(child.try_wait(), Ok(None)) {
             if Instant::now() > deadline {
                 self.child = Some(child);
-                panic!("the application did not finish within {DEADLINE:?}");
+                panic!(
+                    "the application did not finish within {DEADLINE:?}\n{}",
+                    logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -559,7 +567,7 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
         busy,
         "no request was waiting when the generation was killed"
     );
-    let (ok, _, err) = app.finish();
+    let (ok, _, err) = app.finish_or(|| fx.logs());
     assert!(ok, "dd (write + fsync) failed across the kill: {err}");
     let status = fx.wait_serving(2);
     assert_eq!(status["restarts"]["signal"], 1);

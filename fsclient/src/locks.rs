@@ -323,6 +323,14 @@ impl<W> LockTable<W> {
         self.waiters.drain(..).map(|w| w.waiter).collect()
     }
 
+    /// Inodes with at least one held lock.
+    pub fn locked_inode_count(&self) -> usize {
+        self.inodes
+            .values()
+            .filter(|l| !l.list(LockKind::Posix).is_empty() || !l.list(LockKind::Flock).is_empty())
+            .count()
+    }
+
     /// Number of parked requests.
     pub fn waiter_count(&self) -> usize {
         self.waiters.len()

@@ -440,6 +440,16 @@ impl Daemon {
                 tracing::debug!(mount = %mount_id, generation, pid, "serving reported");
                 self.with_mount(index, Event::ActiveServing);
             }
+            Ok((
+                Message::Stats {
+                    generation,
+                    requests_recovered,
+                },
+                _,
+            )) if role == Role::Active => {
+                tracing::info!(mount = %mount_id, generation, requests_recovered, "requests recovered by exactly-once records");
+                mount.requests_recovered_now = requests_recovered;
+            }
             Ok((other, _)) => {
                 tracing::warn!(mount = %mount_id, pid, kind = other.kind(), ?role, "unexpected message from a generation");
             }
@@ -565,6 +575,7 @@ impl Daemon {
             "mounted and initialized"
         );
         let parts = NewMount {
+            connection: upgrade_protocol::connection_identity(),
             log_path: self.env.state.log_path(&id),
             id,
             mountpoint,

@@ -62,6 +62,12 @@ pub struct Mount {
     pub init: NegotiatedInit,
     /// The fusectl connection number.
     pub connection_id: u32,
+    /// The connection's random identity (exactly-once keys).
+    pub connection: u64,
+    /// Requests recovered by earlier generations (sum at their deaths).
+    requests_recovered_before: u64,
+    /// Requests recovered by the serving generation so far.
+    pub requests_recovered_now: u64,
     /// Generations of this mount connect here.
     pub listener: OwnedFd,
     /// Its path.
@@ -119,6 +125,8 @@ pub struct NewMount {
     pub init: NegotiatedInit,
     /// fusectl number.
     pub connection_id: u32,
+    /// Random identity of the connection.
+    pub connection: u64,
     /// Generation socket.
     pub listener: OwnedFd,
     /// Its path.
@@ -141,6 +149,9 @@ impl Mount {
             channel: Some(parts.channel),
             init: parts.init,
             connection_id: parts.connection_id,
+            connection: parts.connection,
+            requests_recovered_before: 0,
+            requests_recovered_now: 0,
             listener: parts.listener,
             socket_path: parts.socket_path,
             log: parts.log,
@@ -271,7 +282,13 @@ impl Mount {
             Action::CancelTimer(timer) => {
                 self.timers.remove(&timer);
             }
-            Action::RecordDeath { role, death } => self.record_death(role, death),
+            Action::RecordDeath { role, death } => {
+                if role == Role::Active {
+                    self.requests_recovered_before +=
+                        std::mem::take(&mut self.requests_recovered_now);
+                }
+                self.record_death(role, death)
+            }
             Action::AnnounceServing => self.announce_serving(env),
             Action::FailMount(death) => self.fail_mount(death),
             Action::ReportGaveUp => tracing::error!(
@@ -340,8 +357,10 @@ impl Mount {
         );
         let message = Message::Adopt {
             generation: process.generation,
+            connection: self.connection,
             init: self.init,
             resend,
+            handover: None,
         };
         let sent = match &process.conn {
             Some(conn) => send_message(conn.as_fd(), &message, &[channel.fd()]),
@@ -460,6 +479,7 @@ impl Mount {
             base_dir: self.base_dir.clone(),
             options: self.options.clone(),
             connection_id: self.connection_id,
+            connection: self.connection,
             init: self.init,
             has_resend: self.init.flags & fuse_wire::abi::init_flags::HAS_RESEND != 0,
             supervisor_pid: std::process::id(),
@@ -493,6 +513,7 @@ impl Mount {
             consecutive_failures: self.state.failures(),
             gave_up: matches!(self.state, State::GaveUp { .. }),
             last_recovery: self.last_recovery.clone(),
+            requests_recovered: self.requests_recovered_before + self.requests_recovered_now,
             connection_id: self.connection_id,
             cgroup: active
                 .and_then(|p| p.cgroup.as_ref())

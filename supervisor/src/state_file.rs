@@ -162,6 +162,7 @@ mod tests {
             base_dir: "/b".into(),
             options: ClientOptions::default(),
             connection_id: 40,
+            connection: 9,
             init: NegotiatedInit {
                 major: 7,
                 minor: 45,

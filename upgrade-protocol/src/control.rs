@@ -176,6 +176,10 @@ pub struct MountStatus {
     pub gave_up: bool,
     /// The last death and takeover.
     pub last_recovery: Option<Recovery>,
+    /// Resent requests answered from an exactly-once record (committed by
+    /// a generation that died before replying), over the mount's life.
+    #[serde(default)]
+    pub requests_recovered: u64,
     /// The fusectl connection number (`/sys/fs/fuse/connections/N`).
     pub connection_id: u32,
     /// The memory cgroup of the serving generation, if cgroups are in use.
@@ -201,6 +205,9 @@ pub struct MountRecord {
     pub options: ClientOptions,
     /// The fusectl connection number.
     pub connection_id: u32,
+    /// The random identity of the connection (see `Message::Adopt`).
+    #[serde(default)]
+    pub connection: u64,
     /// The INIT result.
     pub init: NegotiatedInit,
     /// Whether FUSE_HAS_RESEND was granted (also in `init.flags`; spelled

@@ -21,10 +21,11 @@ mod dispatch;
 mod flush;
 mod lock;
 mod namespace;
+mod once;
 mod xattr;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -40,6 +41,7 @@ use crate::locks::LockTable;
 use crate::volume::Volume;
 
 pub use flush::FLUSH_ROUNDS_MAX;
+pub use once::{replaying_journal, RECORD_AGE_MAX};
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
@@ -86,6 +88,12 @@ pub struct BatonFs {
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
+    /// Identity of the FUSE connection served (exactly-once keys).
+    connection: AtomicU64,
+    /// Handing over: no more staging writes (metadata is fenced too).
+    fenced: AtomicBool,
+    /// Replayed requests answered from an earlier generation's record.
+    recovered: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -120,6 +128,9 @@ impl BatonFs {
                 .collect(),
             alloc: Mutex::new(HashMap::new()),
             readahead: Mutex::new(HashMap::new()),
+            connection: AtomicU64::new(0),
+            fenced: AtomicBool::new(false),
+            recovered: AtomicU64::new(0),
         }
     }
 
@@ -144,6 +155,57 @@ impl BatonFs {
             params.has(abi::init_flags::WRITEBACK_CACHE),
             Ordering::Relaxed,
         );
+    }
+
+    /// Records which connection is served and which generation serves it
+    /// (before serving). `inherited`: an earlier generation served this
+    /// connection and its handle table was lost with it, so the kernel may
+    /// hold handles this process never issued.
+    pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
+        self.connection.store(connection, Ordering::Relaxed);
+        self.handles.start_generation(generation, inherited);
+    }
+
+    /// Fences this process for a handover: no metadata change and no
+    /// staging write starts after this returns (the one in progress, if
+    /// any, finished first). Requests that hit the fence are abandoned, not
+    /// answered: the next generation answers them.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        // A staging write in progress holds its inode's stripe: wait for
+        // each, so none is still writing when this returns.
+        for stripe in &self.inode_locks {
+            drop(lock(stripe));
+        }
+        self.meta.fence();
+    }
+
+    /// Lifts [`BatonFs::fence`] (the handover was rolled back).
+    pub fn unfence(&self) {
+        self.meta.unfence();
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    /// Handles, next handle number and open orphans, for a handover.
+    pub fn export_handles(&self) -> (Vec<(u64, crate::handles::Handle)>, u64, Vec<u64>) {
+        self.handles.export()
+    }
+
+    /// Takes over a predecessor's handle table.
+    pub fn import_handles(
+        &self,
+        handles: &[(u64, crate::handles::Handle)],
+        next_fh: u64,
+        orphans: &[u64],
+    ) {
+        self.handles.import(handles, next_fh, orphans);
+    }
+
+    /// Held locks (inodes) and parked lock requests: a handover refuses
+    /// while there are any (the lock table does not cross generations yet).
+    pub fn lock_usage(&self) -> (usize, usize) {
+        let locks = lock(&self.locks);
+        (locks.locked_inode_count(), locks.waiter_count())
     }
 
     /// The metadata store.
