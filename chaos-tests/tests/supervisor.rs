@@ -56,10 +56,16 @@ struct Fixture {
     cgroup_parent: String,
     supervisor: Option<ChildGuard>,
     guard: Option<MountGuard>,
+    /// Environment for the supervisor (and so its generations).
+    env: Vec<(String, String)>,
 }
 
 impl Fixture {
     fn start(extra: &[&str]) -> Fixture {
+        Fixture::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let base = dir.path().join("base");
         let mnt = dir.path().join("mnt");
@@ -87,6 +93,10 @@ impl Fixture {
             cgroup_parent,
             supervisor: None,
             guard: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         fixture.spawn_supervisor(extra);
         fixture
@@ -108,6 +118,7 @@ impl Fixture {
             .args(["--socket", s(&self.socket)])
             .args(["--cgroup-parent", &self.cgroup_parent])
             .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stderr(log)
@@ -1095,5 +1106,87 @@ fn a_non_root_fsctl_is_refused_with_exit_code_4() {
     assert!(
         err.contains("only from root") && err.contains("uid 65534"),
         "{err}"
+    );
+}
+
+/// Kills generation 1 right after `op` committed and before its reply
+/// (fault hook), with `prepare` run first and `script` doing the op; the
+/// application's call must succeed exactly once, the resent request be
+/// answered from its exactly-once record, and `check` hold afterwards.
+fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
+    let fault = format!("after-commit@{op}");
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_FAULT", &fault), ("BATON_FAULT_GENERATION", "1")],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cd {m} && {prepare}")).finish_or(|| fx.logs());
+    assert!(ok, "{op}: preparing failed: {err}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && {script}")).finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "{op}: the call failed across a kill after its commit: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{op}: {status}");
+    let recovered = wait_until(DEADLINE, || {
+        fx.status()["requests_recovered"].as_u64().unwrap_or(0) >= 1
+    });
+    assert!(
+        recovered,
+        "{op}: no request answered from a record: {}\n{}",
+        fx.status(),
+        fx.logs()
+    );
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && {check}")).finish();
+    assert!(ok, "{op}: the tree is not what one run of the call makes: {out}{err}");
+}
+
+#[test]
+fn exactly_once_mkdir_rmdir_and_mknod() {
+    killed_after_commit("mkdir", "true", "mkdir d", "test -d d && [ $(ls | wc -l) = 1 ]");
+    killed_after_commit("rmdir", "mkdir d", "rmdir d", "! test -e d && [ $(ls | wc -l) = 0 ]");
+    killed_after_commit("mknod", "true", "mkfifo p", "test -p p");
+}
+
+#[test]
+fn exactly_once_create_link_and_symlink() {
+    killed_after_commit(
+        "create",
+        "true",
+        "dd if=/dev/null of=f conv=excl 2>&1",
+        "test -f f && [ $(ls | wc -l) = 1 ]",
+    );
+    killed_after_commit("link", "echo x > f", "ln f g", "[ $(stat -c %h f) = 2 ] && [ \"$(cat g)\" = x ]");
+    killed_after_commit("symlink", "true", "ln -s target l", "[ \"$(readlink l)\" = target ]");
+}
+
+#[test]
+fn exactly_once_unlink_and_rename() {
+    killed_after_commit("unlink", "echo x > f && echo y > g", "rm f", "! test -e f && test -f g");
+    killed_after_commit(
+        "rename",
+        "echo x > a && echo y > b",
+        "mv a b",
+        "! test -e a && [ \"$(cat b)\" = x ]",
+    );
+}
+
+#[test]
+fn exactly_once_setattr_and_xattrs() {
+    killed_after_commit("setattr", "echo x > f", "chmod 640 f", "[ $(stat -c %a f) = 640 ]");
+    killed_after_commit(
+        "setxattr",
+        "echo x > f",
+        "setfattr -n user.k -v v f",
+        "[ \"$(getfattr --only-values -n user.k f)\" = v ]",
+    );
+    killed_after_commit(
+        "removexattr",
+        "echo x > f && setfattr -n user.k -v v f",
+        "setfattr -x user.k f",
+        "! getfattr -n user.k f 2>/dev/null",
     );
 }
