@@ -1190,3 +1190,133 @@ fn exactly_once_setattr_and_xattrs() {
         "! getfattr -n user.k f 2>/dev/null",
     );
 }
+
+/// `fsctl upgrade` of the test's mount; returns (exit code, the report).
+fn upgrade(fx: &Fixture, binary: &Path, timeout: &str) -> (Option<i32>, Value) {
+    let out = fx.fsctl(&[
+        "upgrade",
+        s(&fx.mnt),
+        "--binary",
+        s(binary),
+        "--timeout",
+        timeout,
+        "--json",
+    ]);
+    let reports: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), reports[0].clone())
+}
+
+/// A copy of the fsclient binary under another name (a "new version").
+fn fsclient_copy(fx: &Fixture, name: &str) -> PathBuf {
+    let path = fx.path(name);
+    std::fs::copy(binary("fsclient"), &path).expect("copy fsclient");
+    path
+}
+
+/// A shell script standing in for a new fsclient version: `env` then exec
+/// the real binary.
+fn fsclient_wrapper(fx: &Fixture, name: &str, env: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = fx.path(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\n{env} exec {} \"$@\"\n", s(&binary("fsclient"))),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+#[test]
+fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let binaries = [fsclient_copy(&fx, "fsclient-a"), fsclient_copy(&fx, "fsclient-b")];
+    let workload = Workload::start(&fx);
+    assert!(workload.progresses(200), "the workload does not run: {:?}", workload.errors());
+    let mut stalls = Vec::new();
+    for round in 0..6 {
+        let before = fx.status()["generation"].as_u64().expect("generation");
+        let target = &binaries[round % 2];
+        let (code, report) = upgrade(&fx, target, "30s");
+        assert_eq!(code, Some(0), "upgrade {round}: {report}\n{}", fx.logs());
+        assert_eq!(report["ok"], true, "{report}");
+        assert!(report["generation"].as_u64() > Some(before), "{report}");
+        stalls.push(report["stall_us"].as_u64().expect("stall"));
+        let status = fx.status();
+        assert_eq!(status["client_binary"], s(target), "{status}");
+        assert_eq!(status["restarts"]["signal"], 0, "an upgrade is not a crash: {status}");
+        assert!(workload.progresses(50), "stalled after upgrade {round}: {:?}", workload.errors());
+        let seen = workload.errors();
+        assert!(seen.is_empty(), "upgrade {round}: {seen:?}");
+    }
+    let (done, errors) = workload.finish();
+    stalls.sort_unstable();
+    eprintln!(
+        "6 upgrades: stall p50 {} us, max {} us; workload: {done}",
+        percentile(&stalls, 50),
+        stalls.last().copied().unwrap_or(0)
+    );
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}
+
+#[test]
+fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor() {
+    // Generation 1 sleeps 1.5 s in every mkdir: the upgrade finds one
+    // running and must journal it rather than wait or lose it.
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_DELAY", "mkdir:1500"), ("BATON_FAULT_GENERATION", "1")],
+    );
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, report) = upgrade(&fx, &new, "30s");
+    assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    assert_eq!(report["journaled"], 1, "{report}");
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(ok && out == "made\n", "mkdir across the handover: {out}{err}");
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(ok && out == "d\n", "the tree after the journaled mkdir: {out}");
+}
+
+#[test]
+fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let before = fx.status();
+
+    // Dies before it connects.
+    let (code, report) = upgrade(&fx, Path::new("/bin/false"), "30s");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+    assert!(report["outcome"].as_str().unwrap_or("").contains("rolled back"), "{report}");
+    assert_eq!(report["generation"], before["generation"], "{report}");
+
+    // Adopts the state, then dies at its first request (the probe): the old
+    // generation resumes with RESEND and answers it.
+    let crashing = fsclient_wrapper(&fx, "fsclient-crashing", "BATON_FAULT=after-read@lookup");
+    let (code, report) = upgrade(&fx, &crashing, "30s");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
+    assert_eq!(report["ok"], false, "{report}");
+    let status = fx.wait_serving(0);
+    assert_eq!(status["pid"], before["pid"], "the old generation serves on: {status}");
+    assert_eq!(status["client_binary"], before["client_binary"], "{status}");
+
+    // Too slow: the deadline rolls it back.
+    let slow = fsclient_wrapper(&fx, "fsclient-slow", "sleep 5;");
+    let (code, report) = upgrade(&fx, &slow, "500ms");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {}/f && echo more >> {}/f && cat {}/f", s(&fx.mnt), s(&fx.mnt), s(&fx.mnt))).finish();
+    assert!(ok && out == "kept\nkept\nmore\n", "the mount after three rollbacks: {out}{err}");
+
+    // A bad path is refused before anything starts.
+    let (code, _) = upgrade(&fx, Path::new("/nonexistent/fsclient"), "30s");
+    assert_eq!(code, Some(2));
+}

@@ -7,8 +7,12 @@
 //!
 //! ```text
 //! BATON_FAULT=<point>[@<opcode>][#<n>]    e.g. after-commit@mkdir#3
-//! BATON_FAULT_GENERATION=<g>              only generation g (default: any)
+//! BATON_DELAY=<opcode>:<ms>               sleep that long after reading such a request
+//! BATON_FAULT_GENERATION=<g>              both only in generation g (default: any)
 //! ```
+//!
+//! The delay makes a request still running when a handover starts, so it
+//! must go through the in-flight journal.
 //!
 //! When unset (production) a hook is one relaxed atomic load. A malformed
 //! value is refused at start with an error naming the variable, never
@@ -21,6 +25,8 @@ use fuse_wire::abi::opcode;
 
 /// The environment variable naming the fault.
 pub const FAULT_ENV: &str = "BATON_FAULT";
+/// The environment variable naming a delay.
+pub const DELAY_ENV: &str = "BATON_DELAY";
 /// The environment variable restricting it to one generation.
 pub const FAULT_GENERATION_ENV: &str = "BATON_FAULT_GENERATION";
 
@@ -58,6 +64,7 @@ struct Fault {
 }
 
 static FAULT: OnceLock<Option<Fault>> = OnceLock::new();
+static DELAY: OnceLock<Option<(u32, std::time::Duration)>> = OnceLock::new();
 
 /// A malformed fault specification.
 #[derive(Debug, thiserror::Error)]
@@ -71,29 +78,46 @@ pub struct FaultSpecError {
 /// Reads the environment and arms the hook for `generation`. Call once at
 /// start, before serving.
 pub fn arm_from_env(generation: u64) -> Result<(), FaultSpecError> {
+    let only = match std::env::var(FAULT_GENERATION_ENV) {
+        Ok(g) => Some(g.parse::<u64>().map_err(|_| FaultSpecError {
+            variable: FAULT_GENERATION_ENV,
+            value: g.clone(),
+            reason: "not a generation number",
+        })?),
+        Err(_) => None,
+    };
+    let here = only.is_none_or(|g| g == generation);
     let fault = match std::env::var(FAULT_ENV) {
-        Ok(spec) if !spec.is_empty() => {
-            let only = match std::env::var(FAULT_GENERATION_ENV) {
-                Ok(g) => Some(g.parse::<u64>().map_err(|_| FaultSpecError {
-                    variable: FAULT_GENERATION_ENV,
-                    value: g.clone(),
-                    reason: "not a generation number",
-                })?),
-                Err(_) => None,
-            };
+        Ok(spec) if !spec.is_empty() && here => {
             let fault = parse(&spec)?;
-            match only {
-                Some(g) if g != generation => None,
-                _ => {
-                    tracing::warn!(spec, generation, "fault hook armed (test only)");
-                    Some(fault)
-                }
-            }
+            tracing::warn!(spec, generation, "fault hook armed (test only)");
+            Some(fault)
+        }
+        _ => None,
+    };
+    let delay = match std::env::var(DELAY_ENV) {
+        Ok(spec) if !spec.is_empty() && here => {
+            let delay = parse_delay(&spec)?;
+            tracing::warn!(spec, generation, "delay hook armed (test only)");
+            Some(delay)
         }
         _ => None,
     };
     let _ = FAULT.set(fault);
+    let _ = DELAY.set(delay);
     Ok(())
+}
+
+fn parse_delay(spec: &str) -> Result<(u32, std::time::Duration), FaultSpecError> {
+    let bad = |reason| FaultSpecError {
+        variable: DELAY_ENV,
+        value: spec.to_owned(),
+        reason,
+    };
+    let (op, ms) = spec.split_once(':').ok_or_else(|| bad("expected <opcode>:<ms>"))?;
+    let op = opcode_named(op).ok_or_else(|| bad("unknown opcode"))?;
+    let ms: u64 = ms.parse().map_err(|_| bad("<ms> must be a number"))?;
+    Ok((op, std::time::Duration::from_millis(ms)))
 }
 
 fn parse(spec: &str) -> Result<Fault, FaultSpecError> {
@@ -146,6 +170,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "setxattr" => opcode::SETXATTR,
         "removexattr" => opcode::REMOVEXATTR,
         "readdir" => opcode::READDIRPLUS,
+        "lookup" => opcode::LOOKUP,
         _ => return None,
     })
 }
@@ -154,6 +179,13 @@ fn opcode_named(name: &str) -> Option<u32> {
 /// the request's `op` (RENAME and RENAME2, READDIR and READDIRPLUS count as
 /// one) for the n-th time.
 pub fn hit(point: Point, op: u32) {
+    if point == Point::AfterRead {
+        if let Some(Some((delayed, duration))) = DELAY.get() {
+            if *delayed == op {
+                std::thread::sleep(*duration);
+            }
+        }
+    }
     let Some(Some(fault)) = FAULT.get() else {
         return;
     };

@@ -210,7 +210,11 @@ impl Generation {
             match recv_message(this.socket.as_fd()) {
                 Ok((Message::Handover { dir }, _)) => {
                     let answer = match this.hand_over(&dir) {
-                        Ok((state, journaled)) => Message::HandedOver { state, journaled },
+                        Ok((state, journaled, stopped_reading_ns)) => Message::HandedOver {
+                            state,
+                            journaled,
+                            stopped_reading_ns,
+                        },
                         Err(err) => {
                             tracing::warn!(%err, "handover refused; serving on");
                             Message::HandoverFailed {
@@ -274,7 +278,7 @@ impl Generation {
     }
 
     /// The old generation's side of a planned upgrade (module docs).
-    fn hand_over(&self, dir: &Path) -> Result<(PathBuf, u32)> {
+    fn hand_over(&self, dir: &Path) -> Result<(PathBuf, u32, u64)> {
         let (locked, parked) = self.fs.lock_usage();
         if locked > 0 || parked > 0 {
             return Err(Error::HandoverRefused(format!(
@@ -300,7 +304,7 @@ impl Generation {
                 tracing::info!(journaled = inflight.len(), state = %state.display(), "handed over; fenced until exit or resume");
                 let count = inflight.len() as u32;
                 *lock(&self.journaled) = inflight;
-                Ok((state, count))
+                Ok((state, count, stopped_reading_ns))
             }
             Err(err) => {
                 // Serve on: nothing was handed over.
@@ -335,8 +339,8 @@ impl Generation {
                 .prefix("journal-")
                 .tempfile_in(dir)
                 .map_err(io("creating the in-flight journal"))?;
+            // No fsync: the files only matter while this boot's mount lives.
             file.write_all(&bytes)
-                .and_then(|()| file.as_file().sync_all())
                 .map_err(io("writing the in-flight journal"))?;
             let (_, path) = file
                 .keep()
@@ -369,7 +373,6 @@ impl Generation {
             .tempfile_in(dir)
             .map_err(io("creating the handover state"))?;
         file.write_all(&encode_state(&state)?)
-            .and_then(|()| file.as_file().sync_all())
             .map_err(io("writing the handover state"))?;
         let (_, path) = file
             .keep()

@@ -46,6 +46,8 @@ use crate::{abi, Error};
 pub const WORKERS_MAX: usize = 64;
 /// How often a stop re-kicks a reader still blocked in `read()`.
 const KICK_INTERVAL: Duration = Duration::from_millis(1);
+/// The same during a handover, where every microsecond is stall.
+const HANDOVER_KICK_INTERVAL: Duration = Duration::from_micros(50);
 
 /// The signal that kicks a worker out of a blocking `read()`.
 pub const KICK_SIGNAL: Signal = Signal::SIGUSR2;
@@ -286,7 +288,8 @@ impl Stopper {
                 return false;
             }
             self.shared.kick_readers();
-            std::thread::sleep(KICK_INTERVAL.min(bound));
+            // Short: this is the start of an upgrade's stall.
+            std::thread::sleep(HANDOVER_KICK_INTERVAL);
         }
     }
 

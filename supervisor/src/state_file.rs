@@ -47,6 +47,11 @@ impl StateDir {
         self.root.join("mounts").join(format!("{mount_id}.json"))
     }
 
+    /// `run/`: sockets, and the handover files of upgrades under way.
+    pub fn run_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
     /// `run/<id>.sock`.
     pub fn socket_path(&self, mount_id: &str) -> PathBuf {
         self.root.join("run").join(format!("{mount_id}.sock"))

@@ -110,6 +110,9 @@ pub enum Message {
         state: PathBuf,
         /// Requests journaled.
         journaled: u32,
+        /// When it stopped reading (CLOCK_MONOTONIC, ns): the start of the
+        /// upgrade's stall.
+        stopped_reading_ns: u64,
     },
     /// Generation → holder: the handover could not be prepared; the
     /// generation serves on.

@@ -42,6 +42,7 @@ macro_rules! answer_once {
 
 impl Filesystem for BatonFs {
     fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
             req,
