@@ -1141,13 +1141,26 @@ fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
         fx.logs()
     );
     let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && {check}")).finish();
-    assert!(ok, "{op}: the tree is not what one run of the call makes: {out}{err}");
+    assert!(
+        ok,
+        "{op}: the tree is not what one run of the call makes: {out}{err}"
+    );
 }
 
 #[test]
 fn exactly_once_mkdir_rmdir_and_mknod() {
-    killed_after_commit("mkdir", "true", "mkdir d", "test -d d && [ $(ls | wc -l) = 1 ]");
-    killed_after_commit("rmdir", "mkdir d", "rmdir d", "! test -e d && [ $(ls | wc -l) = 0 ]");
+    killed_after_commit(
+        "mkdir",
+        "true",
+        "mkdir d",
+        "test -d d && [ $(ls | wc -l) = 1 ]",
+    );
+    killed_after_commit(
+        "rmdir",
+        "mkdir d",
+        "rmdir d",
+        "! test -e d && [ $(ls | wc -l) = 0 ]",
+    );
     killed_after_commit("mknod", "true", "mkfifo p", "test -p p");
 }
 
@@ -1159,13 +1172,28 @@ fn exactly_once_create_link_and_symlink() {
         "dd if=/dev/null of=f conv=excl 2>&1",
         "test -f f && [ $(ls | wc -l) = 1 ]",
     );
-    killed_after_commit("link", "echo x > f", "ln f g", "[ $(stat -c %h f) = 2 ] && [ \"$(cat g)\" = x ]");
-    killed_after_commit("symlink", "true", "ln -s target l", "[ \"$(readlink l)\" = target ]");
+    killed_after_commit(
+        "link",
+        "echo x > f",
+        "ln f g",
+        "[ $(stat -c %h f) = 2 ] && [ \"$(cat g)\" = x ]",
+    );
+    killed_after_commit(
+        "symlink",
+        "true",
+        "ln -s target l",
+        "[ \"$(readlink l)\" = target ]",
+    );
 }
 
 #[test]
 fn exactly_once_unlink_and_rename() {
-    killed_after_commit("unlink", "echo x > f && echo y > g", "rm f", "! test -e f && test -f g");
+    killed_after_commit(
+        "unlink",
+        "echo x > f && echo y > g",
+        "rm f",
+        "! test -e f && test -f g",
+    );
     killed_after_commit(
         "rename",
         "echo x > a && echo y > b",
@@ -1176,7 +1204,12 @@ fn exactly_once_unlink_and_rename() {
 
 #[test]
 fn exactly_once_setattr_and_xattrs() {
-    killed_after_commit("setattr", "echo x > f", "chmod 640 f", "[ $(stat -c %a f) = 640 ]");
+    killed_after_commit(
+        "setattr",
+        "echo x > f",
+        "chmod 640 f",
+        "[ $(stat -c %a f) = 640 ]",
+    );
     killed_after_commit(
         "setxattr",
         "echo x > f",
@@ -1231,9 +1264,16 @@ fn fsclient_wrapper(fx: &Fixture, name: &str, env: &str) -> PathBuf {
 fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
     let mut fx = Fixture::start(&[]);
     fx.mount();
-    let binaries = [fsclient_copy(&fx, "fsclient-a"), fsclient_copy(&fx, "fsclient-b")];
+    let binaries = [
+        fsclient_copy(&fx, "fsclient-a"),
+        fsclient_copy(&fx, "fsclient-b"),
+    ];
     let workload = Workload::start(&fx);
-    assert!(workload.progresses(200), "the workload does not run: {:?}", workload.errors());
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
     let mut stalls = Vec::new();
     for round in 0..6 {
         let before = fx.status()["generation"].as_u64().expect("generation");
@@ -1245,8 +1285,15 @@ fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
         stalls.push(report["stall_us"].as_u64().expect("stall"));
         let status = fx.status();
         assert_eq!(status["client_binary"], s(target), "{status}");
-        assert_eq!(status["restarts"]["signal"], 0, "an upgrade is not a crash: {status}");
-        assert!(workload.progresses(50), "stalled after upgrade {round}: {:?}", workload.errors());
+        assert_eq!(
+            status["restarts"]["signal"], 0,
+            "an upgrade is not a crash: {status}"
+        );
+        assert!(
+            workload.progresses(50),
+            "stalled after upgrade {round}: {:?}",
+            workload.errors()
+        );
         let seen = workload.errors();
         assert!(seen.is_empty(), "upgrade {round}: {seen:?}");
     }
@@ -1267,7 +1314,10 @@ fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor
     // running and must journal it rather than wait or lose it.
     let mut fx = Fixture::start_with_env(
         &[],
-        &[("BATON_DELAY", "mkdir:1500"), ("BATON_FAULT_GENERATION", "1")],
+        &[
+            ("BATON_DELAY", "mkdir:1500"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
     );
     fx.mount();
     let new = fsclient_copy(&fx, "fsclient-new");
@@ -1277,9 +1327,15 @@ fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor
     assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
     assert_eq!(report["journaled"], 1, "{report}");
     let (ok, out, err) = app.finish_or(|| fx.logs());
-    assert!(ok && out == "made\n", "mkdir across the handover: {out}{err}");
+    assert!(
+        ok && out == "made\n",
+        "mkdir across the handover: {out}{err}"
+    );
     let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
-    assert!(ok && out == "d\n", "the tree after the journaled mkdir: {out}");
+    assert!(
+        ok && out == "d\n",
+        "the tree after the journaled mkdir: {out}"
+    );
 }
 
 #[test]
@@ -1294,7 +1350,13 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     let (code, report) = upgrade(&fx, Path::new("/bin/false"), "30s");
     assert_eq!(code, Some(1), "{report}");
     assert_eq!(report["ok"], false, "{report}");
-    assert!(report["outcome"].as_str().unwrap_or("").contains("rolled back"), "{report}");
+    assert!(
+        report["outcome"]
+            .as_str()
+            .unwrap_or("")
+            .contains("rolled back"),
+        "{report}"
+    );
     assert_eq!(report["generation"], before["generation"], "{report}");
 
     // Adopts the state, then dies at its first request (the probe): the old
@@ -1304,7 +1366,10 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
     assert_eq!(report["ok"], false, "{report}");
     let status = fx.wait_serving(0);
-    assert_eq!(status["pid"], before["pid"], "the old generation serves on: {status}");
+    assert_eq!(
+        status["pid"], before["pid"],
+        "the old generation serves on: {status}"
+    );
     assert_eq!(status["client_binary"], before["client_binary"], "{status}");
 
     // Too slow: the deadline rolls it back.
@@ -1313,10 +1378,66 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     assert_eq!(code, Some(1), "{report}");
     assert_eq!(report["ok"], false, "{report}");
 
-    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {}/f && echo more >> {}/f && cat {}/f", s(&fx.mnt), s(&fx.mnt), s(&fx.mnt))).finish();
-    assert!(ok && out == "kept\nkept\nmore\n", "the mount after three rollbacks: {out}{err}");
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!(
+            "cat {}/f && echo more >> {}/f && cat {}/f",
+            s(&fx.mnt),
+            s(&fx.mnt),
+            s(&fx.mnt)
+        ),
+    )
+    .finish();
+    assert!(
+        ok && out == "kept\nkept\nmore\n",
+        "the mount after three rollbacks: {out}{err}"
+    );
 
     // A bad path is refused before anything starts.
     let (code, _) = upgrade(&fx, Path::new("/nonexistent/fsclient"), "30s");
     assert_eq!(code, Some(2));
+}
+
+#[test]
+fn a_rollback_with_a_journaled_request_still_answers_it_once() {
+    // Generation 1 sleeps in mkdir, so the mkdir is journaled; the new
+    // binary dies at its first lookup (the probe), after it may already
+    // have answered the journal. The old generation cannot resume with a
+    // worker still running that mkdir, so it exits and a clean generation
+    // recovers: the mkdir succeeds exactly once, no call fails.
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_DELAY", "mkdir:1500"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let crashing = fsclient_wrapper(
+        &fx,
+        "fsclient-crashing",
+        "BATON_FAULT_GENERATION= BATON_DELAY= BATON_FAULT=after-read@lookup",
+    );
+    let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, report) = upgrade(&fx, &crashing, "30s");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
+    assert_eq!(report["journaled"], 1, "{report}");
+    assert!(
+        report["outcome"].as_str().unwrap_or("").contains("probe"),
+        "{report}"
+    );
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "made\n",
+        "mkdir across the rollback: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(0);
+    assert_eq!(
+        status["restarts"]["exit"], 1,
+        "the old generation exits for a clean one: {status}"
+    );
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(ok && out == "d\n", "the tree after the rollback: {out}");
 }

@@ -79,12 +79,12 @@ pub struct FaultSpecError {
 /// start, before serving.
 pub fn arm_from_env(generation: u64) -> Result<(), FaultSpecError> {
     let only = match std::env::var(FAULT_GENERATION_ENV) {
-        Ok(g) => Some(g.parse::<u64>().map_err(|_| FaultSpecError {
+        Ok(g) if !g.is_empty() => Some(g.parse::<u64>().map_err(|_| FaultSpecError {
             variable: FAULT_GENERATION_ENV,
             value: g.clone(),
             reason: "not a generation number",
         })?),
-        Err(_) => None,
+        _ => None,
     };
     let here = only.is_none_or(|g| g == generation);
     let fault = match std::env::var(FAULT_ENV) {
@@ -114,7 +114,9 @@ fn parse_delay(spec: &str) -> Result<(u32, std::time::Duration), FaultSpecError>
         value: spec.to_owned(),
         reason,
     };
-    let (op, ms) = spec.split_once(':').ok_or_else(|| bad("expected <opcode>:<ms>"))?;
+    let (op, ms) = spec
+        .split_once(':')
+        .ok_or_else(|| bad("expected <opcode>:<ms>"))?;
     let op = opcode_named(op).ok_or_else(|| bad("unknown opcode"))?;
     let ms: u64 = ms.parse().map_err(|_| bad("<ms> must be a number"))?;
     Ok((op, std::time::Duration::from_millis(ms)))

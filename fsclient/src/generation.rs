@@ -15,11 +15,12 @@
 //! 3. copy the requests still running into the journal, write the state;
 //! 4. answer `HandedOver` and wait: `Exit` ends the process at once (no
 //!    flush: the successor owns the volume), `Resume` (the successor
-//!    failed) lifts seal and fence, answers the journal here, and serves
-//!    again. Requests the stuck workers finish later are harmless: their
-//!    replies were dropped or reach a unique already answered, and their
-//!    mutations hit the fence (or ran before it and left an exactly-once
-//!    record).
+//!    failed) lifts seal and fence and serves again; if requests were
+//!    journaled, their workers may still be running here, so instead it
+//!    exits and the supervisor's crash path recovers them with RESEND.
+//!    While fenced, requests the stuck workers finish are harmless: their
+//!    replies are dropped, and their mutations hit the fence (or ran before
+//!    it and left an exactly-once record the successor answers from).
 //!
 //! Locks do not cross generations yet: a handover is refused while locks
 //! are held or lock requests are parked.
@@ -45,6 +46,9 @@ use crate::runtime::from_record;
 
 /// How long requests being handled get to finish before they are journaled.
 pub const QUIESCE_BOUND: Duration = Duration::from_millis(50);
+/// Exit code of a generation that ends itself so that a clean one takes
+/// over (a rolled-back handover with requests still running).
+pub const EXIT_RESTART_CLEAN: i32 = 75;
 /// How often counters are reported to the supervisor.
 const STATS_INTERVAL: Duration = Duration::from_secs(1);
 /// How often old exactly-once records are pruned.
@@ -381,12 +385,24 @@ impl Generation {
     }
 
     /// Serves again after a handover that was rolled back.
+    ///
+    /// If requests were journaled, their workers may still be running here
+    /// and would act once unfenced, racing the replay: instead this process
+    /// exits, and the supervisor's crash path starts a clean generation
+    /// that recovers everything with RESEND (applications see a stall).
     fn resume(&self, resend: bool) -> Result<()> {
-        self.fs.unfence();
-        self.channel.unseal();
         let journal = InflightJournal {
             requests: std::mem::take(&mut *lock(&self.journaled)),
         };
+        if !journal.requests.is_empty() {
+            tracing::warn!(
+                journaled = journal.requests.len(),
+                "rolled back with requests still running here; exiting so a clean generation recovers them"
+            );
+            std::process::exit(EXIT_RESTART_CLEAN);
+        }
+        self.fs.unfence();
+        self.channel.unseal();
         tracing::info!(
             resend,
             journaled = journal.requests.len(),
@@ -394,9 +410,6 @@ impl Generation {
         );
         if resend {
             self.session.resend()?;
-        }
-        for raw in &journal.requests {
-            replaying_journal(|| self.session.handle(raw));
         }
         let workers = self.session.start(self.threads)?;
         let reading_ns = monotonic_ns();

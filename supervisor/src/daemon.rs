@@ -592,7 +592,13 @@ impl Daemon {
         }
     }
 
-    fn upgrade(&mut self, mountpoint: &Path, binary: PathBuf, timeout_ms: u64, reply: Sender<Reply>) {
+    fn upgrade(
+        &mut self,
+        mountpoint: &Path,
+        binary: PathBuf,
+        timeout_ms: u64,
+        reply: Sender<Reply>,
+    ) {
         if self.shutting_down {
             let _ = reply.send(shutting_down_reply());
             return;

@@ -543,7 +543,7 @@ impl Mount {
             tracing::warn!(mount = %self.id, outcome = report.outcome, generation = report.generation, "upgrade rolled back");
         }
         let _ = upgrade.waiter.send(Reply::Upgraded {
-            report: report.clone(),
+            report: Box::new(report.clone()),
         });
         self.last_upgrade = Some(report);
         self.write_record(env);
@@ -838,8 +838,12 @@ fn describe_outcome(outcome: Outcome) -> &'static str {
         Outcome::Upgraded => "upgraded",
         Outcome::IncomingDied => "rolled back: the new generation ended before serving",
         Outcome::HandoverRefused => "rolled back: the serving generation refused to hand over",
-        Outcome::ServingDied => "the serving generation died during the upgrade; crash recovery took over",
-        Outcome::ProbeFailed => "rolled back: the new generation did not answer a probe through the mount",
+        Outcome::ServingDied => {
+            "the serving generation died during the upgrade; crash recovery took over"
+        }
+        Outcome::ProbeFailed => {
+            "rolled back: the new generation did not answer a probe through the mount"
+        }
         Outcome::Unmounted => "the mount was unmounted during the upgrade",
     }
 }

@@ -209,11 +209,17 @@ pub fn probe_in_background(
     done: impl FnOnce(Result<(), String>) + Send + 'static,
 ) {
     std::thread::spawn(move || {
-        let name = format!(".baton-probe-{:016x}", upgrade_protocol::connection_identity());
+        let name = format!(
+            ".baton-probe-{:016x}",
+            upgrade_protocol::connection_identity()
+        );
         let outcome = match std::fs::symlink_metadata(mountpoint.join(&name)) {
             Ok(_) => Ok(()),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(err) => Err(format!("lookup of {name} in {}: {err}", mountpoint.display())),
+            Err(err) => Err(format!(
+                "lookup of {name} in {}: {err}",
+                mountpoint.display()
+            )),
         };
         done(outcome);
     });

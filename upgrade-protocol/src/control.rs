@@ -113,7 +113,7 @@ pub enum Reply {
     /// An upgrade ended (successfully or rolled back: see `report.ok`).
     Upgraded {
         /// What happened.
-        report: UpgradeReport,
+        report: Box<UpgradeReport>,
     },
     /// The request failed; `message` names the object and the next step.
     Error {

@@ -8,7 +8,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use upgrade_protocol::{
     decode, decode_record, encode, encode_record, recv_message, send_message, ClientOptions,
     ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit, ProtocolError, Recovery, Reply,
-    Request, Restarts, StatusReport, RECORD_FORMAT_VERSION,
+    Request, Restarts, StatusReport, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 
 fn init() -> NegotiatedInit {
@@ -207,6 +207,20 @@ fn control_frames_are_pinned_and_round_trip() {
                 takeover_us: Some(812),
                 warm: true,
             }),
+            last_upgrade: Some(UpgradeReport {
+                mountpoint: "/mnt/a".into(),
+                ok: true,
+                outcome: "upgraded".into(),
+                from_generation: 1,
+                generation: 3,
+                binary: "/usr/local/bin/fsclient".into(),
+                journaled: 0,
+                stall_us: Some(812),
+                elapsed_ms: 54,
+                at_unix_ms: 1_795_000_000_000,
+                detail: None,
+            }),
+            client_binary: "/usr/local/bin/fsclient".into(),
             requests_recovered: 2,
             connection_id: 43,
             cgroup: Some("/sys/fs/cgroup/memory/baton/0123456789abcdef-gen2".into()),

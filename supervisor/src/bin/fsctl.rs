@@ -345,7 +345,7 @@ fn upgrade(socket: &std::path::Path, plan: UpgradePlan) -> anyhow::Result<ExitCo
                     if !plan.json {
                         print_upgrade(&report);
                     }
-                    reports.push(report);
+                    reports.push(*report);
                 }
                 other => {
                     eprintln!("fsctl: upgrading {}:", mountpoint.display());

@@ -95,7 +95,10 @@ pub enum Standby {
 impl Standby {
     /// Whether a standby process exists.
     pub fn is_alive(self) -> bool {
-        matches!(self, Standby::Launched | Standby::Ready | Standby::Discarding)
+        matches!(
+            self,
+            Standby::Launched | Standby::Ready | Standby::Discarding
+        )
     }
 }
 

@@ -218,8 +218,14 @@ pub fn step(
             )
         }
         (P::Adopting | P::Probing, E::ActiveExited(death)) => {
-            let (state, actions) =
-                active_died(Attempt::Restart, Standby::None, failures, false, death, policy);
+            let (state, actions) = active_died(
+                Attempt::Restart,
+                Standby::None,
+                failures,
+                false,
+                death,
+                policy,
+            );
             (state, finish_then(Outcome::IncomingDied, actions))
         }
         (P::Adopting | P::Probing, E::RetiringExited(_)) => (
@@ -230,9 +236,10 @@ pub fn step(
             },
             vec![],
         ),
-        (P::ClearingStandby | P::Spawning | P::Quiescing { incoming: true }, E::Timer(Timer::UpgradeDeadline)) => {
-            (at(phase), vec![Action::KillStandby])
-        }
+        (
+            P::ClearingStandby | P::Spawning | P::Quiescing { incoming: true },
+            E::Timer(Timer::UpgradeDeadline),
+        ) => (at(phase), vec![Action::KillStandby]),
         (P::Adopting | P::Probing, E::Timer(Timer::UpgradeDeadline)) => {
             (at(phase), vec![Action::KillActive])
         }
