@@ -1441,3 +1441,40 @@ fn a_rollback_with_a_journaled_request_still_answers_it_once() {
     let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
     assert!(ok && out == "d\n", "the tree after the rollback: {out}");
 }
+
+#[test]
+fn held_and_awaited_locks_cross_a_planned_upgrade() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/lock")).finish();
+    assert!(ok, "{err}");
+    // A holds the flock for 2 s; B waits for it (a parked SETLKW).
+    let holder = App::sh(
+        &fx.mnt,
+        &format!("flock {m}/lock -c 'sleep 2; echo released'"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/lock -c 'echo got'"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "B got a lock A holds");
+    let (code, report) = upgrade(&fx, &new, "30s");
+    assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    assert!(
+        report["journaled"].as_u64() >= Some(1),
+        "the parked request was not handed over: {report}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        waiter.running(),
+        "the held lock was lost in the upgrade: B got it while A holds it"
+    );
+    let (ok, out, err) = holder.finish_or(|| fx.logs());
+    assert!(ok && out == "released\n", "A: {out}{err}");
+    let (ok, out, err) = waiter.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "got\n",
+        "B never got the lock after A released it: {out}{err}"
+    );
+}

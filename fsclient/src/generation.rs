@@ -22,8 +22,10 @@
 //!    replies are dropped, and their mutations hit the fence (or ran before
 //!    it and left an exactly-once record the successor answers from).
 //!
-//! Locks do not cross generations yet: a handover is refused while locks
-//! are held or lock requests are parked.
+//! Locks cross a handover: held locks in the state, parked SETLKW requests
+//! (raw, from the lock table) in the journal, where the successor parks
+//! them again. They do not survive a crash: a dead generation's lock table
+//! is gone.
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -133,6 +135,7 @@ impl Generation {
         if let Some(path) = &adoption.handover {
             let (state, loaded) = load_handover(path)?;
             fs.import_handles(&handles_from(&state), state.next_fh, &state.open_orphans);
+            fs.import_locks(&state.locks);
             journal = loaded;
             tracing::info!(
                 generation = adoption.generation,
@@ -283,12 +286,6 @@ impl Generation {
 
     /// The old generation's side of a planned upgrade (module docs).
     fn hand_over(&self, dir: &Path) -> Result<(PathBuf, u32, u64)> {
-        let (locked, parked) = self.fs.lock_usage();
-        if locked > 0 || parked > 0 {
-            return Err(Error::HandoverRefused(format!(
-                "{locked} inode(s) have locks held and {parked} lock request(s) wait; locks do not cross generations yet, so upgrade once they are released"
-            )));
-        }
         let Some(stopper) = self.stopper() else {
             return Err(Error::HandoverRefused("not serving".into()));
         };
@@ -301,14 +298,18 @@ impl Generation {
         } else {
             stopper.inflight()
         };
-        let written = self.write_state(dir, &inflight, stopped_reading_ns);
+        let (held, parked) = self.fs.export_locks();
+        // Requests being handled first, then parked lock requests: both go
+        // to the successor; only the first kind still runs here.
+        let mut journal = inflight.clone();
+        journal.extend(parked);
+        let written = self.write_state(dir, &journal, held, stopped_reading_ns);
         match written {
             Ok(state) => {
                 fault::hit(Point::DuringHandover, 0);
-                tracing::info!(journaled = inflight.len(), state = %state.display(), "handed over; fenced until exit or resume");
-                let count = inflight.len() as u32;
+                tracing::info!(running = inflight.len(), journaled = journal.len(), state = %state.display(), "handed over; fenced until exit or resume");
                 *lock(&self.journaled) = inflight;
-                Ok((state, count, stopped_reading_ns))
+                Ok((state, journal.len() as u32, stopped_reading_ns))
             }
             Err(err) => {
                 // Serve on: nothing was handed over.
@@ -323,6 +324,7 @@ impl Generation {
         &self,
         dir: &Path,
         inflight: &[Vec<u8>],
+        locks: Vec<upgrade_protocol::LockState>,
         stopped_reading_ns: u64,
     ) -> Result<PathBuf> {
         let io = |what: &'static str| {
@@ -367,7 +369,7 @@ impl Generation {
                 .collect(),
             next_fh,
             open_orphans,
-            locks: Vec::new(),
+            locks,
             journal,
             journaled: inflight.len() as u32,
             stopped_reading_ns,

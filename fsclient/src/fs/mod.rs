@@ -19,7 +19,7 @@ mod data;
 mod dir;
 mod dispatch;
 mod flush;
-mod lock;
+pub mod lock;
 mod namespace;
 mod once;
 mod xattr;
@@ -32,13 +32,13 @@ use std::time::Duration;
 use baton_blocks::{BlockCache, BlockStore, Staging};
 use baton_meta::{Attr, FileKind, MetaStore};
 use fuse_wire::abi;
-use fuse_wire::reply::ReplyEmpty;
 use fuse_wire::{Errno, InitParams, Request};
 
 use crate::error::{Error, Result};
 use crate::handles::Handles;
-use crate::locks::LockTable;
+use crate::locks::{HeldLock, LockKind, LockTable, LockType};
 use crate::volume::Volume;
+use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
@@ -84,7 +84,7 @@ pub struct BatonFs {
     /// WRITEBACK_CACHE was negotiated: the kernel owns mtime on writes.
     writeback: AtomicBool,
     handles: Handles,
-    locks: Mutex<LockTable<ReplyEmpty>>,
+    locks: Mutex<LockTable<lock::ParkedLock>>,
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
@@ -201,11 +201,57 @@ impl BatonFs {
         self.handles.import(handles, next_fh, orphans);
     }
 
-    /// Held locks (inodes) and parked lock requests: a handover refuses
-    /// while there are any (the lock table does not cross generations yet).
-    pub fn lock_usage(&self) -> (usize, usize) {
+    /// Held locks and the raw bytes of parked lock requests, for a
+    /// handover (call fenced: nothing changes them meanwhile). The parked
+    /// requests stay parked here in case the handover is rolled back.
+    pub fn export_locks(&self) -> (Vec<LockState>, Vec<Vec<u8>>) {
         let locks = lock(&self.locks);
-        (locks.locked_inode_count(), locks.waiter_count())
+        let held = locks
+            .held_locks()
+            .into_iter()
+            .map(|(ino, kind, l)| LockState {
+                ino,
+                owner: l.owner,
+                start: l.start,
+                end: l.end,
+                kind: match l.typ {
+                    LockType::Read => libc::F_RDLCK as u32,
+                    LockType::Write => libc::F_WRLCK as u32,
+                },
+                pid: l.pid,
+                flock: kind == LockKind::Flock,
+            })
+            .collect();
+        let parked = locks.parked().map(|p| p.raw().to_vec()).collect();
+        (held, parked)
+    }
+
+    /// Takes over a predecessor's held locks (before serving).
+    pub fn import_locks(&self, held: &[LockState]) {
+        let held: Vec<_> = held
+            .iter()
+            .map(|l| {
+                let kind = if l.flock {
+                    LockKind::Flock
+                } else {
+                    LockKind::Posix
+                };
+                let typ = if l.kind == libc::F_RDLCK as u32 {
+                    LockType::Read
+                } else {
+                    LockType::Write
+                };
+                let held = HeldLock {
+                    owner: l.owner,
+                    start: l.start,
+                    end: l.end,
+                    typ,
+                    pid: l.pid,
+                };
+                (l.ino, kind, held)
+            })
+            .collect();
+        lock(&self.locks).import_held(&held);
     }
 
     /// The metadata store.
