@@ -1260,6 +1260,14 @@ fn fsclient_wrapper(fx: &Fixture, name: &str, env: &str) -> PathBuf {
     path
 }
 
+/// Upgrades in the default run; `BATON_UPGRADES` changes it.
+fn upgrades_from_env() -> usize {
+    std::env::var("BATON_UPGRADES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+
 #[test]
 fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
     let mut fx = Fixture::start(&[]);
@@ -1274,8 +1282,22 @@ fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
         "the workload does not run: {:?}",
         workload.errors()
     );
+    // Metadata churn beside it: any failed call ends the loop with 1.
+    let churn_stop = fx.path("churn.stop");
+    let churn = App::sh(
+        &fx.mnt,
+        &format!(
+            "mkdir {m}/churn && cd {m}/churn && i=0; while [ ! -e {stop} ]; do \
+             mkdir d$i && echo $i > d$i/f && mv d$i/f d$i/g && ln -s g d$i/l && \
+             [ \"$(cat d$i/l)\" = $i ] && rm d$i/l d$i/g && rmdir d$i || exit 1; \
+             i=$((i+1)); done; echo $i",
+            m = s(&fx.mnt),
+            stop = s(&churn_stop)
+        ),
+    );
+    let rounds = upgrades_from_env();
     let mut stalls = Vec::new();
-    for round in 0..6 {
+    for round in 0..rounds {
         let before = fx.status()["generation"].as_u64().expect("generation");
         let target = &binaries[round % 2];
         let (code, report) = upgrade(&fx, target, "30s");
@@ -1289,20 +1311,32 @@ fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
             status["restarts"]["signal"], 0,
             "an upgrade is not a crash: {status}"
         );
+        assert_eq!(
+            status["restarts"]["exit"], 0,
+            "an upgrade is not a crash: {status}"
+        );
         assert!(
-            workload.progresses(50),
+            workload.progresses(20),
             "stalled after upgrade {round}: {:?}",
             workload.errors()
         );
         let seen = workload.errors();
         assert!(seen.is_empty(), "upgrade {round}: {seen:?}");
     }
+    std::fs::write(&churn_stop, b"").expect("stop churn");
+    let (ok, churned, err) = churn.finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "metadata churn failed across the upgrades after {churned} rounds: {err}"
+    );
     let (done, errors) = workload.finish();
     stalls.sort_unstable();
     eprintln!(
-        "6 upgrades: stall p50 {} us, max {} us; workload: {done}",
+        "{rounds} upgrades: stall p50 {} us, p99 {} us, max {} us; churn rounds {}; workload: {done}",
         percentile(&stalls, 50),
-        stalls.last().copied().unwrap_or(0)
+        percentile(&stalls, 99),
+        stalls.last().copied().unwrap_or(0),
+        churned.trim()
     );
     assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
     assert!(done.contains("errors=0"), "{done}");

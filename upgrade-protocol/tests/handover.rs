@@ -123,3 +123,20 @@ fn journal_is_pinned_round_trips_and_refuses_damage() {
         Err(ProtocolError::UnsupportedVersion { .. })
     ));
 }
+
+/// The state format 1.0 as written by the first build that had it. Every
+/// later build must still load it (a new binary takes over from an old
+/// one): if this test fails, bump the major version instead.
+#[test]
+fn the_first_state_format_still_loads() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/handover-state-v1.0.bin"
+    );
+    if std::env::var_os("BATON_WRITE_FIXTURES").is_some() {
+        std::fs::write(path, encode_state(&state()).unwrap()).unwrap();
+    }
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[4..8], &[1, 0, 0, 0], "the fixture is format 1.0");
+    assert_eq!(decode_state(&bytes).unwrap(), state());
+}
