@@ -574,7 +574,11 @@ fn up(
         mountpoint.display()
     );
     println!("  status:  fsctl status --socket {s}");
-    println!("  upgrade: not yet (fsctl upgrade comes with the upgrade issue); kill -9 the pid in status to see a crash recovery");
+    println!(
+        "  upgrade: fsctl upgrade {} --binary /path/to/new/fsclient --socket {s}",
+        mountpoint.display()
+    );
+    println!("  crash:   kill -9 the pid in status; the next generation takes over");
     println!(
         "  stop:    fsctl umount {} --socket {s}",
         mountpoint.display()
