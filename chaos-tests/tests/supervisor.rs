@@ -15,7 +15,8 @@
 //! rw-workload`): a test thread blocked on a dead connection cannot be
 //! cancelled.
 //!
-//! `BATON_SUPERVISOR_KILLS` sets the length of the kill series (default 20).
+//! `BATON_SUPERVISOR_KILLS` sets the length of the kill series (default
+//! 100); `BATON_UPGRADES` the number of planned upgrades (default 50).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -759,7 +760,7 @@ fn kills_from_env() -> u64 {
     std::env::var("BATON_SUPERVISOR_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
+        .unwrap_or(100)
 }
 
 fn repeated_kills(extra: &[&str], label: &str) {
