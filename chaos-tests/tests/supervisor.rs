@@ -1513,3 +1513,23 @@ fn held_and_awaited_locks_cross_a_planned_upgrade() {
         "B never got the lock after A released it: {out}{err}"
     );
 }
+
+/// The kernel stacks of `pid` and its descendants (what a stuck
+/// application waits on), for failure messages.
+fn process_tree_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let mut pending = vec![pid];
+    while let Some(pid) = pending.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let stack = std::fs::read_to_string(format!("/proc/{pid}/stack")).unwrap_or_default();
+        out.push_str(&format!("pid {pid} ({}):\n{stack}", comm.trim()));
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        pending.extend(
+            children
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    out
+}
