@@ -337,9 +337,10 @@ impl App {
         let deadline = Instant::now() + DEADLINE;
         while matches!(child.try_wait(), Ok(None)) {
             if Instant::now() > deadline {
+                let stacks = process_tree_stacks(child.id());
                 self.child = Some(child);
                 panic!(
-                    "the application did not finish within {DEADLINE:?}\n{}",
+                    "the application did not finish within {DEADLINE:?}\n--- where it waits ---\n{stacks}\n{}",
                     logs()
                 );
             }
