@@ -15,7 +15,9 @@
 //!   client side.
 //! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
 //!   a mount during a handover.
-//! - [`state_file`]: the per-mount JSON record in the state directory.
+//! - [`state_file`]: the per-mount JSON record in the state directory;
+//!   [`restore`](daemon): mounts restored from it at start.
+//! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
 //!
 //! # Invariants
@@ -35,6 +37,7 @@ pub mod mounting;
 pub mod preflight;
 pub mod size;
 pub mod state_file;
+pub mod systemd;
 pub mod volume;
 
 pub use error::Error;
