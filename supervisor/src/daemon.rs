@@ -7,9 +7,10 @@
 //! hands them to the mount's executor.
 //!
 //! Shutdown (SIGTERM/SIGINT): every mount is unmounted as by `fsctl
-//! umount`, then the loop ends. A supervisor killed outright leaves the
-//! serving generations running (they hold the fd) but nothing restarts
-//! them; re-adopting mounts after a supervisor restart is not implemented.
+//! umount`, then the loop ends; with `--keep-mounts-on-exit` (the systemd
+//! unit) it exits at once and the generations keep serving. At start, the
+//! mounts of the state directory are restored (`restore.rs`: adopted with
+//! the fds systemd kept, or mounted again if persistent), then READY=1.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -34,7 +35,11 @@ use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
 use crate::mounting::{self, invalid};
 use crate::preflight;
 use crate::state_file::StateDir;
+use crate::systemd::{self, Notifier};
 use crate::Error;
+
+#[path = "restore.rs"]
+pub mod restore;
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
@@ -64,6 +69,9 @@ pub struct Config {
     pub cgroup_root: PathBuf,
     /// Where the FUSE sysctls are.
     pub sysctl_dir: PathBuf,
+    /// On SIGTERM/SIGINT, exit without unmounting: generations keep
+    /// serving and the next supervisor adopts the mounts (systemd fd store).
+    pub keep_mounts_on_exit: bool,
 }
 
 /// What the socket threads and helpers send to the loop.
@@ -114,13 +122,20 @@ struct Daemon {
     rx: Receiver<Command>,
     signals: SignalFd,
     shutting_down: bool,
+    systemd: Notifier,
+    keep_mounts_on_exit: bool,
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT.
 pub fn run(config: Config) -> Result<(), Error> {
+    // Before any thread exists: both read and unset environment variables.
+    let notifier = Notifier::from_env();
+    let stored_fds = systemd::take_listen_fds().unwrap_or_else(|err| {
+        tracing::error!(%err, "ignoring the fds systemd passed");
+        Default::default()
+    });
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
-    warn_about_leftovers(&state);
     let cgroups = setup_cgroups(&config)?;
     let signals = shutdown_signals()?;
     let eventfd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
@@ -161,30 +176,20 @@ pub fn run(config: Config) -> Result<(), Error> {
         rx,
         signals,
         shutting_down: false,
+        systemd: notifier,
+        keep_mounts_on_exit: config.keep_mounts_on_exit,
     };
+    daemon.restore_mounts(stored_fds);
+    let status = daemon.status_line();
+    daemon.systemd.ready(&status);
     let result = daemon.run_loop();
+    daemon.systemd.stopping();
     let _ = std::fs::remove_file(&config.socket);
     if let Some(parent) = &daemon.env.cgroups {
         // Best effort: another supervisor may still use it.
         let _ = std::fs::remove_dir(parent.dir());
     }
     result
-}
-
-fn warn_about_leftovers(state: &StateDir) {
-    for (path, record) in state.leftover_records() {
-        match record {
-            Ok(r) => tracing::warn!(
-                record = %path.display(),
-                mountpoint = %r.mountpoint.display(),
-                pid = r.pid,
-                "a previous supervisor left this mount; re-adoption is not implemented: it stays served by that pid (if alive) until you unmount it; remove the record afterwards"
-            ),
-            Err(err) => {
-                tracing::warn!(record = %path.display(), err, "unreadable leftover state record")
-            }
-        }
-    }
 }
 
 /// Blocks SIGTERM/SIGINT (before any thread exists, so every thread
@@ -256,11 +261,20 @@ impl Daemon {
                 tracing::info!("every mount is unmounted; exiting");
                 return Ok(());
             }
+            if self.shutting_down && self.keep_mounts_on_exit {
+                tracing::info!(
+                    mounts = self.mounts.len(),
+                    "exiting without unmounting (--keep-mounts-on-exit): generations keep serving until the next fs-supervisor adopts them"
+                );
+                return Ok(());
+            }
             let ready = self.wait()?;
             for token in ready {
                 self.on_ready(token);
             }
             self.fire_timers();
+            let status = self.status_line();
+            self.systemd.status(&status);
         }
     }
 
@@ -288,6 +302,7 @@ impl Daemon {
             .mounts
             .iter()
             .filter_map(Mount::next_deadline)
+            .chain(self.systemd.next_deadline())
             .min()
             .map(|at| at.saturating_duration_since(now).as_millis() as u64 + 1)
             .unwrap_or(IDLE_POLL_MS)
@@ -339,7 +354,7 @@ impl Daemon {
             );
             self.shutting_down = true;
         }
-        if self.shutting_down {
+        if self.shutting_down && !self.keep_mounts_on_exit {
             for index in 0..self.mounts.len() {
                 self.with_mount(index, Event::UmountRequested);
             }
@@ -451,8 +466,36 @@ impl Daemon {
         }
     }
 
+    /// One line for systemd's STATUS=: mounts by state and restarts.
+    fn status_line(&self) -> String {
+        let serving = self
+            .mounts
+            .iter()
+            .filter(|m| m.state.name() == "serving")
+            .count();
+        let gave_up = self
+            .mounts
+            .iter()
+            .filter(|m| m.state.name() == "gave_up")
+            .count();
+        let restarts: u64 = self
+            .mounts
+            .iter()
+            .map(|m| {
+                let r = m.status().restarts;
+                r.exit + r.signal + r.oom
+            })
+            .sum();
+        format!(
+            "{} mounts: {serving} serving, {} recovering or starting, {gave_up} gave up; {restarts} generation restarts",
+            self.mounts.len(),
+            self.mounts.len() - serving - gave_up
+        )
+    }
+
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        self.systemd.tick(now);
         for index in 0..self.mounts.len() {
             while let Some(timer) = self.mounts[index].take_due_timer(now) {
                 self.with_mount(index, Event::Timer(timer));
@@ -467,6 +510,7 @@ impl Daemon {
                 if let Some(index) = self.mounts.iter().position(|m| m.id == mount_id) {
                     let mut mount = self.mounts.remove(index);
                     mount.close(&self.env, outcome);
+                    self.systemd.remove_fd(&mount_id);
                 }
             }
         }
@@ -502,12 +546,20 @@ impl Daemon {
                 mountpoint,
                 base_dir,
                 options,
+                persist,
             } => {
                 if self.shutting_down {
                     let _ = reply.send(shutting_down_reply());
                     return;
                 }
-                match self.mount(volume, &mountpoint, base_dir, options, reply.clone()) {
+                match self.mount(
+                    volume,
+                    &mountpoint,
+                    base_dir,
+                    options,
+                    reply.clone(),
+                    persist,
+                ) {
                     Ok(()) => {}
                     Err(refusal) => {
                         let _ = reply.send(refusal);
@@ -524,6 +576,7 @@ impl Daemon {
         base_dir: PathBuf,
         options: upgrade_protocol::ClientOptions,
         reply: Sender<Reply>,
+        persist: bool,
     ) -> Result<(), Reply> {
         let mountpoint = self.validate(&volume, mountpoint, &base_dir)?;
         let id = mounting::mount_id(&mountpoint);
@@ -578,8 +631,12 @@ impl Daemon {
             socket_path,
             log,
         };
-        let mount = Mount::new(parts, reply);
+        let mut mount = Mount::new(parts, reply);
+        mount.persistent = persist;
         mount.write_record(&self.env);
+        if let Some(channel) = &mount.channel {
+            self.systemd.store_fd(&mount.id, channel.fd());
+        }
         self.mounts.push(mount);
         let index = self.mounts.len() - 1;
         let start_unmount = unmounter(self.waker.clone());

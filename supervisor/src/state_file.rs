@@ -179,6 +179,7 @@ mod tests {
             generation: 1,
             pid: None,
             created_unix_ms: 0,
+            persistent: true,
         };
         state.write_record(&record).unwrap();
         let left = state.leftover_records();

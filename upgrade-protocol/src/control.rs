@@ -43,6 +43,10 @@ pub enum Request {
         base_dir: PathBuf,
         /// Forwarded to every generation.
         options: ClientOptions,
+        /// Mount it again when the supervisor starts after a reboot
+        /// (omitted when false, so older peers read the same bytes).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        persist: bool,
     },
     /// Report every mount.
     Status,
@@ -214,6 +218,10 @@ pub struct MountRecord {
     pub pid: Option<u32>,
     /// When the mount was made (Unix time, ms).
     pub created_unix_ms: u64,
+    /// `fsctl mount --persist`: mounted again at start after a reboot;
+    /// without it a record with no live mount is removed at start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
 }
 
 /// Serializes a state record (pretty JSON). Pure.

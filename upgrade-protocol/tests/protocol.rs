@@ -147,6 +147,7 @@ fn mount_request() -> Message {
                 staging_dir: Some("/var/lib/baton/staging".into()),
                 threads: Some(4),
             },
+            persist: false,
         },
     }
 }
@@ -281,6 +282,7 @@ fn state_record_round_trips_and_newer_formats_are_refused() {
         generation: 3,
         pid: Some(99),
         created_unix_ms: 5,
+        persistent: false,
     };
     let bytes = encode_record(&record).unwrap();
     assert_eq!(decode_record(&bytes).unwrap(), record);

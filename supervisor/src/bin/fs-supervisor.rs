@@ -2,7 +2,7 @@
 //! generation (`fsclient serve`) serving each one (see the `daemon` module).
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT: every mount is
-//! unmounted first), 1 when it cannot start or its loop fails (the message
+//! unmounted first, unless `--keep-mounts-on-exit`), 1 when it cannot start or its loop fails (the message
 //! says why), 2 bad usage.
 
 use std::path::PathBuf;
@@ -43,6 +43,11 @@ struct Cli {
     /// Name of the parent cgroup generations' cgroups are created in.
     #[arg(long, default_value = "baton")]
     cgroup_parent: String,
+    /// On SIGTERM/SIGINT, exit without unmounting: generations keep
+    /// serving and the next fs-supervisor adopts the mounts through
+    /// systemd's fd store (the systemd unit sets this).
+    #[arg(long)]
+    keep_mounts_on_exit: bool,
 }
 
 fn main() -> ExitCode {
@@ -73,6 +78,7 @@ fn run() -> anyhow::Result<ExitCode> {
         cgroup_parent: cli.cgroup_parent,
         cgroup_root: PathBuf::from(supervisor::cgroup::CGROUP_FS_ROOT),
         sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
+        keep_mounts_on_exit: cli.keep_mounts_on_exit,
     };
     supervisor::daemon::run(config)?;
     Ok(ExitCode::SUCCESS)
