@@ -91,7 +91,7 @@ impl Manager {
             .stderr(log)
             .spawn()
             .expect("unshare (util-linux)");
-        let mut m = Manager {
+        let m = Manager {
             dir,
             systemd: Some(ChildGuard(child)),
             cgroup_parent,
