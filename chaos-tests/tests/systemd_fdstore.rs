@@ -154,6 +154,7 @@ impl Fixture {
             .args(["--socket", s(&self.socket)])
             .args(["--cgroup-parent", &self.cgroup_parent])
             .arg("--keep-mounts-on-exit")
+            .args(["--metrics-listen", &self.metrics_addr()])
             .env("NOTIFY_SOCKET", self.path("notify"))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -174,6 +175,19 @@ impl Fixture {
             }
         }
         self.supervisor = Some(ChildGuard(command.spawn().unwrap()));
+    }
+
+    /// A loopback port of this test process (fixed for both supervisors).
+    fn metrics_addr(&self) -> String {
+        format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000)
+    }
+
+    fn metrics(&self) -> String {
+        let mut stream = std::net::TcpStream::connect(self.metrics_addr()).unwrap();
+        std::io::Write::write_all(&mut stream, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut out).unwrap();
+        out
     }
 
     fn fsctl(&self, args: &[&str]) -> Output {
@@ -349,6 +363,15 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     assert_eq!(status["mount_id"], id.as_str());
     assert_ne!(status["pid"].as_i64(), Some(old_pid));
     assert!(!pid_alive(old_pid), "the previous generation still runs");
+    let metrics = fx.metrics();
+    let generation = format!(
+        "baton_mount_generation{{mount=\"{id}\",mountpoint=\"{}\",volume=\"vol\"}} 2",
+        s(&fx.mnt)
+    );
+    assert!(
+        metrics.lines().any(|l| l == generation),
+        "{generation} not in:\n{metrics}"
+    );
     let logs = fx.logs();
     assert!(logs.contains("adopted a live mount"), "{logs}");
     // Both supervisors log to the same file: only the first mounted.

@@ -32,6 +32,7 @@ use crate::cgroup;
 use crate::control;
 use crate::executor::{Env, Mount, NewMount};
 use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
+use crate::metrics;
 use crate::mounting::{self, invalid};
 use crate::preflight;
 use crate::state_file::StateDir;
@@ -72,6 +73,8 @@ pub struct Config {
     /// On SIGTERM/SIGINT, exit without unmounting: generations keep
     /// serving and the next supervisor adopts the mounts (systemd fd store).
     pub keep_mounts_on_exit: bool,
+    /// Serve /metrics and the status page here (loopback only).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// What the socket threads and helpers send to the loop.
@@ -124,6 +127,7 @@ struct Daemon {
     shutting_down: bool,
     systemd: Notifier,
     keep_mounts_on_exit: bool,
+    metrics: metrics::Snapshot,
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT.
@@ -145,6 +149,14 @@ pub fn run(config: Config) -> Result<(), Error> {
         tx,
         eventfd: Arc::new(eventfd),
     };
+    let snapshot = metrics::Snapshot::default();
+    if let Some(addr) = config.metrics_listen {
+        metrics::serve(addr, snapshot.clone()).map_err(|source| Error::Io {
+            op: "serving metrics on (--metrics-listen)",
+            path: PathBuf::from(addr.to_string()),
+            source,
+        })?;
+    }
     let listener = control::bind(&config.socket)?;
     let forward = waker.clone();
     control::serve(
@@ -178,9 +190,10 @@ pub fn run(config: Config) -> Result<(), Error> {
         shutting_down: false,
         systemd: notifier,
         keep_mounts_on_exit: config.keep_mounts_on_exit,
+        metrics: snapshot,
     };
     daemon.restore_mounts(stored_fds);
-    let status = daemon.status_line();
+    let status = status_line(&daemon.statuses());
     daemon.systemd.ready(&status);
     let result = daemon.run_loop();
     daemon.systemd.stopping();
@@ -190,6 +203,21 @@ pub fn run(config: Config) -> Result<(), Error> {
         let _ = std::fs::remove_dir(parent.dir());
     }
     result
+}
+
+/// One line for systemd's STATUS=: mounts by state and restarts. Pure.
+fn status_line(statuses: &[upgrade_protocol::MountStatus]) -> String {
+    let serving = statuses.iter().filter(|m| m.state == "serving").count();
+    let gave_up = statuses.iter().filter(|m| m.gave_up).count();
+    let restarts: u64 = statuses
+        .iter()
+        .map(|m| m.restarts.exit + m.restarts.signal + m.restarts.oom)
+        .sum();
+    format!(
+        "{} mounts: {serving} serving, {} recovering or starting, {gave_up} gave up; {restarts} generation restarts",
+        statuses.len(),
+        statuses.len() - serving - gave_up
+    )
 }
 
 /// Blocks SIGTERM/SIGINT (before any thread exists, so every thread
@@ -273,8 +301,7 @@ impl Daemon {
                 self.on_ready(token);
             }
             self.fire_timers();
-            let status = self.status_line();
-            self.systemd.status(&status);
+            self.publish();
         }
     }
 
@@ -466,31 +493,15 @@ impl Daemon {
         }
     }
 
-    /// One line for systemd's STATUS=: mounts by state and restarts.
-    fn status_line(&self) -> String {
-        let serving = self
-            .mounts
-            .iter()
-            .filter(|m| m.state.name() == "serving")
-            .count();
-        let gave_up = self
-            .mounts
-            .iter()
-            .filter(|m| m.state.name() == "gave_up")
-            .count();
-        let restarts: u64 = self
-            .mounts
-            .iter()
-            .map(|m| {
-                let r = m.status().restarts;
-                r.exit + r.signal + r.oom
-            })
-            .sum();
-        format!(
-            "{} mounts: {serving} serving, {} recovering or starting, {gave_up} gave up; {restarts} generation restarts",
-            self.mounts.len(),
-            self.mounts.len() - serving - gave_up
-        )
+    fn statuses(&self) -> Vec<upgrade_protocol::MountStatus> {
+        self.mounts.iter().map(Mount::status).collect()
+    }
+
+    /// After each turn: systemd's STATUS= line and the metrics snapshot.
+    fn publish(&mut self) {
+        let statuses = self.statuses();
+        self.systemd.status(&status_line(&statuses));
+        self.metrics.publish(statuses);
     }
 
     fn fire_timers(&mut self) {

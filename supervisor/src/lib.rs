@@ -18,6 +18,7 @@
 //! - [`state_file`]: the per-mount JSON record in the state directory;
 //!   [`restore`](daemon): mounts restored from it at start.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
+//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback.
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
 //!
 //! # Invariants
@@ -33,6 +34,7 @@ pub mod error;
 pub mod executor;
 pub mod generation;
 pub mod lifecycle;
+pub mod metrics;
 pub mod mounting;
 pub mod preflight;
 pub mod size;

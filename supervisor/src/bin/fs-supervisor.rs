@@ -48,6 +48,10 @@ struct Cli {
     /// systemd's fd store (the systemd unit sets this).
     #[arg(long)]
     keep_mounts_on_exit: bool,
+    /// Serve Prometheus metrics (/metrics) and a status page (/) on this
+    /// loopback address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn main() -> ExitCode {
@@ -79,6 +83,7 @@ fn run() -> anyhow::Result<ExitCode> {
         cgroup_root: PathBuf::from(supervisor::cgroup::CGROUP_FS_ROOT),
         sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
         keep_mounts_on_exit: cli.keep_mounts_on_exit,
+        metrics_listen: cli.metrics_listen,
     };
     supervisor::daemon::run(config)?;
     Ok(ExitCode::SUCCESS)
