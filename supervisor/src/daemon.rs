@@ -33,6 +33,7 @@ use crate::control;
 use crate::executor::{Env, Mount, NewMount};
 use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
 use crate::metrics;
+use crate::mount_events;
 use crate::mounting::{self, invalid};
 use crate::preflight;
 use crate::state_file::StateDir;
@@ -75,6 +76,9 @@ pub struct Config {
     pub keep_mounts_on_exit: bool,
     /// Serve /metrics and the status page here (loopback only).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Publish Kubernetes Events and a status ConfigMap (feature
+    /// `kubernetes`; an error without it).
+    pub kubernetes: bool,
 }
 
 /// What the socket threads and helpers send to the loop.
@@ -128,6 +132,9 @@ struct Daemon {
     systemd: Notifier,
     keep_mounts_on_exit: bool,
     metrics: metrics::Snapshot,
+    previous: Vec<upgrade_protocol::MountStatus>,
+    #[cfg(feature = "kubernetes")]
+    kubernetes: Option<crate::kubernetes::client::Publisher>,
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT.
@@ -157,6 +164,23 @@ pub fn run(config: Config) -> Result<(), Error> {
             source,
         })?;
     }
+    #[cfg(not(feature = "kubernetes"))]
+    if config.kubernetes {
+        return Err(Error::Kubernetes(
+            "this fs-supervisor was built without the `kubernetes` feature; build it with `cargo build -p supervisor --features kubernetes`".into(),
+        ));
+    }
+    #[cfg(feature = "kubernetes")]
+    let kubernetes = match config.kubernetes {
+        true => {
+            let node = crate::kubernetes::Node::from_env().map_err(Error::Kubernetes)?;
+            tracing::info!(node = node.name, namespace = node.namespace, "kubernetes");
+            let publisher = crate::kubernetes::client::start(node)
+                .map_err(|err| Error::Kubernetes(format!("cannot start its thread: {err}")))?;
+            Some(publisher)
+        }
+        false => None,
+    };
     let listener = control::bind(&config.socket)?;
     let forward = waker.clone();
     control::serve(
@@ -191,6 +215,9 @@ pub fn run(config: Config) -> Result<(), Error> {
         systemd: notifier,
         keep_mounts_on_exit: config.keep_mounts_on_exit,
         metrics: snapshot,
+        previous: Vec::new(),
+        #[cfg(feature = "kubernetes")]
+        kubernetes,
     };
     daemon.restore_mounts(stored_fds);
     let status = status_line(&daemon.statuses());
@@ -497,11 +524,24 @@ impl Daemon {
         self.mounts.iter().map(Mount::status).collect()
     }
 
-    /// After each turn: systemd's STATUS= line and the metrics snapshot.
+    /// After each turn: systemd's STATUS= line, the metrics snapshot, and
+    /// the mount events since the last turn (logged; Kubernetes Events).
     fn publish(&mut self) {
         let statuses = self.statuses();
         self.systemd.status(&status_line(&statuses));
-        self.metrics.publish(statuses);
+        let events = mount_events::diff(&self.previous, &statuses);
+        for event in &events {
+            tracing::info!(mount = %event.mount_id, generation = event.generation, reason = event.kind.reason(), "{}", event.message);
+        }
+        #[cfg(feature = "kubernetes")]
+        if let Some(kubernetes) = &self.kubernetes {
+            kubernetes.events(events);
+            kubernetes.status(statuses.clone());
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        drop(events);
+        self.metrics.publish(statuses.clone());
+        self.previous = statuses;
     }
 
     fn fire_timers(&mut self) {

@@ -18,7 +18,9 @@
 //! - [`state_file`]: the per-mount JSON record in the state directory;
 //!   [`restore`](daemon): mounts restored from it at start.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
-//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback.
+//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
+//!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
+//!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
 //!
 //! # Invariants
@@ -33,8 +35,11 @@ pub mod daemon;
 pub mod error;
 pub mod executor;
 pub mod generation;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod lifecycle;
 pub mod metrics;
+pub mod mount_events;
 pub mod mounting;
 pub mod preflight;
 pub mod size;

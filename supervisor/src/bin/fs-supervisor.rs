@@ -52,6 +52,11 @@ struct Cli {
     /// loopback address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Publish Kubernetes Events on pods using a mount and a per-node
+    /// status ConfigMap; needs NODE_NAME (downward API) and the
+    /// `kubernetes` cargo feature.
+    #[arg(long)]
+    kubernetes: bool,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +89,7 @@ fn run() -> anyhow::Result<ExitCode> {
         sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
         keep_mounts_on_exit: cli.keep_mounts_on_exit,
         metrics_listen: cli.metrics_listen,
+        kubernetes: cli.kubernetes,
     };
     supervisor::daemon::run(config)?;
     Ok(ExitCode::SUCCESS)
