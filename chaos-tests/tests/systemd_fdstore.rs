@@ -27,6 +27,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(30);
+static FIXTURES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn binary(name: &str) -> PathBuf {
     let path = workspace_binary(name);
@@ -96,6 +97,8 @@ struct Fixture {
     mnt: PathBuf,
     socket: PathBuf,
     cgroup_parent: String,
+    /// Distinct per fixture (tests run in parallel).
+    index: u32,
     systemd: UnixDatagram,
     supervisor: Option<ChildGuard>,
     guard: Option<MountGuard>,
@@ -103,6 +106,7 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Fixture {
+        let index = FIXTURES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("base");
         let mnt = dir.path().join("mnt");
@@ -120,7 +124,8 @@ impl Fixture {
         systemd.set_read_timeout(Some(DEADLINE)).unwrap();
         Fixture {
             socket: dir.path().join("supervisor.sock"),
-            cgroup_parent: format!("baton-test-sd-{}", std::process::id()),
+            index,
+            cgroup_parent: format!("baton-test-sd-{}-{index}", std::process::id()),
             dir,
             base,
             mnt,
@@ -179,7 +184,10 @@ impl Fixture {
 
     /// A loopback port of this test process (fixed for both supervisors).
     fn metrics_addr(&self) -> String {
-        format!("127.0.0.1:{}", 20_000 + std::process::id() % 20_000)
+        format!(
+            "127.0.0.1:{}",
+            20_000 + (std::process::id() * 8 + self.index) % 20_000
+        )
     }
 
     fn metrics(&self) -> String {
@@ -274,6 +282,58 @@ impl Drop for Fixture {
     }
 }
 
+impl Fixture {
+    /// A reader of `data` on the mount (checked content, and `ls`) in a
+    /// child process, until `finish_reader`.
+    fn start_reader(&self) -> ChildGuard {
+        let m = s(&self.mnt).to_string();
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("seq 1 20000 > {m}/data && sync {m}/data"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ChildGuard(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "n=0; want=$(seq 1 20000 | md5sum); while [ ! -e {stop} ]; do \
+                     got=$(md5sum < {m}/data) || {{ echo \"error: read $n failed\"; exit 1; }}; \
+                     [ \"$got\" = \"$want\" ] || {{ echo \"error: read $n differs\"; exit 1; }}; \
+                     ls {m} > /dev/null || {{ echo \"error: ls $n failed\"; exit 1; }}; \
+                     n=$((n+1)); done; echo reads=$n",
+                    stop = s(&self.path("reader.stop"))
+                ))
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Stops the reader; it must have read and seen no error.
+    fn finish_reader(&self, reader: &mut ChildGuard) {
+        std::fs::write(self.path("reader.stop"), b"").unwrap();
+        let status = reader.wait_timeout(DEADLINE).expect("the reader finished");
+        let mut out = String::new();
+        std::io::Read::read_to_string(reader.0.stdout.as_mut().unwrap(), &mut out).unwrap();
+        assert!(
+            status.success(),
+            "the reader saw an error across the restart: {out}\n{}",
+            self.logs()
+        );
+        let reads: u64 = out
+            .trim()
+            .strip_prefix("reads=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(reads > 0, "the reader did not read: {out}");
+    }
+}
+
 fn pid_alive(pid: i64) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|stat| !stat.contains(") Z "))
@@ -316,33 +376,7 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     assert!(record.contains("\"persistent\": true"), "{record}");
 
     // A reader on the mount for the whole restart.
-    let m = s(&fx.mnt).to_string();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!("seq 1 20000 > {m}/data && sync {m}/data"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stop = fx.path("reader.stop");
-    let mut reader = ChildGuard(
-        Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "n=0; want=$(seq 1 20000 | md5sum); while [ ! -e {stop} ]; do \
-                 got=$(md5sum < {m}/data) || {{ echo \"error: read $n failed\"; exit 1; }}; \
-                 [ \"$got\" = \"$want\" ] || {{ echo \"error: read $n differs\"; exit 1; }}; \
-                 ls {m} > /dev/null || {{ echo \"error: ls $n failed\"; exit 1; }}; \
-                 n=$((n+1)); done; echo reads=$n",
-                stop = s(&stop)
-            ))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut reader = fx.start_reader();
     std::thread::sleep(Duration::from_millis(300));
 
     let old_pid = status["pid"].as_i64().unwrap();
@@ -384,22 +418,9 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     assert_eq!(restored, format!("FDSTORE=1\nFDNAME={id}\nFDPOLL=0"));
     assert_eq!(fds.len(), 1);
 
+    assert!(!logs.contains("copied the /dev/fuse fd"), "{logs}");
     std::thread::sleep(Duration::from_millis(300));
-    std::fs::write(&stop, b"").unwrap();
-    let status = reader.wait_timeout(DEADLINE).expect("the reader finished");
-    let mut out = String::new();
-    std::io::Read::read_to_string(reader.0.stdout.as_mut().unwrap(), &mut out).unwrap();
-    assert!(
-        status.success(),
-        "the reader saw an error across the restart: {out}\n{}",
-        fx.logs()
-    );
-    let reads: u64 = out
-        .trim()
-        .strip_prefix("reads=")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(reads > 0, "the reader did not read: {out}");
+    fx.finish_reader(&mut reader);
 
     let out = fx.fsctl(&["umount", s(&fx.mnt)]);
     assert!(
@@ -410,4 +431,51 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     let (removed, _) = receive_until(&fx.systemd, "FDSTOREREMOVE=1", &mut seen);
     assert_eq!(removed, format!("FDSTOREREMOVE=1\nFDNAME={id}"));
     assert!(!fx.path(&format!("state/mounts/{id}.json")).exists());
+}
+
+#[test]
+fn without_the_fd_store_a_restarted_supervisor_copies_the_fd_from_the_live_generation() {
+    // As after `systemctl stop` + `start` on systemd 252 (the store is
+    // emptied on stop) or a supervisor restarted by hand; not persistent,
+    // so only the live mount keeps it from being dropped.
+    let mut fx = Fixture::new();
+    let mut seen = Vec::new();
+    fx.start_supervisor(None);
+    receive_until(&fx.systemd, "READY=1", &mut seen);
+    let out = fx.fsctl(&["mount", "vol", s(&fx.mnt), "--base-dir", s(&fx.base)]);
+    assert!(
+        out.status.success(),
+        "mount: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        fx.logs()
+    );
+    fx.guard = Some(MountGuard::new(&fx.mnt));
+    let status = fx.wait_serving(1);
+    let old_pid = status["pid"].as_i64().unwrap();
+    let mut reader = fx.start_reader();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut supervisor = fx.supervisor.take().unwrap();
+    kill(supervisor.pid(), Signal::SIGKILL).unwrap();
+    supervisor.wait_timeout(DEADLINE).unwrap();
+    fx.start_supervisor(None);
+    let (ready, _) = receive_until(&fx.systemd, "READY=1", &mut seen);
+    assert!(ready.contains("1 mounts"), "{ready}\n{}", fx.logs());
+    let status = fx.wait_serving(2);
+    assert_ne!(status["pid"].as_i64(), Some(old_pid));
+    assert!(!pid_alive(old_pid), "the previous generation still runs");
+    let logs = fx.logs();
+    assert!(
+        logs.contains("copied the /dev/fuse fd from the previous generation"),
+        "{logs}"
+    );
+    assert_eq!(logs.matches("mounted and initialized").count(), 1, "{logs}");
+    std::thread::sleep(Duration::from_millis(300));
+    fx.finish_reader(&mut reader);
+    let out = fx.fsctl(&["umount", s(&fx.mnt)]);
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -6,7 +6,9 @@
 //! returns once READY=1 came; the mount's /dev/fuse fd is in the fd store;
 //! after a kill -9 of the service, systemd restarts it with the fd, the new
 //! supervisor adopts the mount and a reader on it the whole time sees no
-//! error; `fsctl umount` empties the store.
+//! error; after `systemctl stop` + `start` (the store is emptied on stop)
+//! the fd is copied from the still-serving generation; `fsctl umount`
+//! empties the store.
 //!
 //! Needs root, /dev/fuse, systemd (Debian package `systemd`), unshare and
 //! nsenter (util-linux); build the binaries first (`cargo build --workspace`).
@@ -342,6 +344,26 @@ fn the_shipped_unit_keeps_the_fuse_fd_across_a_kill_9_and_a_reader_sees_no_error
     );
     assert_eq!(m.property("NFileDescriptorStore"), "1");
 
+    assert!(!logs.contains("copied the /dev/fuse fd"), "{logs}");
+    std::thread::sleep(Duration::from_millis(300));
+
+    // `systemctl stop` empties the fd store (systemd 252) but leaves the
+    // generation serving (KillMode=process, --keep-mounts-on-exit); the
+    // next start copies the fd from that generation (pidfd_getfd, under
+    // the unit's hardening) and adopts the mount again.
+    let serving_pid = m.status()["pid"].as_i64().unwrap();
+    m.systemctl(&["stop", UNIT]);
+    assert_eq!(m.property("NFileDescriptorStore"), "0");
+    m.systemctl(&["start", UNIT]);
+    let status = m.wait_serving(3);
+    assert_ne!(status["pid"].as_i64(), Some(serving_pid));
+    let logs = m.logs();
+    assert!(
+        logs.contains("copied the /dev/fuse fd from the previous generation"),
+        "{logs}"
+    );
+    assert_eq!(logs.matches("mounted and initialized").count(), 1, "{logs}");
+    assert_eq!(m.property("NFileDescriptorStore"), "1");
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&stop, b"").unwrap();
     let exit = reader.wait_timeout(DEADLINE).expect("the reader finished");

@@ -2,15 +2,22 @@
 //! /dev/fuse fds systemd kept in its fd store (matched by mount id):
 //!
 //! ```text
-//! record               stored fd   mount live (same connection)   what happens
-//! ------------------   ---------   ----------------------------   ---------------------------------
-//! any                  yes         yes                            adopt: the previous generation is
-//!                                                                 killed and waited for (pidfd), then
-//!                                                                 a new one starts with RESEND
-//! persistent           no / stale  no                             mounted again (reboot)
-//! persistent           no          yes                            kept, error: no fd to adopt
-//! not persistent       no / stale  any                            record removed, logged
+//! record           stored fd   mount live (same connection)   what happens
+//! --------------   ---------   ----------------------------   -------------------------------------
+//! any              yes         yes                            adopt: the previous generation is
+//!                                                             killed and waited for (pidfd), then
+//!                                                             a new one starts with RESEND
+//! any              no          yes, its generation alive      the fd is copied from that generation
+//!                                                             (pidfd_getfd), then adopted as above
+//! persistent       no / stale  no                             mounted again (reboot)
+//! persistent       no          yes, no generation             kept, error: no fd to adopt
+//! not persistent   no          yes, no generation             record removed, logged
+//! not persistent   no / stale  no                             record removed, logged
 //! ```
+//!
+//! The copy from a live generation covers a supervisor restarted outside
+//! systemd, and `systemctl stop` + `start` (systemd 252 empties the fd
+//! store on stop, while KillMode=process leaves the generations serving).
 //!
 //! Adopting never mounts or answers INIT again: the record holds the
 //! `NegotiatedInit`. RESEND re-queues every unanswered request of the
@@ -47,8 +54,9 @@ pub enum Plan {
     Remove(&'static str),
 }
 
-/// The decision for `record`, given whether systemd gave back its fd and
-/// which FUSE connection is mounted at its mountpoint now. Pure.
+/// The decision for `record`, given whether systemd gave back its fd (or
+/// the previous generation still holds one), and which FUSE connection is
+/// mounted at its mountpoint now. Pure.
 pub fn plan(record: &MountRecord, has_fd: bool, mounted_connection: Option<u32>) -> Plan {
     let live = mounted_connection == Some(record.connection_id);
     match (has_fd && live, record.persistent, live) {
@@ -102,11 +110,7 @@ pub fn stop_previous_generation(pid: u32, socket: &Path) -> Result<(), String> {
         Err(errno) => return Err(format!("pidfd_open({pid}): {errno}")),
     };
     // Read after pidfd_open: the pidfd pins this process, not a later one.
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let ours = cmdline
-        .split(|b| *b == 0)
-        .any(|arg| arg == socket.as_os_str().as_encoded_bytes());
-    if !ours {
+    if !is_generation_of(pid, socket) {
         tracing::debug!(
             pid,
             "the recorded generation pid is another process now; left alone"
@@ -145,6 +149,51 @@ pub fn stop_previous_generation(pid: u32, socket: &Path) -> Result<(), String> {
             Err(errno) => return Err(format!("waiting for generation pid {pid}: {errno}")),
         }
     }
+}
+
+/// Copies the /dev/fuse fd out of the previous supervisor's generation
+/// `pid` of the mount whose socket is `socket` (pidfd_getfd; the copy is
+/// close-on-exec). `None` when that process is gone, is not that
+/// generation, or holds no single /dev/fuse fd.
+pub fn fd_from_previous_generation(pid: u32, socket: &Path) -> Result<Option<OwnedFd>, String> {
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ESRCH) => return Ok(None),
+        Err(errno) => return Err(format!("pidfd_open({pid}): {errno}")),
+    };
+    if !is_generation_of(pid, socket) {
+        return Ok(None);
+    }
+    let fuse: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|err| format!("listing the fds of generation pid {pid}: {err}"))?
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == Path::new("/dev/fuse")))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let [target] = fuse[..] else {
+        tracing::warn!(pid, fds = ?fuse, "the previous generation holds no single /dev/fuse fd");
+        return Ok(None);
+    };
+    // SAFETY: pidfd_getfd(pidfd, targetfd, flags=0) returns a new
+    // close-on-exec fd referring to the same open file, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if fd < 0 {
+        let errno = nix::errno::Errno::last();
+        return Err(format!(
+            "pidfd_getfd(generation pid {pid}, fd {target}): {errno}"
+        ));
+    }
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// Whether `pid` runs `fsclient serve --connect SOCKET` (read after the
+/// caller opened a pidfd, so the pid cannot be reused meanwhile).
+fn is_generation_of(pid: u32, socket: &Path) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == socket.as_os_str().as_encoded_bytes())
 }
 
 /// Kills whatever is left in the previous supervisor's cgroups of mount
@@ -199,8 +248,12 @@ impl Daemon {
                     continue;
                 }
             };
-            let fd = stored.remove(&record.mount_id);
             let live = mounted_connection(&record.mountpoint);
+            let fd = match stored.remove(&record.mount_id) {
+                Some(fd) => Some(fd),
+                None if live == Some(record.connection_id) => self.fd_from_generation(&record),
+                None => None,
+            };
             let plan = plan(&record, fd.is_some(), live);
             tracing::info!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), persistent = record.persistent, stored_fd = fd.is_some(), ?live, ?plan, "restoring");
             match (plan, fd) {
@@ -232,6 +285,22 @@ impl Daemon {
                 "systemd kept a fd no state record claims; closed and removed from the store"
             );
             self.systemd.remove_fd(&name);
+        }
+    }
+
+    fn fd_from_generation(&self, record: &MountRecord) -> Option<OwnedFd> {
+        let pid = record.pid?;
+        let socket = self.env.state.socket_path(&record.mount_id);
+        match fd_from_previous_generation(pid, &socket) {
+            Ok(Some(fd)) => {
+                tracing::info!(mount = %record.mount_id, pid, "no stored fd: copied the /dev/fuse fd from the previous generation");
+                Some(fd)
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(mount = %record.mount_id, pid, err, "cannot copy the fd from the previous generation");
+                None
+            }
         }
     }
 
@@ -303,7 +372,7 @@ impl Daemon {
         if let Some(channel) = &self.mounts[index].channel {
             self.systemd.store_fd(&id, channel.fd());
         }
-        tracing::info!(mount = %id, mountpoint = %record.mountpoint.display(), previous_generation = record.generation, "adopted a live mount from systemd's fd store");
+        tracing::info!(mount = %id, mountpoint = %record.mountpoint.display(), previous_generation = record.generation, "adopted a live mount");
     }
 }
 
