@@ -161,6 +161,8 @@ impl Fixture {
             .arg("--keep-mounts-on-exit")
             .args(["--metrics-listen", &self.metrics_addr()])
             .env("NOTIFY_SOCKET", self.path("notify"))
+            // Pings every 100 ms (half of it), checked below.
+            .env("WATCHDOG_USEC", "200000")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stderr(log);
@@ -347,6 +349,15 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     fx.start_supervisor(None);
     let (ready, _) = receive_until(&fx.systemd, "READY=1", &mut seen);
     assert!(ready.contains("STATUS=0 mounts"), "{ready}");
+    // The idle loop still pings the watchdog (at half of WATCHDOG_USEC).
+    let started = Instant::now();
+    receive_until(&fx.systemd, "WATCHDOG=1", &mut seen);
+    receive_until(&fx.systemd, "WATCHDOG=1", &mut seen);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 
     let out = fx.fsctl(&[
         "mount",
