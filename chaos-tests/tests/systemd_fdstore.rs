@@ -490,3 +490,103 @@ fn without_the_fd_store_a_restarted_supervisor_copies_the_fd_from_the_live_gener
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Every mount in `fsctl status --json`.
+fn all_mounts(fx: &Fixture) -> Vec<Value> {
+    let out = fx.fsctl(&["status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["mounts"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn after_a_reboot_persistent_mounts_are_mounted_again_and_the_others_dropped() {
+    let mut fx = Fixture::new();
+    let mut pending = Vec::new();
+    fx.start_supervisor(None);
+    receive_until(&fx.systemd, "READY=1", &mut pending);
+    let out = Command::new(binary("fsctl"))
+        .args(["format", "vol2", "--base-dir", s(&fx.base)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mnt2 = fx.path("mnt2");
+    std::fs::create_dir(&mnt2).unwrap();
+    let base = s(&fx.base).to_string();
+    for args in [
+        vec!["mount", "--persist", "vol", s(&fx.mnt), "--base-dir", &base],
+        vec!["mount", "vol2", s(&mnt2), "--base-dir", &base],
+    ] {
+        let out = fx.fsctl(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            fx.logs()
+        );
+    }
+    let guard2 = MountGuard::new(&mnt2);
+    fx.guard = Some(MountGuard::new(&fx.mnt));
+    assert!(wait_until(DEADLINE, || {
+        let mounts = all_mounts(&fx);
+        mounts.len() == 2 && mounts.iter().all(|m| m["state"] == "serving")
+    }));
+    let m = s(&fx.mnt).to_string();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo kept > {m}/file && sync {m}/file"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // "Reboot": the supervisor, its generations and both mounts are gone;
+    // only the state directory (and the volumes) remain.
+    let mut supervisor = fx.supervisor.take().unwrap();
+    kill(supervisor.pid(), Signal::SIGKILL).unwrap();
+    supervisor.wait_timeout(DEADLINE).unwrap();
+    fx.kill_cgroup_leftovers();
+    drop(fx.guard.take());
+    drop(guard2);
+    assert!(fuse_wire::connection_id(&fx.mnt).is_err() && fuse_wire::connection_id(&mnt2).is_err());
+
+    fx.start_supervisor(None);
+    fx.guard = Some(MountGuard::new(&fx.mnt));
+    let (ready, _) = receive_until(&fx.systemd, "READY=1", &mut pending);
+    assert!(ready.contains("STATUS=1 mounts"), "{ready}\n{}", fx.logs());
+    let status = fx.wait_serving(1);
+    assert_eq!(status["mountpoint"], s(&fx.mnt));
+    assert_eq!(all_mounts(&fx).len(), 1);
+    let logs = fx.logs();
+    assert!(
+        logs.contains("state record removed: not mounted any more and not persistent"),
+        "{logs}"
+    );
+    let records: Vec<_> = std::fs::read_dir(fx.path("state/mounts"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let out = Command::new("cat")
+        .arg(fx.mnt.join("file"))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "kept\n");
+    let out = fx.fsctl(&["umount", s(&fx.mnt)]);
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

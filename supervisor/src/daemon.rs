@@ -81,6 +81,14 @@ pub struct Config {
     pub kubernetes: bool,
 }
 
+/// How `Daemon::mount` makes a mount.
+struct MountHow<'a> {
+    /// `fsctl mount --persist`.
+    persist: bool,
+    /// Made again at start from this persistent record.
+    restored: Option<&'a upgrade_protocol::MountRecord>,
+}
+
 /// What the socket threads and helpers send to the loop.
 enum Command {
     Control {
@@ -603,14 +611,11 @@ impl Daemon {
                     let _ = reply.send(shutting_down_reply());
                     return;
                 }
-                match self.mount(
-                    volume,
-                    &mountpoint,
-                    base_dir,
-                    options,
-                    reply.clone(),
+                let how = MountHow {
                     persist,
-                ) {
+                    restored: None,
+                };
+                match self.mount(volume, &mountpoint, base_dir, options, reply.clone(), how) {
                     Ok(()) => {}
                     Err(refusal) => {
                         let _ = reply.send(refusal);
@@ -627,7 +632,7 @@ impl Daemon {
         base_dir: PathBuf,
         options: upgrade_protocol::ClientOptions,
         reply: Sender<Reply>,
-        persist: bool,
+        how: MountHow<'_>,
     ) -> Result<(), Reply> {
         let mountpoint = self.validate(&volume, mountpoint, &base_dir)?;
         let id = mounting::mount_id(&mountpoint);
@@ -683,7 +688,7 @@ impl Daemon {
             log,
         };
         let mut mount = Mount::new(parts, reply);
-        mount.persistent = persist;
+        mount.persistent = how.persist;
         mount.write_record(&self.env);
         if let Some(channel) = &mount.channel {
             self.systemd.store_fd(&mount.id, channel.fd());
@@ -691,7 +696,12 @@ impl Daemon {
         self.mounts.push(mount);
         let index = self.mounts.len() - 1;
         let start_unmount = unmounter(self.waker.clone());
-        self.mounts[index].start(&self.env, &start_unmount);
+        match how.restored {
+            // A persistent mount made again at start: a failing generation
+            // backs off and retries instead of removing mount and record.
+            Some(record) => self.mounts[index].resume(&self.env, record, &start_unmount),
+            None => self.mounts[index].start(&self.env, &start_unmount),
+        }
         Ok(())
     }
 

@@ -16,7 +16,7 @@
 //! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
 //!   a mount during a handover.
 //! - [`state_file`]: the per-mount JSON record in the state directory;
-//!   [`restore`](daemon): mounts restored from it at start.
+//!   [`daemon::restore`]: mounts restored from it at start.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
 //! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
 //!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;

@@ -19,6 +19,10 @@
 //! systemd, and `systemctl stop` + `start` (systemd 252 empties the fd
 //! store on stop, while KillMode=process leaves the generations serving).
 //!
+//! A persistent mount made again starts like a restart: a generation that
+//! fails backs off and retries (as `--give-up-after` allows) instead of
+//! removing the mount and its record.
+//!
 //! Adopting never mounts or answers INIT again: the record holds the
 //! `NegotiatedInit`. RESEND re-queues every unanswered request of the
 //! connection, so the previous generation must be dead first, or requests
@@ -312,7 +316,10 @@ impl Daemon {
             record.base_dir.clone(),
             record.options.clone(),
             reply,
-            true,
+            super::MountHow {
+                persist: true,
+                restored: Some(&record),
+            },
         );
         if let Err(refusal) = result {
             tracing::error!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), ?refusal, "cannot mount a persistent mount again; the record stays: fix the cause and restart fs-supervisor");
