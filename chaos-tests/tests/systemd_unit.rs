@@ -322,6 +322,7 @@ fn the_shipped_unit_keeps_the_fuse_fd_across_a_kill_9_and_a_reader_sees_no_error
 
     let main_pid: i32 = m.property("MainPID").parse().unwrap();
     let old_generation = status["pid"].as_i64().unwrap();
+    let killed = Instant::now();
     kill(Pid::from_raw(main_pid), Signal::SIGKILL).unwrap();
     assert!(
         wait_until(DEADLINE, || {
@@ -334,6 +335,10 @@ fn the_shipped_unit_keeps_the_fuse_fd_across_a_kill_9_and_a_reader_sees_no_error
         m.logs()
     );
     let status = m.wait_serving(2);
+    eprintln!(
+        "kill -9 of the service to generation 2 serving: {:?} (RestartSec=100ms)",
+        killed.elapsed()
+    );
     assert_ne!(status["pid"].as_i64(), Some(old_generation));
     let logs = m.logs();
     assert!(logs.contains("adopted a live mount"), "{logs}");
@@ -364,6 +369,21 @@ fn the_shipped_unit_keeps_the_fuse_fd_across_a_kill_9_and_a_reader_sees_no_error
     );
     assert_eq!(logs.matches("mounted and initialized").count(), 1, "{logs}");
     assert_eq!(m.property("NFileDescriptorStore"), "1");
+
+    // `systemctl restart`: SIGTERM, then a new supervisor adopts again.
+    let copies = m.logs().matches("copied the /dev/fuse fd").count();
+    m.systemctl(&["restart", UNIT]);
+    m.wait_serving(4);
+    let copied = m.logs().matches("copied the /dev/fuse fd").count() > copies;
+    eprintln!(
+        "systemctl restart: fd {}",
+        if copied {
+            "copied from the generation"
+        } else {
+            "from the fd store"
+        }
+    );
+    assert_eq!(m.logs().matches("mounted and initialized").count(), 1);
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&stop, b"").unwrap();
     let exit = reader.wait_timeout(DEADLINE).expect("the reader finished");
