@@ -170,11 +170,18 @@ impl Fixture {
         if let Some((name, fd)) = stored {
             command.env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", name);
             let raw = fd.as_raw_fd();
-            // SAFETY: between fork and exec only dup2 (async-signal-safe);
-            // dup2 clears close-on-exec on fd 3.
+            // SAFETY: between fork and exec only dup2 and fcntl
+            // (async-signal-safe). dup2 onto another number clears
+            // close-on-exec; when the fd already is 3, dup2 does nothing, so
+            // close-on-exec is cleared by hand.
             unsafe {
                 command.pre_exec(move || {
-                    if libc::dup2(raw, 3) < 0 {
+                    let done = if raw == 3 {
+                        libc::fcntl(3, libc::F_SETFD, 0)
+                    } else {
+                        libc::dup2(raw, 3)
+                    };
+                    if done < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
                     Ok(())

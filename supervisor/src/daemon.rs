@@ -148,11 +148,13 @@ struct Daemon {
 /// Runs the supervisor until SIGTERM/SIGINT.
 pub fn run(config: Config) -> Result<(), Error> {
     // Before any thread exists: both read and unset environment variables.
-    let notifier = Notifier::from_env();
+    // The passed fds first, before anything else opens an fd: if one of
+    // them is missing, its number must not be taken by our own socket.
     let stored_fds = systemd::take_listen_fds().unwrap_or_else(|err| {
         tracing::error!(%err, "ignoring the fds systemd passed");
         Default::default()
     });
+    let notifier = Notifier::from_env();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
     let cgroups = setup_cgroups(&config)?;

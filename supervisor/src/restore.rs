@@ -104,6 +104,12 @@ fn pidfd_open(pid: u32) -> Result<OwnedFd, nix::errno::Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Whether `fd` is an open /dev/fuse (what the fd store must hold).
+pub fn is_dev_fuse(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|target| target == Path::new("/dev/fuse"))
+}
+
 /// Kills the previous supervisor's generation `pid` of the mount whose
 /// socket is `socket` (checked on its command line, so a reused pid is left
 /// alone) and waits through a pidfd until it has exited.
@@ -254,6 +260,11 @@ impl Daemon {
             };
             let live = mounted_connection(&record.mountpoint);
             let fd = match stored.remove(&record.mount_id) {
+                Some(fd) if !is_dev_fuse(&fd) => {
+                    tracing::error!(mount = %record.mount_id, "the fd passed under this mount's name is not /dev/fuse; closed");
+                    self.systemd.remove_fd(&record.mount_id);
+                    None
+                }
                 Some(fd) => Some(fd),
                 None if live == Some(record.connection_id) => self.fd_from_generation(&record),
                 None => None,
@@ -476,6 +487,14 @@ mod tests {
             std::os::unix::process::ExitStatusExt::signal(&status),
             Some(libc::SIGKILL)
         );
+    }
+
+    #[test]
+    fn only_a_dev_fuse_fd_is_taken_as_a_mount() {
+        let (a, _b) = nix::unistd::pipe().unwrap();
+        assert!(!is_dev_fuse(&a));
+        let fuse: OwnedFd = std::fs::File::open("/dev/fuse").unwrap().into();
+        assert!(is_dev_fuse(&fuse));
     }
 
     #[test]
