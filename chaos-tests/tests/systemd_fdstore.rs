@@ -142,6 +142,12 @@ impl Fixture {
     /// Starts fs-supervisor as systemd would: NOTIFY_SOCKET, and with
     /// `stored` the fd store handed back (fd 3, LISTEN_PID = its pid).
     fn start_supervisor(&mut self, stored: Option<(&str, &OwnedFd)>) {
+        self.start_supervisor_with(stored, None);
+    }
+
+    /// `claimed`: LISTEN_FDS=1 and this name, but no fd passed (fd 3 is
+    /// closed in the supervisor): a broken hand-over it must not trust.
+    fn start_supervisor_with(&mut self, stored: Option<(&str, &OwnedFd)>, claimed: Option<&str>) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -167,6 +173,9 @@ impl Fixture {
             .stdin(Stdio::null())
             .stderr(log);
         let _ = std::fs::remove_file(&self.socket);
+        if let Some(name) = claimed {
+            command.env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", name);
+        }
         if let Some((name, fd)) = stored {
             command.env("LISTEN_FDS", "1").env("LISTEN_FDNAMES", name);
             let raw = fd.as_raw_fd();
@@ -476,11 +485,19 @@ fn without_the_fd_store_a_restarted_supervisor_copies_the_fd_from_the_live_gener
     let mut supervisor = fx.supervisor.take().unwrap();
     kill(supervisor.pid(), Signal::SIGKILL).unwrap();
     supervisor.wait_timeout(DEADLINE).unwrap();
-    fx.start_supervisor(None);
+    // LISTEN_FDS names this mount but fd 3 is closed: nothing the
+    // supervisor opens itself may be taken for it.
+    let id = status["mount_id"].as_str().unwrap().to_string();
+    fx.start_supervisor_with(None, Some(&id));
     let (ready, _) = receive_until(&fx.systemd, "READY=1", &mut seen);
     assert!(ready.contains("1 mounts"), "{ready}\n{}", fx.logs());
     let status = fx.wait_serving(2);
     assert_ne!(status["pid"].as_i64(), Some(old_pid));
+    assert!(
+        fx.logs().contains("LISTEN_FDS names a fd that is not open"),
+        "{}",
+        fx.logs()
+    );
     assert!(!pid_alive(old_pid), "the previous generation still runs");
     let logs = fx.logs();
     assert!(
