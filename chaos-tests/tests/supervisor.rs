@@ -1469,10 +1469,14 @@ fn a_rollback_with_a_journaled_request_still_answers_it_once() {
         "mkdir across the rollback: {out}{err}\n{}",
         fx.logs()
     );
-    let status = fx.wait_serving(0);
-    assert_eq!(
-        status["restarts"]["exit"], 1,
-        "the old generation exits for a clean one: {status}"
+    let restarted = wait_until(DEADLINE, || {
+        let status = fx.status();
+        status["restarts"]["exit"] == 1 && status["state"] == "serving"
+    });
+    assert!(
+        restarted,
+        "the old generation should exit for a clean one: {}",
+        fx.status()
     );
     let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
     assert!(ok && out == "d\n", "the tree after the rollback: {out}");

@@ -15,7 +15,12 @@
 //!   client side.
 //! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
 //!   a mount during a handover.
-//! - [`state_file`]: the per-mount JSON record in the state directory.
+//! - [`state_file`]: the per-mount JSON record in the state directory;
+//!   [`daemon::restore`]: mounts restored from it at start.
+//! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
+//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
+//!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
+//!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
 //!
 //! # Invariants
@@ -30,11 +35,16 @@ pub mod daemon;
 pub mod error;
 pub mod executor;
 pub mod generation;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod lifecycle;
+pub mod metrics;
+pub mod mount_events;
 pub mod mounting;
 pub mod preflight;
 pub mod size;
 pub mod state_file;
+pub mod systemd;
 pub mod volume;
 
 pub use error::Error;

@@ -43,6 +43,10 @@ pub enum Request {
         base_dir: PathBuf,
         /// Forwarded to every generation.
         options: ClientOptions,
+        /// Mount it again when the supervisor starts after a reboot
+        /// (omitted when false, so older peers read the same bytes).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        persist: bool,
     },
     /// Report every mount.
     Status,
@@ -258,6 +262,9 @@ pub struct MountRecord {
     /// The random identity of the connection (see `Message::Adopt`).
     #[serde(default)]
     pub connection: u64,
+    /// The fsclient binary its generations run (changed by upgrades).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_binary: Option<PathBuf>,
     /// The INIT result.
     pub init: NegotiatedInit,
     /// Whether FUSE_HAS_RESEND was granted (also in `init.flags`; spelled
@@ -271,6 +278,10 @@ pub struct MountRecord {
     pub pid: Option<u32>,
     /// When the mount was made (Unix time, ms).
     pub created_unix_ms: u64,
+    /// `fsctl mount --persist`: mounted again at start after a reboot;
+    /// without it a record with no live mount is removed at start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
 }
 
 /// Serializes a state record (pretty JSON). Pure.

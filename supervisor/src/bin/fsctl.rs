@@ -90,6 +90,11 @@ enum Command {
         /// FUSE worker threads per generation [default: fsclient's].
         #[arg(long)]
         threads: Option<u32>,
+        /// Record the mount so fs-supervisor mounts it again after a
+        /// reboot (a restarted supervisor re-adopts every live mount
+        /// whose fd systemd kept, persistent or not).
+        #[arg(long)]
+        persist: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -233,6 +238,7 @@ fn run() -> anyhow::Result<ExitCode> {
             cache_dir,
             staging_dir,
             threads,
+            persist,
             socket,
         } => {
             let request = Request::Mount {
@@ -244,6 +250,7 @@ fn run() -> anyhow::Result<ExitCode> {
                     staging_dir: staging_dir.as_deref().map(absolute).transpose()?,
                     threads,
                 },
+                persist,
             };
             mount(&socket.socket, &request)
         }
@@ -566,6 +573,7 @@ fn up(
             staging_dir: None,
             threads: None,
         },
+        persist: false,
     };
     let code = mount(socket, &request)?;
     let s = socket.display();
