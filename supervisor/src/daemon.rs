@@ -750,7 +750,7 @@ impl Daemon {
         };
         let socket_path = self.env.state.socket_path(&id);
         let _ = std::fs::remove_file(&socket_path);
-        let listener = listen_seqpacket(&socket_path).map_err(|err| {
+        let listener = listen_seqpacket(&socket_path, 0o600).map_err(|err| {
             failed(format!(
                 "cannot create the generation socket {}: {err}",
                 socket_path.display()

@@ -259,7 +259,10 @@ mod tests {
             detail: None,
         });
         assert_eq!(
-            kinds(&diff(std::slice::from_ref(&a), std::slice::from_ref(&upgraded))),
+            kinds(&diff(
+                std::slice::from_ref(&a),
+                std::slice::from_ref(&upgraded)
+            )),
             vec![MountEventKind::Upgraded]
         );
         let mut rolled_back = upgraded.clone();

@@ -352,7 +352,7 @@ impl Daemon {
             clean_previous_cgroups(parent.dir(), &id);
         }
         let _ = std::fs::remove_file(&socket_path);
-        let listener = match listen_seqpacket(&socket_path) {
+        let listener = match listen_seqpacket(&socket_path, 0o600) {
             Ok(listener) => listener,
             Err(err) => {
                 tracing::error!(mount = %id, socket = %socket_path.display(), %err, "cannot create the generation socket; the mount is not restored");
