@@ -36,6 +36,7 @@ use crate::metrics;
 use crate::mount_events;
 use crate::mounting::{self, invalid};
 use crate::preflight;
+use crate::reexec;
 use crate::state_file::StateDir;
 use crate::systemd::{self, Notifier};
 use crate::Error;
@@ -145,6 +146,8 @@ struct Daemon {
     keep_mounts_on_exit: bool,
     metrics: metrics::Snapshot,
     previous: Vec<upgrade_protocol::MountStatus>,
+    /// When this executable started (status).
+    started_unix_ms: u64,
     #[cfg(feature = "kubernetes")]
     kubernetes: Option<crate::kubernetes::client::Publisher>,
 }
@@ -159,6 +162,8 @@ pub fn run(config: Config) -> Result<(), Error> {
         Default::default()
     });
     let notifier = Notifier::from_env();
+    // After the environment is read: this starts threads.
+    reexec::reap_inherited_children();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
     let cgroups = setup_cgroups(&config)?;
@@ -230,6 +235,10 @@ pub fn run(config: Config) -> Result<(), Error> {
         keep_mounts_on_exit: config.keep_mounts_on_exit,
         metrics: snapshot,
         previous: Vec::new(),
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
         #[cfg(feature = "kubernetes")]
         kubernetes,
     };
@@ -652,6 +661,12 @@ impl Daemon {
         match request {
             Request::Status => {
                 let report = StatusReport {
+                    supervisor: Some(upgrade_protocol::SupervisorInfo {
+                        pid: std::process::id(),
+                        binary: std::env::current_exe().unwrap_or_default(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                        started_unix_ms: self.started_unix_ms,
+                    }),
                     mounts: self.mounts.iter().map(Mount::status).collect(),
                 };
                 let _ = reply.send(Reply::Status { report });
@@ -677,6 +692,7 @@ impl Daemon {
                 binary,
                 timeout_ms,
             } => self.upgrade(&mountpoint, binary, timeout_ms, reply),
+            Request::UpgradeSupervisor { binary } => self.upgrade_supervisor(&binary, reply),
             Request::Mount {
                 volume,
                 mountpoint,
@@ -700,6 +716,51 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// `fsctl upgrade-supervisor` (see `reexec.rs`): returns only if it was
+    /// refused; otherwise this image is replaced.
+    fn upgrade_supervisor(&mut self, binary: &Path, reply: Sender<Reply>) {
+        if self.shutting_down {
+            let _ = reply.send(shutting_down_reply());
+            return;
+        }
+        if let Some(busy) = self.mounts.iter().find(|m| m.upgrade.is_some()) {
+            let _ = reply.send(Reply::Error {
+                kind: ErrorKind::Failed,
+                message: format!(
+                    "mount {} is being upgraded; retry fsctl upgrade-supervisor when it is done",
+                    busy.mountpoint.display()
+                ),
+            });
+            return;
+        }
+        let version = match reexec::preflight(binary) {
+            Ok(version) => version,
+            Err(problem) => {
+                let _ = reply.send(invalid(problem));
+                return;
+            }
+        };
+        for mount in &self.mounts {
+            mount.write_record(&self.env);
+        }
+        let fds: Vec<(String, BorrowedFd<'_>)> = self
+            .mounts
+            .iter()
+            .filter_map(|m| m.channel.as_ref().map(|c| (m.id.clone(), c.fd())))
+            .collect();
+        let _ = reply.send(Reply::SupervisorRestarting {
+            pid: std::process::id(),
+            binary: binary.to_path_buf(),
+            mounts: fds.len() as u32,
+        });
+        // Let the control thread write that answer before the image goes.
+        std::thread::sleep(Duration::from_millis(100));
+        tracing::info!(binary = %binary.display(), version, mounts = fds.len(), "re-executing as a new fs-supervisor");
+        let err = reexec::exec(binary, &fds, self.systemd.inherited_env());
+        tracing::error!(binary = %binary.display(), %err, "re-executing failed after the fds were moved; exiting so a restart restores the mounts from the generations");
+        std::process::exit(1);
     }
 
     fn upgrade(
@@ -863,5 +924,6 @@ pub fn command_timeout(request: &Request) -> Duration {
         Request::Upgrade { timeout_ms, .. } => {
             Duration::from_millis(*timeout_ms) + Duration::from_secs(30)
         }
+        Request::UpgradeSupervisor { .. } => reexec::PREFLIGHT_TIMEOUT + Duration::from_secs(10),
     }
 }

@@ -21,6 +21,7 @@
 //! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
 //!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
 //!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
+//! - [`reexec`]: `fsctl upgrade-supervisor` (re-execute in place).
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
 //!
 //! # Invariants
@@ -42,6 +43,7 @@ pub mod metrics;
 pub mod mount_events;
 pub mod mounting;
 pub mod preflight;
+pub mod reexec;
 pub mod size;
 pub mod state_file;
 pub mod systemd;

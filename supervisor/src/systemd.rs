@@ -210,12 +210,18 @@ pub struct Notifier {
     socket: Option<(OwnedFd, UnixAddr)>,
     watchdog: Option<(Duration, Instant)>,
     last_status: String,
+    inherited: Vec<(&'static str, std::ffi::OsString)>,
 }
 
 impl Notifier {
     /// From `$NOTIFY_SOCKET` and `$WATCHDOG_USEC`; unsets them so children
     /// (generations) never notify in our name. Call before any thread.
     pub fn from_env() -> Notifier {
+        let inherited: Vec<(&'static str, std::ffi::OsString)> =
+            ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"]
+                .into_iter()
+                .filter_map(|name| std::env::var_os(name).map(|v| (name, v)))
+                .collect();
         let path = std::env::var_os("NOTIFY_SOCKET");
         let watchdog = watchdog_interval(
             std::env::var("WATCHDOG_USEC").ok().as_deref(),
@@ -225,7 +231,15 @@ impl Notifier {
         for name in ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"] {
             std::env::remove_var(name);
         }
-        Notifier::new(path.as_ref().map(|p| p.as_bytes()), watchdog)
+        let mut notifier = Notifier::new(path.as_ref().map(|p| p.as_bytes()), watchdog);
+        notifier.inherited = inherited;
+        notifier
+    }
+
+    /// The systemd variables this process was started with, for a
+    /// re-executed image (`fsctl upgrade-supervisor`) to keep notifying.
+    pub fn inherited_env(&self) -> &[(&'static str, std::ffi::OsString)] {
+        &self.inherited
     }
 
     /// Towards the socket at `path` (`@name`: abstract), pinging the
@@ -250,6 +264,7 @@ impl Notifier {
                 .map(|i| (i, Instant::now())),
             socket,
             last_status: String::new(),
+            inherited: Vec::new(),
         }
     }
 

@@ -55,6 +55,14 @@ pub enum Request {
         /// The mountpoint as given to `Mount` (absolute).
         mountpoint: PathBuf,
     },
+    /// Replace fs-supervisor itself by `binary`: it re-executes in place
+    /// (same pid, so generations stay its children) with every mount's fd
+    /// passed as systemd-style LISTEN_FDS, and restores the mounts from its
+    /// state directory.
+    UpgradeSupervisor {
+        /// The new fs-supervisor binary (absolute).
+        binary: PathBuf,
+    },
     /// Replace the generation serving `mountpoint` by one running `binary`
     /// (planned handover); roll back if it fails within `timeout_ms`.
     Upgrade {
@@ -75,6 +83,7 @@ impl Request {
             Request::Status => "status",
             Request::Umount { .. } => "umount",
             Request::Upgrade { .. } => "upgrade",
+            Request::UpgradeSupervisor { .. } => "upgrade_supervisor",
         }
     }
 }
@@ -113,6 +122,15 @@ pub enum Reply {
     Unmounted {
         /// The mountpoint.
         mountpoint: PathBuf,
+    },
+    /// fs-supervisor re-executes as `binary` now; poll `Status` for it.
+    SupervisorRestarting {
+        /// Its pid (the same after the re-exec).
+        pid: u32,
+        /// The binary it becomes.
+        binary: PathBuf,
+        /// Mounts it hands to itself.
+        mounts: u32,
     },
     /// An upgrade ended (successfully or rolled back: see `report.ok`).
     Upgraded {
@@ -161,6 +179,22 @@ pub struct UpgradeReport {
 pub struct StatusReport {
     /// One entry per mount, in mount order.
     pub mounts: Vec<MountStatus>,
+    /// The supervisor answering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<SupervisorInfo>,
+}
+
+/// Which fs-supervisor answered a status request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SupervisorInfo {
+    /// Its pid (unchanged by `fsctl upgrade-supervisor`, which re-executes).
+    pub pid: u32,
+    /// The executable running.
+    pub binary: PathBuf,
+    /// Its version.
+    pub version: String,
+    /// When this executable started (Unix time, ms).
+    pub started_unix_ms: u64,
 }
 
 /// Generation deaths by cause (each one caused a restart or a takeover).

@@ -16,6 +16,7 @@ use supervisor::size::parse_size;
 #[derive(Parser)]
 #[command(
     name = "fs-supervisor",
+    version,
     about = "Hold Baton mounts' /dev/fuse fds and keep a generation serving each"
 )]
 struct Cli {

@@ -134,6 +134,21 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Replace fs-supervisor itself by a new binary without unmounting
+    /// anything: it re-executes in place, hands every mount's fd to its new
+    /// image, which restores the mounts (each generation is replaced as
+    /// after a crash: applications see a stall, no error). Returns once
+    /// every mount serves again under the new binary.
+    UpgradeSupervisor {
+        /// The new fs-supervisor binary.
+        #[arg(long)]
+        binary: PathBuf,
+        /// How long to wait for every mount to serve again (e.g. 60s).
+        #[arg(long, default_value = "60s", value_parser = parse_duration_ms)]
+        timeout: u64,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
     /// Stop serving MOUNTPOINT (the filesystem flushes) and unmount it.
     Umount {
         /// The mountpoint.
@@ -259,6 +274,11 @@ fn run() -> anyhow::Result<ExitCode> {
             let mountpoint = absolute(&mountpoint)?;
             umount(&socket.socket, &Request::Umount { mountpoint })
         }
+        Command::UpgradeSupervisor {
+            binary,
+            timeout,
+            socket,
+        } => upgrade_supervisor(&socket.socket, &absolute(&binary)?, timeout),
         Command::Upgrade {
             mountpoints,
             all,
@@ -279,6 +299,95 @@ fn run() -> anyhow::Result<ExitCode> {
             },
         ),
     }
+}
+
+/// `fsctl upgrade-supervisor`: asks for the re-exec, then waits until the
+/// new image answers and every mount serves.
+fn upgrade_supervisor(
+    socket: &std::path::Path,
+    binary: &std::path::Path,
+    timeout_ms: u64,
+) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let before = match call(socket, &Request::Status)? {
+        Reply::Status { report } => report.supervisor,
+        other => return refused(other),
+    };
+    let request = Request::UpgradeSupervisor {
+        binary: binary.to_path_buf(),
+    };
+    match supervisor::control::request(
+        socket,
+        &request,
+        supervisor::daemon::command_timeout(&request),
+    ) {
+        Ok(Reply::SupervisorRestarting { pid, mounts, .. }) => {
+            println!(
+                "fs-supervisor (pid {pid}) re-executes as {} with {mounts} mount(s)",
+                binary.display()
+            );
+        }
+        Ok(other) => return refused(other),
+        // The image may go before its answer is read: look at the result.
+        Err(err) => {
+            println!("fs-supervisor went away before answering ({err}); checking it came back")
+        }
+    }
+    let deadline = started + std::time::Duration::from_millis(timeout_ms);
+    let mut last = String::from("no answer yet");
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let report = match supervisor::control::request(
+            socket,
+            &Request::Status,
+            std::time::Duration::from_secs(5),
+        ) {
+            Ok(Reply::Status { report }) => report,
+            Ok(other) => {
+                last = format!("{other:?}");
+                continue;
+            }
+            Err(err) => {
+                last = err.to_string();
+                continue;
+            }
+        };
+        let Some(now) = &report.supervisor else {
+            last = "the supervisor does not report itself".into();
+            continue;
+        };
+        let restarted = before
+            .as_ref()
+            .is_none_or(|b| now.started_unix_ms > b.started_unix_ms || now.binary != b.binary);
+        let serving = report.mounts.iter().all(|m| m.state == "serving");
+        if restarted && now.binary == binary && serving {
+            println!(
+                "fs-supervisor is {} ({}, pid {}); {} mount(s) serving again after {} ms",
+                now.binary.display(),
+                now.version,
+                now.pid,
+                report.mounts.len(),
+                started.elapsed().as_millis()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        last = format!(
+            "supervisor {} started at {}, mounts: {}",
+            now.binary.display(),
+            now.started_unix_ms,
+            report
+                .mounts
+                .iter()
+                .map(|m| format!("{} {}", m.mountpoint.display(), m.state))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    eprintln!(
+        "fsctl: fs-supervisor did not come back as {} with every mount serving within {timeout_ms} ms (last seen: {last}); see its log",
+        binary.display()
+    );
+    Ok(ExitCode::from(1))
 }
 
 struct UpgradePlan {
