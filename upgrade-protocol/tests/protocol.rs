@@ -183,6 +183,12 @@ fn mount_request() -> Message {
 #[test]
 fn control_frames_are_pinned_and_round_trip() {
     let status = StatusReport {
+        supervisor: Some(upgrade_protocol::SupervisorInfo {
+            pid: 77,
+            binary: "/usr/local/bin/fs-supervisor".into(),
+            version: "0.1.0".into(),
+            started_unix_ms: 1_795_000_000_000,
+        }),
         mounts: vec![MountStatus {
             mount_id: "0123456789abcdef".into(),
             mountpoint: "/mnt/baton".into(),
