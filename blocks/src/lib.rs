@@ -8,8 +8,9 @@
 //! - [`ObjectKey`]: `blocks/{ino:016x}/{index:08x}-{unique:016x}`, fresh per
 //!   upload, so objects are never overwritten.
 //! - [`BlockStore`]: synchronous put / ranged get / delete / reachability
-//!   probe over an object store ([`store_from_url`]: `file://`, `memory://`),
-//!   with bounded retries and bounded parallel uploads.
+//!   probe over an object store ([`store_from_url`]: `file://`, `s3://`
+//!   ([`S3Location`]), `memory://`), with bounded retries, bounded parallel
+//!   uploads and multipart upload of large blocks.
 //! - [`BlockCache`]: bounded on-disk LRU cache of whole blocks keyed by
 //!   object key, surviving restarts, with background prefetch.
 //! - [`Staging`]: per-inode staged block files and size record that make an
@@ -67,6 +68,7 @@
 mod cache;
 mod error;
 mod key;
+mod s3;
 mod staging;
 mod store;
 
@@ -75,13 +77,18 @@ pub use cache::{
 };
 pub use error::{BlocksError, Result};
 pub use key::{ObjectKey, KEY_PREFIX};
+pub use s3::{
+    with_s3_settings, S3Location, S3_BACKOFF_MS_INITIAL, S3_BACKOFF_MS_MAX, S3_CONNECT_TIMEOUT_MS,
+    S3_REQUEST_TIMEOUT_MS, S3_RETRY_COUNT_MAX, S3_RETRY_WINDOW_MS_MAX,
+};
 pub use staging::{
     Overlay, OverlaySegment, StagedBlock, StagedSize, Staging, UploadSet, BLOCK_SIZE_BYTES_MAX,
     FILE_SIZE_BYTES_MAX, OVERLAY_READ_BYTES_MAX, STAGING_LOCK_STRIPE_COUNT,
     UPLOAD_SET_BLOCK_COUNT_MAX,
 };
 pub use store::{
-    store_from_url, BlockStore, DELETE_PARALLEL_MAX, PROBE_PREFIX, RETRY_ATTEMPT_COUNT_MAX,
+    store_from_url, BlockStore, DELETE_PARALLEL_MAX, MULTIPART_PARALLEL_MAX, MULTIPART_PART_BYTES,
+    MULTIPART_THRESHOLD_BYTES, PROBE_PREFIX, PROBE_TIMEOUT_MS, RETRY_ATTEMPT_COUNT_MAX,
     RETRY_BACKOFF_MS_INITIAL, RETRY_BACKOFF_MS_MAX, RUNTIME_BLOCKING_THREAD_COUNT_MAX,
     RUNTIME_WORKER_COUNT, UPLOAD_PARALLEL_MAX,
 };

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_blocks::{
-    store_from_url, BlockStore, BlocksError, ObjectKey, RETRY_ATTEMPT_COUNT_MAX,
-    UPLOAD_PARALLEL_MAX,
+    store_from_url, BlockStore, BlocksError, ObjectKey, MULTIPART_PART_BYTES,
+    MULTIPART_THRESHOLD_BYTES, RETRY_ATTEMPT_COUNT_MAX, UPLOAD_PARALLEL_MAX,
 };
 use bytes::Bytes;
 use common::{file_url, pattern, Instrumented};
@@ -152,9 +152,13 @@ fn delete_is_best_effort_and_counts_missing_as_deleted() {
 
 #[test]
 fn unsupported_and_invalid_urls_are_clear_errors() {
-    let err = store_from_url("s3://bucket/prefix").unwrap_err();
+    let err = store_from_url("gs://bucket/prefix").unwrap_err();
     assert!(matches!(err, BlocksError::UnsupportedScheme { .. }));
     assert!(err.to_string().contains("unsupported scheme"), "{err}");
+    assert!(matches!(
+        store_from_url("s3://Not_A_Bucket/prefix"),
+        Err(BlocksError::InvalidUrl { .. })
+    ));
     assert!(matches!(
         store_from_url("file://relative/dir"),
         Err(BlocksError::InvalidUrl { .. })
@@ -203,4 +207,24 @@ fn reachable_store_passes_the_probe_and_leaves_no_probe_object() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(leftovers, 0);
+}
+
+#[test]
+fn blocks_past_the_multipart_threshold_upload_in_parts_and_read_back_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    // Not a multiple of the part size: the last part is short.
+    let len = MULTIPART_THRESHOLD_BYTES + MULTIPART_PART_BYTES / 2 + 7;
+    let data = pattern(len, 9);
+    let key = store.put_block(3, 1, Bytes::from(data.clone())).unwrap();
+    let mid = MULTIPART_PART_BYTES as u64 - 5..MULTIPART_PART_BYTES as u64 + 5;
+    assert_eq!(
+        &store.get_range(&key, mid.clone()).unwrap()[..],
+        &data[mid.start as usize..mid.end as usize]
+    );
+    assert_eq!(
+        std::fs::read(root.path().join(key.to_string())).unwrap(),
+        data
+    );
+    assert_eq!(store.list_keys().unwrap(), vec![key]);
 }

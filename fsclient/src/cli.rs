@@ -70,6 +70,12 @@ pub struct VolumeArgs {
     /// Where named volumes live.
     #[arg(long, default_value = DEFAULT_BASE_DIR)]
     pub base_dir: PathBuf,
+    /// S3 endpoint to use instead of the one the volume records.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// S3 region to use instead of the one the volume records.
+    #[arg(long)]
+    pub s3_region: Option<String>,
     /// How long the kernel caches entries and attributes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub attr_ttl_ms: u64,
@@ -82,6 +88,8 @@ impl VolumeArgs {
             cache_dir: self.cache_dir.clone(),
             cache_size_bytes: self.cache_size,
             staging_dir: self.staging_dir.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
         }
     }
 

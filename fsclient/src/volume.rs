@@ -89,6 +89,11 @@ pub struct VolumeOptions {
     pub cache_size_bytes: u64,
     /// Staging directory (default: `DIR/staging`).
     pub staging_dir: Option<PathBuf>,
+    /// S3 endpoint replacing the one the volume records (this host reaches
+    /// the server under another address).
+    pub s3_endpoint: Option<String>,
+    /// S3 region replacing the one the volume records.
+    pub s3_region: Option<String>,
 }
 
 /// Who else may hold the volume lock.
@@ -175,7 +180,17 @@ impl Volume {
             },
         })?;
         let record = meta.volume();
-        let store = open_store(&display, &record.storage_url)?;
+        let storage_url = baton_blocks::with_s3_settings(
+            &record.storage_url,
+            options.s3_endpoint.as_deref(),
+            options.s3_region.as_deref(),
+        )
+        .map_err(|source| Error::StorageUnreachable {
+            volume: display.clone(),
+            url: record.storage_url.clone(),
+            cause: Box::new(source),
+        })?;
+        let store = open_store(&display, &storage_url)?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
         let block_size_bytes = u64::from(record.block_size_bytes);
@@ -192,7 +207,7 @@ impl Volume {
         let cache = BlockCache::open(&cache_dir, options.cache_size_bytes, Arc::clone(&store))?;
         tracing::info!(
             volume = %record.name,
-            storage = %record.storage_url,
+            storage = %storage_url,
             block_size_bytes,
             staging = %staging_dir.display(),
             cache = %cache_dir.display(),

@@ -81,6 +81,10 @@ pub struct FormatRequest {
     pub meta_url: Option<String>,
     /// Storage URL; default `file:///BASE/NAME/data`.
     pub storage_url: Option<String>,
+    /// S3 endpoint recorded in an `s3://` storage URL (custom servers).
+    pub s3_endpoint: Option<String>,
+    /// S3 region recorded in an `s3://` storage URL.
+    pub s3_region: Option<String>,
     /// Block size in bytes.
     pub block_size_bytes: u32,
 }
@@ -95,11 +99,20 @@ pub struct Formatted {
 }
 
 /// Creates a volume: checks the storage answers (creating a local data
-/// directory), then writes the metadata. Refuses an existing volume.
+/// directory; an S3 bucket must exist and accept the credentials), then
+/// writes the metadata. Refuses an existing volume. Nothing is written to
+/// the metadata when the storage check fails.
 pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
     let defaults = VolumePaths::new(&request.base_dir, &request.name)?;
     let meta_url = request.meta_url.clone().unwrap_or(defaults.meta_url);
-    let storage_url = request.storage_url.clone().unwrap_or(defaults.storage_url);
+    let storage_url = baton_blocks::with_s3_settings(
+        request
+            .storage_url
+            .as_deref()
+            .unwrap_or(&defaults.storage_url),
+        request.s3_endpoint.as_deref(),
+        request.s3_region.as_deref(),
+    )?;
     if let Some(meta_path) = meta_url.strip_prefix("sqlite://") {
         create_dir(Path::new(meta_path).parent().unwrap_or(Path::new("/")))?;
     }

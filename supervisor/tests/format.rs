@@ -9,6 +9,8 @@ fn request(base: &std::path::Path, name: &str) -> FormatRequest {
         base_dir: base.into(),
         meta_url: None,
         storage_url: None,
+        s3_endpoint: None,
+        s3_region: None,
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
     }
 }

@@ -44,9 +44,18 @@ enum Command {
         /// Metadata URL (default sqlite:///BASE/NAME/meta.db).
         #[arg(long)]
         meta: Option<String>,
-        /// Storage URL (default file:///BASE/NAME/data).
+        /// Storage URL: file:///DIR (default file:///BASE/NAME/data) or
+        /// s3://BUCKET/PREFIX (credentials from AWS_ACCESS_KEY_ID,
+        /// AWS_SECRET_ACCESS_KEY and the other usual AWS_* variables).
         #[arg(long)]
         storage: Option<String>,
+        /// S3-compatible endpoint, e.g. http://127.0.0.1:9000 (recorded in
+        /// the volume; path-style requests).
+        #[arg(long)]
+        s3_endpoint: Option<String>,
+        /// S3 region (recorded in the volume) [default: AWS_REGION or us-east-1].
+        #[arg(long)]
+        s3_region: Option<String>,
         /// Block size, e.g. 4M.
         #[arg(long, default_value = "4M", value_parser = parse_block_size)]
         block_size: u32,
@@ -153,6 +162,8 @@ fn run() -> anyhow::Result<ExitCode> {
             name,
             meta,
             storage,
+            s3_endpoint,
+            s3_region,
             block_size,
             base_dir,
         } => {
@@ -161,6 +172,8 @@ fn run() -> anyhow::Result<ExitCode> {
                 base_dir,
                 meta_url: meta,
                 storage_url: storage,
+                s3_endpoint,
+                s3_region,
                 block_size_bytes: block_size,
             })?;
             println!(
@@ -351,6 +364,8 @@ fn up(
             base_dir: base_dir.clone(),
             meta_url: None,
             storage_url: None,
+            s3_endpoint: None,
+            s3_region: None,
             block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
         };
         let formatted = format(&request)?;
