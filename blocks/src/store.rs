@@ -117,6 +117,17 @@ where
     }
 }
 
+/// One block object as listed by the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Its key.
+    pub key: ObjectKey,
+    /// Its size.
+    pub size_bytes: u64,
+    /// When it was written (second resolution).
+    pub last_modified: std::time::SystemTime,
+}
+
 /// Synchronous access to immutable block objects.
 pub struct BlockStore {
     store: Arc<dyn ObjectStore>,
@@ -298,6 +309,32 @@ impl BlockStore {
                 timeout_ms: PROBE_TIMEOUT_MS,
             }),
         }
+    }
+
+    /// Lists every block object in the store with its size and age (for
+    /// `fsctl gc` and `fsck`). Objects whose names are not block keys are
+    /// left out.
+    pub fn list_objects(&self) -> Result<Vec<StoredObject>> {
+        let store = self.store.clone();
+        let url = self.url.clone();
+        let metas: Vec<object_store::ObjectMeta> = self
+            .block_on(async move {
+                let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
+                store.list(Some(&prefix)).try_collect().await
+            })?
+            .map_err(|source| BlocksError::unreachable(&url, source))?;
+        Ok(metas
+            .iter()
+            .filter_map(|m| {
+                let key = ObjectKey::parse(m.location.as_ref()).ok()?;
+                let secs = u64::try_from(m.last_modified.timestamp()).unwrap_or(0);
+                Some(StoredObject {
+                    key,
+                    size_bytes: m.size,
+                    last_modified: std::time::UNIX_EPOCH + Duration::from_secs(secs),
+                })
+            })
+            .collect())
     }
 
     /// Lists every block object key currently in the store (for garbage

@@ -115,6 +115,14 @@ impl S3Server {
         assert_eq!(status, 200, "create bucket {bucket}: {body}");
     }
 
+    /// Writes an empty object `key` into `bucket`.
+    pub fn put_empty_object(&self, bucket: &str, key: &str) {
+        let (status, body) = self
+            .http("PUT", &format!("/{bucket}/{key}"))
+            .expect("put object");
+        assert_eq!(status, 200, "put {bucket}/{key}: {body}");
+    }
+
     /// Every key under `prefix` in `bucket` (first 1000).
     pub fn list_keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
         let (status, body) = self

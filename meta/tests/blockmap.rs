@@ -276,3 +276,42 @@ fn row_limits_are_enforced() {
     assert_eq!(got.len(), BLOCKS_QUERY_COUNT_MAX as usize);
     assert_eq!(m.blocks(f.ino, max, 100).unwrap().len(), 10);
 }
+
+#[test]
+fn scan_blocks_pages_through_every_row_of_the_volume_in_order() {
+    let v = fresh();
+    let m = &v.meta;
+    let a = file(m, ROOT_INO, "a").ino;
+    let b = file(m, ROOT_INO, "b").ino;
+    write(
+        m,
+        a,
+        3 * B,
+        vec![blk(0, "a0", BS), blk(1, "a1", BS), blk(2, "a2", BS)],
+    );
+    write(m, b, B + 1, vec![blk(0, "b0", BS), blk(1, "b1", 1)]);
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = m.scan_blocks(after, 2).unwrap();
+        assert!(page.len() <= 2, "the limit holds");
+        let Some((ino, last)) = page.last() else {
+            break;
+        };
+        after = Some((*ino, last.index));
+        seen.extend(
+            page.into_iter()
+                .map(|(ino, r)| (ino, r.index, r.object_key, r.len)),
+        );
+    }
+    let want = vec![
+        (a, 0, "a0".to_string(), BS),
+        (a, 1, "a1".to_string(), BS),
+        (a, 2, "a2".to_string(), BS),
+        (b, 0, "b0".to_string(), BS),
+        (b, 1, "b1".to_string(), 1),
+    ];
+    assert_eq!(seen, want);
+    assert!(m.scan_blocks(Some((b, 1)), 10).unwrap().is_empty());
+    assert_eq!(m.scan_blocks(None, u32::MAX).unwrap().len(), 5);
+}

@@ -17,6 +17,7 @@
 //!   a mount during a handover.
 //! - [`state_file`]: the per-mount JSON record in the state directory.
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
+//! - [`storage_check`]: `fsctl fsck` / `fsctl gc` (block map vs storage).
 //!
 //! # Invariants
 //! This crate never depends on `fsclient`: it starts the `fsclient` binary
@@ -35,6 +36,7 @@ pub mod mounting;
 pub mod preflight;
 pub mod size;
 pub mod state_file;
+pub mod storage_check;
 pub mod volume;
 
 pub use error::Error;

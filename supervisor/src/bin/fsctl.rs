@@ -14,11 +14,15 @@
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use supervisor::control::DEFAULT_SOCKET;
 use supervisor::size::parse_size;
+use supervisor::storage_check::{
+    collectable, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
+};
 use supervisor::volume::{
     format, FormatRequest, VolumePaths, DEFAULT_BASE_DIR, DEFAULT_BLOCK_SIZE_BYTES,
 };
@@ -102,6 +106,33 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Check VOLUME's metadata against its storage: referenced objects
+    /// missing or short (exit 1: data is lost) and objects nothing refers
+    /// to (garbage; `fsctl gc` deletes it).
+    Fsck {
+        /// A volume name (under --base-dir) or sqlite:///path/meta.db.
+        volume: String,
+        /// Base directory for volumes.
+        #[arg(long, default_value = DEFAULT_BASE_DIR)]
+        base_dir: PathBuf,
+    },
+    /// Delete objects of VOLUME that no metadata refers to (leftovers of
+    /// crashes), if older than --min-age-secs. Refused while the volume is
+    /// mounted on this host.
+    Gc {
+        /// A volume name (under --base-dir) or sqlite:///path/meta.db.
+        volume: String,
+        /// Only list what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep unreferenced objects younger than this (an upload may be
+        /// waiting for its commit on another host).
+        #[arg(long, default_value_t = GC_MIN_AGE_SECS_DEFAULT)]
+        min_age_secs: u64,
+        /// Base directory for volumes.
+        #[arg(long, default_value = DEFAULT_BASE_DIR)]
+        base_dir: PathBuf,
+    },
     /// Show every mount of fs-supervisor: generation, pids, restarts.
     Status {
         /// Print JSON (`{"mounts":[...]}`) instead of a table.
@@ -125,6 +156,80 @@ struct SocketArg {
     /// fs-supervisor's control socket.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+}
+
+fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(volume, base_dir)?;
+    let report = checked.check()?;
+    print_report(volume, &report);
+    for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
+        let what = match bad.stored_bytes {
+            None => "is missing".to_string(),
+            Some(size) => format!("has {size} bytes, {} needed", bad.len_bytes),
+        };
+        println!(
+            "  inode {} block {}: object {} {what}",
+            bad.ino, bad.index, bad.key
+        );
+    }
+    if report.is_consistent() {
+        println!("volume {volume}: consistent");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
+            report.bad_blocks.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+fn print_report(volume: &str, report: &CheckReport) {
+    let garbage_bytes: u64 = report.unreferenced.iter().map(|o| o.size_bytes).sum();
+    println!(
+        "volume {volume}: {} referenced block(s), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
+        report.referenced_count,
+        report.stored_count,
+        report.stored_bytes,
+        report.unreferenced.len(),
+        report.bad_blocks.len(),
+        report.orphan_count,
+    );
+}
+
+fn gc(
+    volume: &str,
+    base_dir: &std::path::Path,
+    dry_run: bool,
+    min_age: Duration,
+) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(volume, base_dir)?;
+    // Held until gc returns: no mount of this volume starts on this host.
+    let _lock = if dry_run { None } else { Some(checked.lock()?) };
+    let report = checked.check()?;
+    print_report(volume, &report);
+    let keys = collectable(&report.unreferenced, min_age, SystemTime::now());
+    let young_count = report.unreferenced.len() - keys.len();
+    if young_count > 0 {
+        println!(
+            "keeping {young_count} unreferenced object(s) younger than {} s (--min-age-secs)",
+            min_age.as_secs()
+        );
+    }
+    if dry_run {
+        for key in &keys {
+            println!("would delete {key}");
+        }
+        println!("dry run: {} object(s) would be deleted", keys.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deleted_count = checked.store.delete(&keys);
+    println!("deleted {deleted_count} of {} object(s)", keys.len());
+    if deleted_count < keys.len() {
+        eprintln!("fsctl: some deletes failed (see the log above); run `fsctl gc` again");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_block_size(text: &str) -> Result<u32, String> {
@@ -192,6 +297,18 @@ fn run() -> anyhow::Result<ExitCode> {
             base_dir,
             socket,
         } => up(&name, &mountpoint, base_dir, &socket.socket),
+        Command::Fsck { volume, base_dir } => fsck(&volume, &base_dir),
+        Command::Gc {
+            volume,
+            dry_run,
+            min_age_secs,
+            base_dir,
+        } => gc(
+            &volume,
+            &base_dir,
+            dry_run,
+            Duration::from_secs(min_age_secs),
+        ),
         Command::Mount {
             volume,
             mountpoint,
