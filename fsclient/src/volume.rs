@@ -215,7 +215,7 @@ impl Volume {
         );
         Ok(Volume {
             name: record.name,
-            meta: Arc::new(meta) as Arc<dyn MetaStore>,
+            meta: Arc::from(meta),
             store,
             cache,
             staging,

@@ -23,7 +23,7 @@ use crate::types::{
 
 /// The metadata operations of a Baton volume. Implementations are shared by
 /// the FUSE worker threads, hence `Send + Sync`.
-pub trait MetaStore: Send + Sync {
+pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// The volume record written by `format`.
     fn volume(&self) -> VolumeRecord;
 

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use baton_blocks::{BlockStore, ObjectKey, StoredObject};
-use baton_meta::{MetaStore, SqliteMeta};
+use baton_meta::MetaStore;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::volume::VolumePaths;
@@ -123,7 +123,7 @@ pub struct CheckedVolume {
     /// Its metadata path (for the lock).
     pub meta_path: PathBuf,
     /// Metadata.
-    pub meta: SqliteMeta,
+    pub meta: Box<dyn MetaStore>,
     /// Storage (the URL the volume records).
     pub store: BlockStore,
 }

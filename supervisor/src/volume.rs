@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use baton_meta::{MetaStore, VolumeConfig};
+use baton_meta::VolumeConfig;
 
 /// Where Baton keeps volumes, the supervisor state and caches by default.
 pub const DEFAULT_BASE_DIR: &str = "/var/lib/baton";

@@ -26,7 +26,6 @@ fn format_creates_metadata_and_data_dir_once() {
     assert!(base.path().join("vol1/meta.db").is_file());
     assert!(base.path().join("vol1/data").is_dir());
     let meta = baton_meta::open(&formatted.meta_url).unwrap();
-    use baton_meta::MetaStore;
     assert_eq!(meta.volume().name, "vol1");
     assert_eq!(meta.volume().block_size_bytes, DEFAULT_BLOCK_SIZE_BYTES);
 
