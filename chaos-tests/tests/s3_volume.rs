@@ -248,7 +248,7 @@ fn exerciser_agrees_with_a_plain_directory_on_s3_across_a_remount() {
     let ops = std::env::var("BATON_S3_FSX_OPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3_000);
+        .unwrap_or(1_500);
     let vol = S3Volume::format(&server, "64K");
     let reference = tempfile::tempdir().unwrap();
     let mnt = vol.mountpoint();

@@ -33,18 +33,47 @@ pub struct VolumePaths {
     pub meta_url: String,
     /// The metadata database file.
     pub meta_path: PathBuf,
-    /// The directory holding the metadata (defaults are relative to it).
+    /// The directory holding the metadata (defaults are relative to it);
+    /// for a PostgreSQL volume, this host's local state of the mount.
     pub dir: PathBuf,
+    /// The metadata is on a server other hosts may mount too (PostgreSQL).
+    pub shared: bool,
 }
 
 impl VolumePaths {
     /// Resolves `volume`: a name (`BASE/NAME/meta.db`) or a metadata URL
-    /// (`sqlite:///path/meta.db`).
+    /// (`sqlite:///path/meta.db`, or `postgres://user@host:port/db`, whose
+    /// local state — lock, staging, cache — is `BASE/pg-DB`).
     pub fn resolve(volume: &str, base_dir: &Path) -> Result<VolumePaths> {
         let bad = |reason| Error::BadVolume {
-            volume: volume.to_string(),
+            volume: baton_meta::postgres::redact_url(volume),
             reason,
         };
+        if baton_meta::postgres::is_postgres_url(volume) {
+            let path = volume.split('?').next().unwrap_or(volume);
+            let db = path
+                .split_once("://")
+                .and_then(|(_, rest)| rest.split_once('/'))
+                .map(|(_, db)| db)
+                .filter(|db| {
+                    !db.is_empty()
+                        && db
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+                        && !db.starts_with('.')
+                })
+                .ok_or_else(|| {
+                    bad("a PostgreSQL URL names its database: postgres://user@host:port/DB")
+                })?;
+            let dir = base_dir.join(format!("pg-{db}"));
+            return Ok(VolumePaths {
+                display: baton_meta::postgres::redact_url(volume),
+                meta_url: volume.to_string(),
+                meta_path: dir.join("meta.db"),
+                dir,
+                shared: true,
+            });
+        }
         if volume.contains("://") || volume.starts_with("sqlite:") {
             let Location::Sqlite(path) = Location::parse(volume)
                 .map_err(|_| bad("only sqlite:///absolute/path URLs are supported"))?;
@@ -57,6 +86,7 @@ impl VolumePaths {
                 meta_url: volume.to_string(),
                 meta_path: path,
                 dir,
+                shared: false,
             });
         }
         if volume.is_empty() || volume.contains('/') || volume == "." || volume == ".." {
@@ -69,11 +99,16 @@ impl VolumePaths {
             meta_url: meta_path.display().to_string(),
             meta_path,
             dir,
+            shared: false,
         })
     }
 
-    /// The lock file next to the metadata.
+    /// The lock file next to the metadata (for a shared volume: in this
+    /// host's local state directory, one mount per directory).
     pub fn lock_path(&self) -> PathBuf {
+        if self.shared {
+            return self.dir.join("mount.lock");
+        }
         let mut name = self.meta_path.as_os_str().to_owned();
         name.push(".lock");
         PathBuf::from(name)
@@ -120,6 +155,9 @@ pub struct Volume {
     pub staging: Staging,
     /// Block size of the volume.
     pub block_size_bytes: u64,
+    /// Other hosts may serve the volume too (PostgreSQL metadata): orphans
+    /// are not reclaimed at start (another host may have them open).
+    pub shared: bool,
     /// The flock on `meta.db.lock`; released when the process exits.
     pub lock: Flock<File>,
 }
@@ -163,7 +201,13 @@ impl Volume {
     /// when a check fails.
     pub fn open(paths: &VolumePaths, options: &VolumeOptions, mode: LockMode) -> Result<Volume> {
         let display = paths.display.clone();
-        if !paths.meta_path.exists() {
+        if paths.shared {
+            std::fs::create_dir_all(&paths.dir).map_err(|cause| Error::Lock {
+                volume: display.clone(),
+                path: paths.dir.clone(),
+                cause,
+            })?;
+        } else if !paths.meta_path.exists() {
             return Err(Error::NotFormatted {
                 volume: display,
                 path: paths.meta_path.clone(),
@@ -220,6 +264,7 @@ impl Volume {
             cache,
             staging,
             block_size_bytes,
+            shared: paths.shared,
             lock,
         })
     }
@@ -305,11 +350,24 @@ mod tests {
         let u = VolumePaths::resolve("sqlite:///x/y/meta.db", Path::new("/b")).unwrap();
         assert_eq!(u.meta_path, PathBuf::from("/x/y/meta.db"));
         assert_eq!(u.dir, PathBuf::from("/x/y"));
+        let pg = VolumePaths::resolve("postgres://u:pw@h:5432/vol_1", Path::new("/b")).unwrap();
+        assert_eq!(pg.dir, PathBuf::from("/b/pg-vol_1"));
+        assert_eq!(pg.lock_path(), PathBuf::from("/b/pg-vol_1/mount.lock"));
+        assert_eq!(pg.display, "postgres://u:***@h:5432/vol_1");
+        assert!(pg.shared);
     }
 
     #[test]
     fn bad_volume_arguments_are_refused() {
-        for bad in ["", "a/b", "..", "postgres://h/db", "sqlite://rel/x.db"] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "postgres://h",
+            "postgres://h/",
+            "mysql://h/db",
+            "sqlite://rel/x.db",
+        ] {
             let err = VolumePaths::resolve(bad, Path::new("/b")).unwrap_err();
             assert!(matches!(err, Error::BadVolume { .. }), "{bad}: {err}");
         }

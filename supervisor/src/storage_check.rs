@@ -120,8 +120,10 @@ impl CheckReport {
 pub struct CheckedVolume {
     /// The volume as given.
     pub display: String,
-    /// Its metadata path (for the lock).
-    pub meta_path: PathBuf,
+    /// Its SQLite metadata path (for the lock); `None` for PostgreSQL,
+    /// whose mounts on other hosts no local lock sees (the minimum age
+    /// protects their uploads).
+    pub meta_path: Option<PathBuf>,
     /// Metadata.
     pub meta: Box<dyn MetaStore>,
     /// Storage (the URL the volume records).
@@ -129,8 +131,12 @@ pub struct CheckedVolume {
 }
 
 impl CheckedVolume {
-    /// Opens `volume`: a name under `base_dir` or `sqlite:///path/meta.db`.
+    /// Opens `volume`: a name under `base_dir`, `sqlite:///path/meta.db`
+    /// or `postgres://user@host:port/db`.
     pub fn open(volume: &str, base_dir: &Path) -> Result<CheckedVolume, CheckError> {
+        if baton_meta::postgres::is_postgres_url(volume) {
+            return Self::open_url(volume, volume, None);
+        }
         let meta_path = if let Some(path) = volume.strip_prefix("sqlite://") {
             PathBuf::from(path)
         } else {
@@ -142,11 +148,22 @@ impl CheckedVolume {
                 .dir
                 .join("meta.db")
         };
+        let url = meta_path.display().to_string();
+        Self::open_url(volume, &url, Some(meta_path))
+    }
+
+    fn open_url(
+        volume: &str,
+        meta_url: &str,
+        meta_path: Option<PathBuf>,
+    ) -> Result<CheckedVolume, CheckError> {
+        let volume = baton_meta::postgres::redact_url(volume);
+        let volume = volume.as_str();
         let meta_err = |source| CheckError::Meta {
             volume: volume.to_string(),
             source: Box::new(source),
         };
-        let meta = baton_meta::open(&meta_path.display().to_string()).map_err(meta_err)?;
+        let meta = baton_meta::open(meta_url).map_err(meta_err)?;
         let storage_url = meta.volume().storage_url;
         let store = BlockStore::open(&storage_url).map_err(|source| CheckError::Storage {
             volume: volume.to_string(),
@@ -218,9 +235,13 @@ impl CheckedVolume {
         Ok(report)
     }
 
-    /// Takes the volume lock for the caller's lifetime of the returned value.
-    pub fn lock(&self) -> Result<Flock<File>, CheckError> {
-        let mut name = self.meta_path.as_os_str().to_owned();
+    /// Takes the volume lock (SQLite volumes) for the lifetime of the
+    /// returned value.
+    pub fn lock(&self) -> Result<Option<Flock<File>>, CheckError> {
+        let Some(meta_path) = &self.meta_path else {
+            return Ok(None);
+        };
+        let mut name = meta_path.as_os_str().to_owned();
         name.push(".lock");
         let lock = PathBuf::from(name);
         let file = OpenOptions::new()
@@ -235,7 +256,7 @@ impl CheckedVolume {
                 source,
             })?;
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(held) => Ok(held),
+            Ok(held) => Ok(Some(held)),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(CheckError::Mounted {
                 volume: self.display.clone(),
                 lock,

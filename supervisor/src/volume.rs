@@ -126,7 +126,12 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
         block_size_bytes: request.block_size_bytes,
     };
     let meta = baton_meta::format(&meta_url, &config)?;
-    tracing::info!(volume = %meta.volume().name, %meta_url, %storage_url, "volume formatted");
+    tracing::info!(
+        volume = %meta.volume().name,
+        meta_url = %baton_meta::postgres::redact_url(&meta_url),
+        %storage_url,
+        "volume formatted"
+    );
     Ok(Formatted {
         meta_url,
         storage_url,

@@ -160,6 +160,8 @@ struct SocketArg {
 
 fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let checked = CheckedVolume::open(volume, base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.display.as_str();
     let report = checked.check()?;
     print_report(volume, &report);
     for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
@@ -204,8 +206,10 @@ fn gc(
     min_age: Duration,
 ) -> anyhow::Result<ExitCode> {
     let checked = CheckedVolume::open(volume, base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.display.as_str();
     // Held until gc returns: no mount of this volume starts on this host.
-    let _lock = if dry_run { None } else { Some(checked.lock()?) };
+    let _lock = if dry_run { None } else { checked.lock()? };
     let report = checked.check()?;
     print_report(volume, &report);
     let keys = collectable(&report.unreferenced, min_age, SystemTime::now());
@@ -281,14 +285,12 @@ fn run() -> anyhow::Result<ExitCode> {
                 s3_region,
                 block_size_bytes: block_size,
             })?;
+            let meta_url = baton_meta::postgres::redact_url(&formatted.meta_url);
             println!(
-                "formatted volume {name}: metadata {}, data {}",
-                formatted.meta_url, formatted.storage_url
+                "formatted volume {name}: metadata {meta_url}, data {}",
+                formatted.storage_url
             );
-            println!(
-                "mount it with: fsclient mount {} MOUNTPOINT",
-                formatted.meta_url
-            );
+            println!("mount it with: fsclient mount {meta_url} MOUNTPOINT");
             Ok(ExitCode::SUCCESS)
         }
         Command::Up {
