@@ -50,21 +50,9 @@ impl VolumePaths {
             reason,
         };
         if baton_meta::postgres::is_postgres_url(volume) {
-            let path = volume.split('?').next().unwrap_or(volume);
-            let db = path
-                .split_once("://")
-                .and_then(|(_, rest)| rest.split_once('/'))
-                .map(|(_, db)| db)
-                .filter(|db| {
-                    !db.is_empty()
-                        && db
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-                        && !db.starts_with('.')
-                })
-                .ok_or_else(|| {
-                    bad("a PostgreSQL URL names its database: postgres://user@host:port/DB")
-                })?;
+            let db = baton_meta::postgres::database_name(volume).ok_or_else(|| {
+                bad("a PostgreSQL URL names its database: postgres://user@host:port/DB")
+            })?;
             let dir = base_dir.join(format!("pg-{db}"));
             return Ok(VolumePaths {
                 display: baton_meta::postgres::redact_url(volume),
