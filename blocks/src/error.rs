@@ -62,6 +62,38 @@ pub enum BlocksError {
         timeout_ms: u64,
     },
 
+    /// A key file is unusable.
+    #[error("key file {path} {reason}")]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The volume is encrypted and no key was given.
+    #[error("the objects of {url} are encrypted: give the volume's key file with --key-file (or BATON_KEY_FILE)")]
+    KeyNeeded {
+        /// The store URL.
+        url: String,
+    },
+
+    /// The key given is not the volume's.
+    #[error("the key does not match the one {url} was formatted with: give the volume's key file; nothing was read or written")]
+    WrongKey {
+        /// The store URL.
+        url: String,
+    },
+
+    /// A stored object cannot be decoded (decrypted or decompressed).
+    #[error("object {key} cannot be decoded: {reason}")]
+    Decode {
+        /// Object key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+
     /// Uploading a block object failed, after retries when the error was transient.
     #[error("upload of object {key} failed after {attempt_count} attempt(s): {source}; the data is still staged and the upload can be retried")]
     Put {

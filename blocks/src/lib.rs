@@ -16,6 +16,8 @@
 //! - [`Staging`]: per-inode staged block files and size record that make an
 //!   acknowledged write survive process death, and the take/clear halves of
 //!   a flush ([`UploadSet`]).
+//! - [`Codec`]: optional LZ4 compression and ChaCha20-Poly1305 encryption
+//!   of objects at rest ([`CodecSpec`]: recorded in the storage URL).
 //! - [`BlocksError`]: the crate's one error type, with [`BlocksError::errno`].
 //!
 //! # Architecture invariants
@@ -66,6 +68,7 @@
 #![deny(missing_docs)]
 
 mod cache;
+mod codec;
 mod error;
 mod key;
 mod s3;
@@ -75,6 +78,7 @@ mod store;
 pub use cache::{
     BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
 };
+pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BYTES};
 pub use error::{BlocksError, Result};
 pub use key::{ObjectKey, KEY_PREFIX};
 pub use s3::{

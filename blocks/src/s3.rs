@@ -160,7 +160,8 @@ pub fn with_s3_settings(url: &str, endpoint: Option<&str>, region: Option<&str>)
         }
         return Ok(url.to_string());
     }
-    let mut location = S3Location::parse(url)?;
+    let (url, codec) = crate::codec::CodecSpec::split_url(url)?;
+    let mut location = S3Location::parse(&url)?;
     if let Some(endpoint) = endpoint {
         let with = format!("s3://{}?endpoint={endpoint}", location.bucket);
         location.endpoint = S3Location::parse(&with)?.endpoint;
@@ -168,7 +169,7 @@ pub fn with_s3_settings(url: &str, endpoint: Option<&str>, region: Option<&str>)
     if let Some(region) = region {
         location.region = Some(region.to_string());
     }
-    Ok(location.to_url())
+    Ok(codec.add_to_url(&location.to_url()))
 }
 
 fn retry_config() -> RetryConfig {
@@ -247,6 +248,10 @@ mod tests {
             "file:///d"
         );
         assert!(with_s3_settings("file:///d", Some("http://h"), None).is_err());
+        assert_eq!(
+            with_s3_settings("s3://bkt?compression=lz4", None, Some("r")).unwrap(),
+            "s3://bkt?region=r&compression=lz4"
+        );
         assert!(with_s3_settings("s3://bkt", Some("h:1"), None).is_err());
     }
 }

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
+use crate::codec::{Codec, CodecSpec, KEY_BYTES};
 use crate::error::{BlocksError, Result};
 use crate::key::ObjectKey;
 use crate::s3::S3Location;
@@ -51,6 +52,9 @@ pub const MULTIPART_PARALLEL_MAX: usize = 4;
 /// `memory://` (in-process, for tests). Anything else is
 /// [`BlocksError::UnsupportedScheme`].
 pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
+    // Codec parameters are the block store's business, not the backend's.
+    let (url, _) = CodecSpec::split_url(url)?;
+    let url = url.as_str();
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| BlocksError::InvalidUrl {
@@ -135,6 +139,8 @@ pub struct BlockStore {
     // Attempts per operation made by this facade: 1 for S3, whose client
     // retries transient errors itself with backoff (RetryConfig).
     attempt_count_max: u32,
+    // Compression/encryption of objects, when the volume has one.
+    codec: Option<Arc<Codec>>,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -150,11 +156,33 @@ impl std::fmt::Debug for BlockStore {
 impl BlockStore {
     /// Opens the store named by `url` (see [`store_from_url`]).
     pub fn open(url: &str) -> Result<Self> {
+        Self::open_with_key(url, None)
+    }
+
+    /// Opens the store named by `url` whose objects may be encrypted:
+    /// refuses a missing or wrong `key` before anything is read or written.
+    pub fn open_with_key(url: &str, key: Option<&[u8; KEY_BYTES]>) -> Result<Self> {
+        let (_, spec) = CodecSpec::split_url(url)?;
+        let mut store = Self::open_undecoded(url)?;
+        if !spec.is_plain() {
+            store.codec = Some(Arc::new(Codec::new(url, &spec, key)?));
+        }
+        Ok(store)
+    }
+
+    /// Opens the store without its codec: for listing and deleting objects
+    /// (`fsctl gc`), never for reading blocks.
+    pub fn open_undecoded(url: &str) -> Result<Self> {
         let mut store = Self::new(store_from_url(url)?, url)?;
         if url.starts_with("s3://") {
             store.attempt_count_max = 1;
         }
         Ok(store)
+    }
+
+    /// Whether objects are stored encoded (their sizes are not block sizes).
+    pub fn is_encoded(&self) -> bool {
+        self.codec.is_some()
     }
 
     /// Wraps an existing object store; `url` is used in messages only.
@@ -170,6 +198,7 @@ impl BlockStore {
             store,
             url: url.to_string(),
             attempt_count_max: RETRY_ATTEMPT_COUNT_MAX,
+            codec: None,
             runtime: Some(runtime),
         })
     }
@@ -192,7 +221,15 @@ impl BlockStore {
     /// Uploads one block under a fresh key and returns the key.
     pub fn put_block(&self, ino: u64, index: u64, data: Bytes) -> Result<ObjectKey> {
         let store = self.store.clone();
-        self.block_on(put_one(store, self.attempt_count_max, ino, index, data))?
+        let codec = self.codec.clone();
+        self.block_on(put_one(
+            store,
+            codec,
+            self.attempt_count_max,
+            ino,
+            index,
+            data,
+        ))?
     }
 
     /// Uploads many blocks, at most [`UPLOAD_PARALLEL_MAX`] at once. Keys are
@@ -201,9 +238,12 @@ impl BlockStore {
     pub fn put_blocks(&self, blocks: Vec<(u64, u64, Bytes)>) -> Result<Vec<ObjectKey>> {
         let store = self.store.clone();
         let attempts = self.attempt_count_max;
+        let codec = self.codec.clone();
         let results: Vec<Result<ObjectKey>> = self.block_on(async move {
             futures::stream::iter(blocks)
-                .map(|(ino, index, data)| put_one(store.clone(), attempts, ino, index, data))
+                .map(|(ino, index, data)| {
+                    put_one(store.clone(), codec.clone(), attempts, ino, index, data)
+                })
                 .buffered(UPLOAD_PARALLEL_MAX)
                 .collect()
                 .await
@@ -239,7 +279,14 @@ impl BlockStore {
             return Ok(Bytes::new());
         }
         let store = self.store.clone();
-        self.block_on(get_range(store, self.attempt_count_max, key.clone(), range))?
+        let codec = self.codec.clone();
+        self.block_on(get_range(
+            store,
+            codec,
+            self.attempt_count_max,
+            key.clone(),
+            range,
+        ))?
     }
 
     /// Deletes objects, best effort: failures are logged, not returned
@@ -366,6 +413,7 @@ impl Drop for BlockStore {
 
 async fn put_one(
     store: Arc<dyn ObjectStore>,
+    codec: Option<Arc<Codec>>,
     attempt_count_max: u32,
     ino: u64,
     index: u64,
@@ -373,6 +421,10 @@ async fn put_one(
 ) -> Result<ObjectKey> {
     let key = ObjectKey::generate(ino, index);
     let path = key.to_path();
+    let data = match &codec {
+        Some(codec) => Bytes::from(codec.encode(path.as_ref(), &data)?),
+        None => data,
+    };
     let (res, attempt_count) = if data.len() >= MULTIPART_THRESHOLD_BYTES {
         with_retry(path.as_ref(), attempt_count_max, || {
             put_in_parts(store.as_ref(), &path, data.clone())
@@ -421,11 +473,15 @@ async fn put_in_parts(
 
 async fn get_range(
     store: Arc<dyn ObjectStore>,
+    codec: Option<Arc<Codec>>,
     attempt_count_max: u32,
     key: ObjectKey,
     range: Range<u64>,
 ) -> Result<Bytes> {
     let path = key.to_path();
+    if let Some(codec) = codec {
+        return get_decoded(store, &codec, attempt_count_max, key, range).await;
+    }
     let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || {
         store.get_range(&path, range.clone())
     })
@@ -447,6 +503,53 @@ async fn get_range(
             end: range.end,
             attempt_count,
             source,
+        }),
+    }
+}
+
+/// Reads a whole encoded object, decodes it and returns `range` of the
+/// block (encoded objects have no byte-range correspondence).
+async fn get_decoded(
+    store: Arc<dyn ObjectStore>,
+    codec: &Codec,
+    attempt_count_max: u32,
+    key: ObjectKey,
+    range: Range<u64>,
+) -> Result<Bytes> {
+    let path = key.to_path();
+    let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || async {
+        store.get(&path).await?.bytes().await
+    })
+    .await;
+    let stored = match res {
+        Ok(bytes) => bytes,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(BlocksError::ObjectMissing {
+                key: key.to_string(),
+            })
+        }
+        Err(source) => {
+            return Err(BlocksError::Get {
+                key: key.to_string(),
+                start: range.start,
+                end: range.end,
+                attempt_count,
+                source,
+            })
+        }
+    };
+    let block = codec.decode(path.as_ref(), &stored)?;
+    let expected_bytes = range.end - range.start;
+    match usize::try_from(range.start)
+        .ok()
+        .zip(usize::try_from(range.end).ok())
+        .and_then(|(start, end)| block.get(start..end))
+    {
+        Some(bytes) => Ok(Bytes::copy_from_slice(bytes)),
+        None => Err(BlocksError::ShortObject {
+            key: key.to_string(),
+            expected_bytes,
+            got_bytes: (block.len() as u64).saturating_sub(range.start),
         }),
     }
 }

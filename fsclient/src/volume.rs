@@ -13,7 +13,7 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_blocks::{BlockCache, BlockStore, Staging};
+use baton_blocks::{BlockCache, BlockStore, BlocksError, Staging};
 use baton_meta::{Location, MetaError, MetaStore};
 use nix::fcntl::{Flock, FlockArg};
 
@@ -117,6 +117,8 @@ pub struct VolumeOptions {
     pub s3_endpoint: Option<String>,
     /// S3 region replacing the one the volume records.
     pub s3_region: Option<String>,
+    /// Key file of an encrypted volume.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Who else may hold the volume lock.
@@ -222,7 +224,7 @@ impl Volume {
             url: record.storage_url.clone(),
             cause: Box::new(source),
         })?;
-        let store = open_store(&display, &storage_url)?;
+        let store = open_store(&display, &storage_url, options.key_file.as_deref())?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
         let block_size_bytes = u64::from(record.block_size_bytes);
@@ -258,13 +260,24 @@ impl Volume {
     }
 }
 
-fn open_store(volume: &str, url: &str) -> Result<Arc<BlockStore>> {
+fn open_store(volume: &str, url: &str, key_file: Option<&Path>) -> Result<Arc<BlockStore>> {
     let unreachable = |source| Error::StorageUnreachable {
         volume: volume.to_string(),
         url: url.to_string(),
         cause: Box::new(source),
     };
-    let store = BlockStore::open(url).map_err(unreachable)?;
+    let key_error = |source| Error::StorageKey {
+        volume: volume.to_string(),
+        cause: Box::new(source),
+    };
+    let key = key_file
+        .map(baton_blocks::read_key_file)
+        .transpose()
+        .map_err(key_error)?;
+    let store = BlockStore::open_with_key(url, key.as_ref()).map_err(|source| match source {
+        BlocksError::KeyNeeded { .. } | BlocksError::WrongKey { .. } => key_error(source),
+        other => unreachable(other),
+    })?;
     store.check_reachable().map_err(unreachable)?;
     Ok(Arc::new(store))
 }

@@ -165,10 +165,13 @@ impl CheckedVolume {
         };
         let meta = baton_meta::open(meta_url).map_err(meta_err)?;
         let storage_url = meta.volume().storage_url;
-        let store = BlockStore::open(&storage_url).map_err(|source| CheckError::Storage {
-            volume: volume.to_string(),
-            source: Box::new(source),
-        })?;
+        // Listing and deleting need no key; sizes of encoded objects are
+        // not block sizes (see `check`).
+        let store =
+            BlockStore::open_undecoded(&storage_url).map_err(|source| CheckError::Storage {
+                volume: volume.to_string(),
+                source: Box::new(source),
+            })?;
         Ok(CheckedVolume {
             display: volume.to_string(),
             meta_path,
@@ -202,6 +205,9 @@ impl CheckedVolume {
             orphan_count: self.meta.orphans().map_err(meta_err)?.len() as u64,
             ..CheckReport::default()
         };
+        let encoded = !baton_blocks::CodecSpec::split_url(&self.meta.volume().storage_url)
+            .map(|(_, spec)| spec.is_plain())
+            .unwrap_or(true);
         let mut referenced = HashSet::new();
         let mut after = None;
         loop {
@@ -216,7 +222,8 @@ impl CheckedVolume {
             for (ino, row) in page {
                 report.referenced_count += 1;
                 let stored_bytes = sizes.get(&row.object_key).copied();
-                if stored_bytes.is_none_or(|size| size < u64::from(row.len)) {
+                let short = |size: u64| !encoded && size < u64::from(row.len);
+                if stored_bytes.is_none_or(short) {
                     report.bad_blocks.push(BadBlock {
                         ino,
                         index: row.index,

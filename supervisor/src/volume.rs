@@ -87,6 +87,10 @@ pub struct FormatRequest {
     pub s3_region: Option<String>,
     /// Block size in bytes.
     pub block_size_bytes: u32,
+    /// Compress objects with LZ4.
+    pub compression: bool,
+    /// Encrypt objects with the key in this file (32 bytes, raw or hex).
+    pub key_file: Option<PathBuf>,
 }
 
 /// What was created.
@@ -119,7 +123,17 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
     if let Some(data_dir) = storage_url.strip_prefix("file://") {
         create_dir(Path::new(data_dir))?;
     }
-    baton_blocks::BlockStore::open(&storage_url)?.check_reachable()?;
+    let key = request
+        .key_file
+        .as_deref()
+        .map(baton_blocks::read_key_file)
+        .transpose()?;
+    let codec = baton_blocks::CodecSpec {
+        compress: request.compression,
+        key_check: key.as_ref().map(baton_blocks::key_check),
+    };
+    let storage_url = codec.add_to_url(&storage_url);
+    baton_blocks::BlockStore::open_with_key(&storage_url, key.as_ref())?.check_reachable()?;
     let config = VolumeConfig {
         name: request.name.clone(),
         storage_url: storage_url.clone(),

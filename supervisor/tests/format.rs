@@ -12,6 +12,8 @@ fn request(base: &std::path::Path, name: &str) -> FormatRequest {
         s3_endpoint: None,
         s3_region: None,
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+        compression: false,
+        key_file: None,
     }
 }
 

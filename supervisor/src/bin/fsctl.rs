@@ -60,6 +60,14 @@ enum Command {
         /// S3 region (recorded in the volume) [default: AWS_REGION or us-east-1].
         #[arg(long)]
         s3_region: Option<String>,
+        /// Compress block objects at rest: none or lz4.
+        #[arg(long, default_value = "none", value_parser = ["none", "lz4"])]
+        compression: String,
+        /// Encrypt block objects at rest (ChaCha20-Poly1305) with the key in
+        /// FILE: 32 raw bytes or 64 hex digits (`head -c 32 /dev/urandom >
+        /// FILE`). Mounts need the same file (--key-file or BATON_KEY_FILE).
+        #[arg(long, value_name = "FILE")]
+        encryption_key_file: Option<PathBuf>,
         /// Block size, e.g. 4M.
         #[arg(long, default_value = "4M", value_parser = parse_block_size)]
         block_size: u32,
@@ -273,6 +281,8 @@ fn run() -> anyhow::Result<ExitCode> {
             storage,
             s3_endpoint,
             s3_region,
+            compression,
+            encryption_key_file,
             block_size,
             base_dir,
         } => {
@@ -284,6 +294,8 @@ fn run() -> anyhow::Result<ExitCode> {
                 s3_endpoint,
                 s3_region,
                 block_size_bytes: block_size,
+                compression: compression == "lz4",
+                key_file: encryption_key_file,
             })?;
             let meta_url = baton_meta::postgres::redact_url(&formatted.meta_url);
             println!(
@@ -486,6 +498,8 @@ fn up(
             s3_endpoint: None,
             s3_region: None,
             block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+            compression: false,
+            key_file: None,
         };
         let formatted = format(&request)?;
         println!("formatted volume {name} ({})", formatted.meta_url);
