@@ -72,12 +72,7 @@ pub(crate) fn commit(
     for &index in &commit.punched {
         removed.extend(delete_row(c, ino, index)?);
     }
-    for b in &commit.blocks {
-        let old = delete_row(c, ino, b.index)?;
-        c.prepare_cached("INSERT INTO blocks (ino, idx, object_key, len) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![ino, b.index, b.object_key, b.len])?;
-        removed.extend(old);
-    }
+    removed.extend(replace_rows(c, ino, &commit.blocks)?);
     check_rows_within(c, ino, size, block_size)?;
     let now = Timespec::now();
     a.size = size;
@@ -149,6 +144,39 @@ fn check_rows_within(c: &Connection, ino: u64, size: u64, block_size: u32) -> Re
     Ok(())
 }
 
+/// Writes `rows` of `ino` over whatever rows had their indices, in two
+/// statements whatever their number (the SQLite engine's per-row loop would
+/// cost a round trip each); a later row wins over an earlier one with the
+/// same index. Returns the replaced rows' object keys.
+fn replace_rows(c: &Connection, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<String>> {
+    let mut last = std::collections::BTreeMap::new();
+    for b in rows {
+        last.insert(b.index, b);
+    }
+    if last.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let to_i64 =
+        |v: u64| i64::try_from(v).map_err(|_| MetaError::FileTooLarge { ino, size_bytes: v });
+    let indices = last
+        .keys()
+        .map(|&i| to_i64(i))
+        .collect::<Result<Vec<i64>>>()?;
+    let keys: Vec<String> = last.values().map(|b| b.object_key.clone()).collect();
+    let lens: Vec<i64> = last.values().map(|b| i64::from(b.len)).collect();
+    let replaced = c
+        .prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ANY(?2) RETURNING object_key")?
+        .query_map(params![ino, indices], |r| r.get(0))?
+        .collect::<super::db::RowResult<BTreeSet<String>>>()?;
+    c.prepare_cached(
+        "INSERT INTO blocks (ino, idx, object_key, len)
+         SELECT ?1, idx, object_key, len FROM unnest(?2::BIGINT[], ?3::TEXT[], ?4::BIGINT[])
+             AS new(idx, object_key, len)",
+    )?
+    .execute(params![ino, indices, keys, lens])?;
+    Ok(replaced)
+}
+
 /// Deletes row `index` of `ino`; returns its object key if it existed.
 fn delete_row(c: &Connection, ino: u64, index: u64) -> Result<Option<String>> {
     Ok(
@@ -188,16 +216,20 @@ pub(crate) fn truncate(
     Ok((keys, (n > 0).then_some(index)))
 }
 
-/// Those of `candidates` that no block row references, sorted.
+/// Those of `candidates` that no block row references, sorted (one
+/// statement for all of them).
 pub(crate) fn unreferenced(c: &Connection, candidates: BTreeSet<String>) -> Result<Vec<ObjectRef>> {
-    let mut stmt =
-        c.prepare_cached("SELECT EXISTS (SELECT 1 FROM blocks WHERE object_key = ?1)")?;
-    let mut out = Vec::with_capacity(candidates.len());
-    for key in candidates {
-        let used: bool = stmt.query_row([&key], |r| r.get(0))?;
-        if !used {
-            out.push(ObjectRef { key });
-        }
+    if candidates.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(out)
+    let all: Vec<String> = candidates.iter().cloned().collect();
+    let used = c
+        .prepare_cached("SELECT DISTINCT object_key FROM blocks WHERE object_key = ANY(?1)")?
+        .query_map(params![all], |r| r.get(0))?
+        .collect::<super::db::RowResult<BTreeSet<String>>>()?;
+    Ok(candidates
+        .into_iter()
+        .filter(|key| !used.contains(key))
+        .map(|key| ObjectRef { key })
+        .collect())
 }

@@ -58,6 +58,8 @@ pub(crate) enum Value {
     Text(String),
     Bytes(Vec<u8>),
     Bool(bool),
+    Ints(Vec<i64>),
+    Texts(Vec<String>),
     Null,
     /// A u64 that does not fit BIGINT: refused when sent.
     TooLarge(u64),
@@ -76,6 +78,8 @@ impl ToSql for Value {
             Value::Text(v) => v.to_sql(ty, out),
             Value::Bytes(v) => v.to_sql(ty, out),
             Value::Bool(v) => v.to_sql(ty, out),
+            Value::Ints(v) => v.to_sql(ty, out),
+            Value::Texts(v) => v.to_sql(ty, out),
             Value::Null => Ok(IsNull::Yes),
             Value::TooLarge(v) => Err(format!("{v} does not fit a BIGINT column").into()),
         }
@@ -132,6 +136,16 @@ impl ToValue for [u8] {
 impl ToValue for Vec<u8> {
     fn to_value(&self) -> Value {
         Value::Bytes(self.clone())
+    }
+}
+impl ToValue for Vec<i64> {
+    fn to_value(&self) -> Value {
+        Value::Ints(self.clone())
+    }
+}
+impl ToValue for Vec<String> {
+    fn to_value(&self) -> Value {
+        Value::Texts(self.clone())
     }
 }
 impl ToValue for FileKind {
