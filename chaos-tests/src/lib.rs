@@ -6,6 +6,7 @@
 //!   and benches that mount real FUSE filesystems.
 //! - [`rw_workload`]: a verifying read/write/readdir workload for any
 //!   mount (run as `baton-testfs rw-workload`), for kill and OOM tests.
+//! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
 
@@ -15,4 +16,5 @@ pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;
 pub mod rw_workload;
+pub mod s3_server;
 pub mod workload;

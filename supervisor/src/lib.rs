@@ -23,6 +23,7 @@
 //!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
 //! - [`reexec`]: `fsctl upgrade-supervisor` (re-execute in place).
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
+//! - [`storage_check`]: `fsctl fsck` / `fsctl gc` (block map vs storage).
 //!
 //! # Invariants
 //! This crate never depends on `fsclient`: it starts the `fsclient` binary
@@ -46,6 +47,7 @@ pub mod preflight;
 pub mod reexec;
 pub mod size;
 pub mod state_file;
+pub mod storage_check;
 pub mod systemd;
 pub mod volume;
 
