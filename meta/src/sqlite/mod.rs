@@ -1,10 +1,11 @@
 //! [`SqliteMeta`]: the embedded SQLite engine behind [`MetaStore`].
 //!
 //! Connections: one read-write connection behind a mutex serialises all
-//! write transactions (`BEGIN IMMEDIATE`); a pool of
-//! [`READ_CONNECTIONS_MAX`] read-only connections serves reads, each in its
-//! own deferred transaction so a multi-statement read sees one snapshot
-//! (WAL mode lets readers run beside the writer). Pragmas: `journal_mode =
+//! write transactions (`BEGIN IMMEDIATE`); reads run on it when it is free
+//! (its page cache stays warm across its own writes), else on a pool of
+//! [`READ_CONNECTIONS_MAX`] read-only connections beside the writer (WAL
+//! mode). A multi-statement read runs in its own deferred transaction so it
+//! sees one snapshot; a one-statement read (lookup, getattr) needs none. Pragmas: `journal_mode =
 //! WAL`, `synchronous = NORMAL`, `foreign_keys = ON`, `busy_timeout`.
 //!
 //! # Durability
@@ -203,12 +204,17 @@ impl SqliteMeta {
         let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let run = || -> Result<T> {
             let tx = Tx::begin(&conn, "BEGIN IMMEDIATE")?;
-            let out = f(&conn)?;
-            if let Some(key) = req {
-                requests::record(&conn, key, &encode(&out).encode())?;
+            let out = f(&conn).and_then(|out| match req {
+                Some(key) => requests::record(&conn, key, &encode(&out).encode()).map(|()| out),
+                None => Ok(out),
+            });
+            match out {
+                Ok(out) => tx.end("COMMIT").map(|()| out),
+                Err(e) => {
+                    tx.end("ROLLBACK")?;
+                    Err(e)
+                }
             }
-            tx.end("COMMIT")?;
-            Ok(out)
         };
         run().map_err(|e| log_store_error(e.in_op(op)))
     }
@@ -218,9 +224,9 @@ impl SqliteMeta {
         let conn = self.reader();
         let run = || -> Result<T> {
             let tx = Tx::begin(&conn, "BEGIN DEFERRED")?;
-            let out = f(&conn)?;
+            let out = f(&conn);
             tx.end("ROLLBACK")?;
-            Ok(out)
+            out
         };
         run().map_err(|e| log_store_error(e.in_op(op)))
     }
@@ -233,8 +239,16 @@ impl SqliteMeta {
         f(&conn).map_err(|e| log_store_error(e.in_op(op)))
     }
 
-    /// A free pool connection if there is one, else waits for one.
+    /// The writer connection if it is free, else a free pool connection,
+    /// else waits for one. The writer first: in WAL mode a connection drops
+    /// its whole page cache when another connection wrote since its last
+    /// transaction, so after each write a pool connection re-reads every
+    /// page it touches (a pread each), while the writer's cache stays warm
+    /// across its own writes. The pool serves reads beside a running write.
     fn reader(&self) -> MutexGuard<'_, Connection> {
+        if let Ok(writer) = self.writer.try_lock() {
+            return writer;
+        }
         let count = self.readers.len();
         let start = self.next_reader.fetch_add(1, Ordering::Relaxed) % count;
         for i in 0..count {
@@ -249,8 +263,9 @@ impl SqliteMeta {
 }
 
 /// An explicit transaction begun and ended with cached statements (no SQL
-/// parsed per transaction); rolled back when dropped unfinished (an error or
-/// a panic in between).
+/// parsed per transaction, failed ones included: a negative lookup before
+/// every create ends in an error); rolled back when dropped unfinished (a
+/// panic in between, or a failed COMMIT).
 struct Tx<'c> {
     conn: &'c Connection,
     finished: bool,

@@ -33,6 +33,7 @@ pub struct Options {
     pub runs: usize,
     pub idle_mounts: usize,
     pub stall_kills: usize,
+    pub targets: Vec<String>,
     #[serde(skip)]
     pub dir: PathBuf,
 }
@@ -468,6 +469,10 @@ struct Report {
 /// Measures every target, then Baton alone; prints and writes the report.
 /// Fails (after printing and writing it) if any measurement failed.
 pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
+    let known = ["plain", "bindfs", "rclone", "baton"];
+    if let Some(bad) = o.targets.iter().find(|t| !known.contains(&t.as_str())) {
+        bail!("unknown target {bad:?}: use {}", known.join(","));
+    }
     let root = tempfile::Builder::new()
         .prefix("baton-bench-")
         .tempdir_in(&o.dir)
@@ -486,7 +491,15 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
         errors: Vec::new(),
     };
     let mut figures: BTreeMap<(&'static str, Key), Vec<f64>> = BTreeMap::new();
-    for name in [PLAIN, BINDFS, RCLONE, BATON] {
+    for (flag, name) in [
+        ("plain", PLAIN),
+        ("bindfs", BINDFS),
+        ("rclone", RCLONE),
+        ("baton", BATON),
+    ] {
+        if !o.targets.iter().any(|t| t == flag) {
+            continue;
+        }
         println!("== {name}");
         match measure_target(
             name,
@@ -508,7 +521,9 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
         }
     }
     report.rows = rows(&figures, &report.targets);
-    baton_only(root.path(), o, &mut report);
+    if o.targets.iter().any(|t| t == "baton") {
+        baton_only(root.path(), o, &mut report);
+    }
     print_report(&report);
     if let Some(path) = json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)

@@ -101,6 +101,14 @@ struct FsArgs {
     /// Kills for the kill -9 stall figure (0 skips it).
     #[arg(long, default_value_t = 50)]
     stall_kills: usize,
+    /// Targets to measure, comma-separated, in this order: plain, bindfs,
+    /// rclone, baton.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plain,bindfs,rclone,baton"
+    )]
+    targets: Vec<String>,
     /// Small sizes for a smoke run (under a minute); overrides the above.
     #[arg(long)]
     quick: bool,
@@ -125,6 +133,7 @@ impl FsArgs {
             runs: self.runs.max(1),
             idle_mounts: self.idle_mounts,
             stall_kills: self.stall_kills,
+            targets: self.targets.clone(),
             dir: self.dir.clone(),
         };
         if self.quick {
