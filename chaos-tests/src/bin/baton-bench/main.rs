@@ -95,8 +95,9 @@ struct FsArgs {
     /// Runs of every workload per target (the median is shown).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// Idle mounts for the supervisor memory figure (0 skips it).
-    #[arg(long, default_value_t = 100)]
+    /// Idle mounts for the supervisor memory figure (0 skips it). One
+    /// fs-supervisor holds at most 64 mounts (its MOUNTS_MAX).
+    #[arg(long, default_value_t = 64)]
     idle_mounts: usize,
     /// Kills for the kill -9 stall figure (0 skips it).
     #[arg(long, default_value_t = 50)]
