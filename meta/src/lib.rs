@@ -9,7 +9,8 @@
 //! # Brief overview
 //! - [`MetaStore`]: the engine-neutral trait the FUSE server (`fsclient`)
 //!   calls from many worker threads; every mutation is one transaction.
-//! - [`SqliteMeta`]: the embedded SQLite engine (WAL, `synchronous=FULL`),
+//! - [`SqliteMeta`]: the embedded SQLite engine (WAL, `synchronous=NORMAL`
+//!   plus an explicit [`MetaStore::sync`]),
 //!   created by [`format`] (`fsctl format`) and opened by [`open`].
 //! - [`PostgresMeta`]: the same operations on a PostgreSQL server, for
 //!   volumes mounted by several hosts (`postgres://` URLs).
@@ -30,6 +31,8 @@
 //! - Object keys reported as released are referenced by no block-map row;
 //!   callers delete those objects only after the call returned.
 //! - [`MetaStore::commit_blocks`] is the durability point of a write.
+//! - A committed mutation survives kill -9 of the process at any instant;
+//!   it survives power loss after the next [`MetaStore::sync`].
 //!
 //! # Architecture invariant
 //! This crate knows nothing of FUSE, generations or object storage.

@@ -31,5 +31,10 @@ pub const BLOCK_SIZE_BYTES_MAX: u32 = 256 * 1024 * 1024;
 pub const FILE_SIZE_BYTES_MAX: u64 = i64::MAX as u64;
 /// Read-only connections in the SQLite reader pool.
 pub const READ_CONNECTIONS_MAX: usize = 4;
+/// Prepared statements each SQLite connection keeps (LRU). Above the number
+/// of distinct statements the engine uses (about 60), so none is ever parsed
+/// again: at rusqlite's default of 16 the writer re-prepared statements on
+/// every unlink.
+pub const PREPARED_STATEMENTS_CACHED_MAX: usize = 256;
 /// How long a SQLite connection waits for a lock before failing.
 pub const BUSY_TIMEOUT_MS: u64 = 5000;

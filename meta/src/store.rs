@@ -4,6 +4,12 @@
 //!
 //! Contract shared by every engine:
 //! - each mutating method is ONE transaction: it fully happens or not at all;
+//! - once a mutating method returned `Ok`, its transaction survives the
+//!   death of the calling process at any instant (kill -9, OOM kill);
+//! - it survives a power loss or kernel crash once a later
+//!   [`MetaStore::sync`] returned `Ok` (as a local filesystem's changes do
+//!   after `fsync`); without `sync` the latest transactions may be lost by a
+//!   power loss, never half-applied;
 //! - a mutating method given `Some(RequestKey)` also records its encoded
 //!   result ([`crate::record::Recorded`]) in that same transaction, and fails
 //!   with `DuplicateRequest` (changing nothing) if the key is already recorded;
@@ -131,8 +137,9 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>>;
 
     /// THE DURABILITY POINT OF A WRITE. Once this returns `Ok`, the written
-    /// blocks are part of the file and survive a crash (SQLite `synchronous =
-    /// FULL`); before, they do not exist for readers. The caller must upload
+    /// blocks are part of the file and survive the death of the process;
+    /// after a later [`MetaStore::sync`] they survive a power loss too (as
+    /// far as the metadata goes); before, they do not exist for readers. The caller must upload
     /// the objects named in `commit.blocks` BEFORE calling, and delete the
     /// returned released objects only AFTER it returns.
     ///
@@ -146,6 +153,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         commit: &CommitBlocks,
         req: Option<RequestKey>,
     ) -> Result<(Attr, Vec<ObjectRef>)>;
+
+    /// Makes every transaction that committed before this call durable
+    /// against power loss and kernel crashes (FUSE FSYNC, FSYNCDIR, SYNCFS).
+    fn sync(&self) -> Result<()>;
 
     /// The encoded result of a request recorded as completed, if any.
     fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>>;

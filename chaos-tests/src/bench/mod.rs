@@ -165,9 +165,43 @@ impl Target {
 
 /// VmRSS of a process, KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// A KiB field of `/proc/PID/status` (`VmRSS`, `VmHWM` = peak RSS, ...).
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let line = status
+        .lines()
+        .find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Median, minimum and maximum of one figure over repeated runs.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Spread {
+    /// The median run (the upper middle one for an even count).
+    pub median: f64,
+    /// The lowest run.
+    pub min: f64,
+    /// The highest run.
+    pub max: f64,
+    /// Every run, in the order measured.
+    pub runs: Vec<f64>,
+}
+
+impl Spread {
+    /// The spread of `runs` (all zero when empty).
+    pub fn of(runs: Vec<f64>) -> Spread {
+        let mut sorted = runs.clone();
+        sorted.sort_by(f64::total_cmp);
+        Spread {
+            median: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
+            min: sorted.first().copied().unwrap_or(0.0),
+            max: sorted.last().copied().unwrap_or(0.0),
+            runs,
+        }
+    }
 }
 
 /// A 4096-aligned buffer for O_DIRECT reads.

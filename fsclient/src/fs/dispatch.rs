@@ -329,9 +329,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn fsyncdir(&self, _req: &Request<'_>, _nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
-        // Every metadata change is committed (synchronous=FULL) before its reply.
-        reply.ok();
+    fn fsyncdir(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        let r = self.do_fsyncdir();
+        answer!(self, req, "fsyncdir", nodeid, r, reply, |()| reply.ok());
     }
 
     fn getlk(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LkIn, reply: ReplyLock) {
@@ -421,7 +421,7 @@ impl Filesystem for BatonFs {
     }
 
     fn syncfs(&self, req: &Request<'_>, reply: ReplyEmpty) {
-        answer!(self, req, "syncfs", 0, self.flush_all(), reply, |()| reply
+        answer!(self, req, "syncfs", 0, self.do_syncfs(), reply, |()| reply
             .ok());
     }
 }

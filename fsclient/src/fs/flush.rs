@@ -4,7 +4,8 @@
 //! 1. WRITE: the bytes go into the staging area (`Staging::write`, a local
 //!    file written with pwrite) BEFORE the reply. The page cache of the
 //!    staging filesystem is enough to survive the death of this process;
-//!    FUSE fsync additionally commits (below), which survives power loss.
+//!    FUSE fsync additionally commits (below) and then syncs the metadata
+//!    (`MetaStore::sync`), which makes the commit survive power loss.
 //! 2. FLUSH (every close), FSYNC, RELEASE, SYNCFS, shutdown, and recovery at
 //!    start run these steps under the inode's mutex, until staging is empty
 //!    for the inode (at most [`FLUSH_ROUNDS_MAX`] rounds):
@@ -19,6 +20,18 @@
 //!      written meanwhile stays staged);
 //!    - delete the objects the commit released (never before: the commit
 //!      might not have happened).
+//!
+//! # Durability contract
+//! - Process death (kill -9, OOM) at any instant loses no acknowledged
+//!   operation: a WRITE is staged before its reply, a namespace change and a
+//!   flush's commit are committed metadata transactions before theirs (they
+//!   live in the kernel's page cache from then on).
+//! - Power loss or a kernel crash: what FSYNC, FSYNCDIR or SYNCFS
+//!   acknowledged survives as far as metadata goes (`MetaStore::sync`
+//!   fsyncs the metadata log); later changes may be lost, as on a local
+//!   filesystem without fsync. FLUSH (close) does not sync. The object
+//!   store's own durability applies to block objects (the embedded local
+//!   directory backend does not fsync objects).
 //!
 //! A crash between any two steps loses nothing: staging is cleared only
 //! after the commit, and redoing a flush from the staged state (what start-
@@ -305,11 +318,25 @@ impl BatonFs {
         self.flush_inode(ino)
     }
 
+    /// FSYNC: commits the staged data, then makes every committed metadata
+    /// transaction durable against power loss.
     pub(super) fn do_fsync(&self, ino: u64) -> Result<()> {
-        if self.handles.is_open_orphan(ino) {
-            return Ok(());
+        if !self.handles.is_open_orphan(ino) {
+            self.flush_inode(ino)?;
         }
-        self.flush_inode(ino)
+        Ok(self.meta.sync()?)
+    }
+
+    /// FSYNCDIR: every namespace change is committed before its reply; this
+    /// makes them durable against power loss.
+    pub(super) fn do_fsyncdir(&self) -> Result<()> {
+        Ok(self.meta.sync()?)
+    }
+
+    /// SYNCFS: commits every inode's staged data, then syncs the metadata.
+    pub(super) fn do_syncfs(&self) -> Result<()> {
+        self.flush_all()?;
+        Ok(self.meta.sync()?)
     }
 
     pub(super) fn do_release(&self, ino: u64, arg: &abi::ReleaseIn) -> Result<()> {

@@ -578,6 +578,12 @@ impl MetaStore for PostgresMeta {
         )
     }
 
+    fn sync(&self) -> Result<()> {
+        // Every PostgreSQL commit is already durable when it returns (the
+        // server's synchronous_commit, on by default).
+        Ok(())
+    }
+
     fn request_answered(&self, key: RequestKey) {
         let full = {
             let mut answered = self.lock_answered();

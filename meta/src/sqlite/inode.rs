@@ -24,8 +24,44 @@ impl ToSql for FileKind {
     }
 }
 
-const ATTR_COLUMNS: &str = "ino, kind, mode, nlink, uid, gid, rdev, size, atime_sec, atime_nsec,
-    mtime_sec, mtime_nsec, ctime_sec, ctime_nsec, generation";
+/// The `inodes` columns [`row_attr`] reads, in its order, each prefixed by
+/// a table alias (`attr_columns!("i.")`) or not (`attr_columns!("")`).
+macro_rules! attr_columns {
+    ($p:literal) => {
+        concat!(
+            $p,
+            "ino, ",
+            $p,
+            "kind, ",
+            $p,
+            "mode, ",
+            $p,
+            "nlink, ",
+            $p,
+            "uid, ",
+            $p,
+            "gid, ",
+            $p,
+            "rdev, ",
+            $p,
+            "size, ",
+            $p,
+            "atime_sec, ",
+            $p,
+            "atime_nsec, ",
+            $p,
+            "mtime_sec, ",
+            $p,
+            "mtime_nsec, ",
+            $p,
+            "ctime_sec, ",
+            $p,
+            "ctime_nsec, ",
+            $p,
+            "generation"
+        )
+    };
+}
 
 fn row_attr(r: &Row<'_>) -> rusqlite::Result<Attr> {
     let time = |s, n| -> rusqlite::Result<Timespec> {
@@ -52,8 +88,8 @@ fn row_attr(r: &Row<'_>) -> rusqlite::Result<Attr> {
 
 /// Attributes of `ino`, or `None` if no such inode.
 pub(crate) fn try_attr(c: &Connection, ino: u64) -> Result<Option<Attr>> {
-    let sql = format!("SELECT {ATTR_COLUMNS} FROM inodes WHERE ino = ?1");
-    Ok(c.prepare_cached(&sql)?
+    const SQL: &str = concat!("SELECT ", attr_columns!(""), " FROM inodes WHERE ino = ?1");
+    Ok(c.prepare_cached(SQL)?
         .query_row([ino], row_attr)
         .optional()?)
 }
@@ -188,6 +224,20 @@ pub(crate) fn find_entry(c: &Connection, parent: u64, name: &[u8]) -> Result<Opt
             })
             .optional()?,
     )
+}
+
+/// Attributes of the inode the entry `name` in `parent` names, in ONE
+/// statement (so it needs no explicit transaction for a consistent answer).
+/// `None` if there is no such entry (the caller finds out why).
+pub(crate) fn find_entry_attr(c: &Connection, parent: u64, name: &[u8]) -> Result<Option<Attr>> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        attr_columns!(""),
+        " FROM inodes WHERE ino = (SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2)"
+    );
+    Ok(c.prepare_cached(SQL)?
+        .query_row(params![parent, name], row_attr)
+        .optional()?)
 }
 
 /// Adds entry `name` in `parent` for `ino` with a fresh cookie.

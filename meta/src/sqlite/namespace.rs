@@ -11,6 +11,17 @@ use crate::error::{MetaError, Result};
 use crate::limits::{NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
 use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSION_MASK, S_ISGID};
 
+/// The common case of [`lookup`] in one statement: `Some` when `name` (not
+/// `.` or `..`) is an entry of `parent`; `None` means "ask [`lookup`]",
+/// which tells a missing entry from a bad parent or name.
+pub(crate) fn lookup_entry(c: &Connection, parent: u64, name: &OsStr) -> Result<Option<Attr>> {
+    let b = name.as_bytes();
+    if is_dot(b) || b.is_empty() || b.len() > crate::limits::NAME_LEN_MAX {
+        return Ok(None);
+    }
+    inode::find_entry_attr(c, parent, b)
+}
+
 /// Resolves `name` in directory `parent`; `.` and `..` included.
 pub(crate) fn lookup(c: &Connection, parent: u64, name: &OsStr) -> Result<Attr> {
     let b = check_name(parent, name)?;

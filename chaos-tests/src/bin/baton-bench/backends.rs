@@ -121,12 +121,12 @@ impl Volume {
         row.read_cold_mib_s = sequential_read(&big, 1 << 20).with_context(|| ctx("cold read"))?;
         row.read_warm_mib_s = sequential_read(&big, 1 << 20)?;
         row.rand4k_4t_ops = random_reads(&big, 4, seconds)?;
-        [
-            row.create_ops,
-            row.stat_ops,
-            row.readdir_ops,
-            row.unlink_ops,
-        ] = small_files(&self.mnt().join("small"), files).with_context(|| ctx("small files"))?;
+        let rates =
+            small_files(&self.mnt().join("small"), files, 1).with_context(|| ctx("small files"))?;
+        row.create_ops = rates.create;
+        row.stat_ops = rates.stat;
+        row.readdir_ops = rates.readdir;
+        row.unlink_ops = rates.unlink;
         drop(target);
         Ok(row)
     }

@@ -6,15 +6,21 @@
 //! test filesystem) with 1 and 4 threads, beside bindfs over a tmpfs
 //! directory and the tmpfs directory itself.
 //!
-//! `baton-bench fsclient`: sequential write (1 MiB writes, final fsync) and
-//! cold and warm sequential read of a large file, random 4 KiB reads with 1
-//! and 4 threads, and create/stat/readdir/unlink of small files, on a plain
-//! directory of the same disk, bindfs over such a directory, and a Baton
-//! volume on the embedded default (SQLite + local directory). Cold reads drop
-//! the page cache, and for Baton also remount with an empty block cache.
+//! `baton-bench fs` (alias `fsclient`): sequential write (1 MiB writes,
+//! final fsync), cold and warm sequential read of a large file, random 4 KiB
+//! reads cold and warm with 1 and 4 threads, create/stat/readdir/unlink of
+//! small files with 1 and 4 threads, and a cold read of a tree of many large
+//! files, on a plain directory, bindfs, `rclone mount` of a local directory
+//! and a Baton volume mounted through fs-supervisor; then Baton's memory
+//! (idle and busy generation, supervisor with idle mounts) and kill -9
+//! stall. Cold reads drop the page cache, and for Baton also remount with an
+//! empty block cache. `--quick` shrinks everything for a smoke run.
 //!
-//! `baton-bench stall` / `baton-bench upgrade-stall`: what applications see
-//! when the filesystem process is killed, or upgraded with `fsctl upgrade`.
+//! `baton-bench stall`: the kill -9 stall alone, warm and cold.
+//! `baton-bench upgrade-stall`: what applications see during planned
+//! upgrades (`fsctl upgrade`).
+//! `baton-bench backends`: the Baton workload on each storage/metadata
+//! backend (embedded, S3, PostgreSQL).
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -93,24 +99,97 @@ enum Bench {
         #[arg(long)]
         postgres_url: Option<String>,
     },
-    /// Throughput and metadata rates: plain directory vs bindfs vs Baton.
-    Fsclient {
-        /// Size of the large file, MiB.
-        #[arg(long, default_value_t = 1024)]
-        size_mib: u64,
-        /// Number of small files.
-        #[arg(long, default_value_t = 10_000)]
-        files: usize,
-        /// Seconds per random-read run.
-        #[arg(long, default_value_t = 5.0)]
-        seconds: f64,
-        /// Where to put the data (a directory on the disk under test).
-        #[arg(long, default_value = "/var/tmp")]
-        dir: std::path::PathBuf,
-        /// Also write the results as JSON here.
-        #[arg(long)]
-        json: Option<std::path::PathBuf>,
-    },
+    /// Throughput, metadata rates and memory: plain directory, bindfs,
+    /// rclone mount and Baton (through fs-supervisor), in one run.
+    #[command(alias = "fsclient")]
+    Fs(FsArgs),
+}
+
+#[derive(clap::Args)]
+struct FsArgs {
+    /// Size of the large file, MiB.
+    #[arg(long, default_value_t = 1024)]
+    size_mib: u64,
+    /// Number of small files of the metadata workloads.
+    #[arg(long, default_value_t = 10_000)]
+    files: usize,
+    /// Seconds per warm random-read run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Random 4 KiB reads per thread right after caches were dropped.
+    #[arg(long, default_value_t = 2000)]
+    cold_reads: u64,
+    /// Files in the many-file tree.
+    #[arg(long, default_value_t = 200)]
+    tree_files: usize,
+    /// Smallest tree file, MiB.
+    #[arg(long, default_value_t = 1)]
+    tree_min_mib: u64,
+    /// Largest tree file, MiB.
+    #[arg(long, default_value_t = 20)]
+    tree_max_mib: u64,
+    /// Runs of every workload per target (the median is shown).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Idle mounts for the supervisor memory figure (0 skips it). One
+    /// fs-supervisor holds at most 64 mounts (its MOUNTS_MAX).
+    #[arg(long, default_value_t = 64)]
+    idle_mounts: usize,
+    /// Kills for the kill -9 stall figure (0 skips it).
+    #[arg(long, default_value_t = 50)]
+    stall_kills: usize,
+    /// Targets to measure, comma-separated, in this order: plain, bindfs,
+    /// rclone, baton.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plain,bindfs,rclone,baton"
+    )]
+    targets: Vec<String>,
+    /// Small sizes for a smoke run (under a minute); overrides the above.
+    #[arg(long)]
+    quick: bool,
+    /// Where to put the data (a directory on the disk under test).
+    #[arg(long, default_value = "/var/tmp")]
+    dir: std::path::PathBuf,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+impl FsArgs {
+    fn options(&self) -> compare::Options {
+        let mut o = compare::Options {
+            size_mib: self.size_mib,
+            files: self.files,
+            seconds: self.seconds,
+            cold_reads: self.cold_reads,
+            tree_files: self.tree_files,
+            tree_min_mib: self.tree_min_mib,
+            tree_max_mib: self.tree_max_mib,
+            runs: self.runs.max(1),
+            idle_mounts: self.idle_mounts,
+            stall_kills: self.stall_kills,
+            targets: self.targets.clone(),
+            dir: self.dir.clone(),
+        };
+        if self.quick {
+            o = compare::Options {
+                size_mib: 32,
+                files: 300,
+                seconds: 0.3,
+                cold_reads: 200,
+                tree_files: 6,
+                tree_min_mib: 1,
+                tree_max_mib: 2,
+                runs: 1,
+                idle_mounts: 3,
+                stall_kills: 5,
+                ..o
+            };
+        }
+        o
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -168,24 +247,12 @@ fn run() -> anyhow::Result<()> {
                 .or_else(|| std::env::var("BATON_TEST_POSTGRES_URL").ok())
                 .as_deref(),
         ),
-        Bench::Fsclient {
-            size_mib,
-            files,
-            seconds,
-            dir,
-            json,
-        } => fsclient_bench::run(
-            &dir,
-            size_mib,
-            files,
-            Duration::from_secs_f64(seconds),
-            json.as_deref(),
-        ),
+        Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
     }
 }
 
 mod backends;
-mod fsclient_bench;
+mod compare;
 mod stall;
 mod upgrade_stall;
 

@@ -42,7 +42,7 @@ fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
 
 /// Stalls (µs) of `kills` kills, with or without a warm standby, and the
 /// number of reads the application completed (a failed read fails the run).
-fn measure(
+pub(crate) fn measure(
     dir: &Path,
     kills: usize,
     interval: Duration,

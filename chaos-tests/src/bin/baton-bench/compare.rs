@@ -1,0 +1,733 @@
+//! `baton-bench fs`: the filesystem workloads on every target in one
+//! invocation (a plain directory, bindfs over one, `rclone mount` of a local
+//! directory, and Baton mounted through fs-supervisor), repeated `runs`
+//! times; then the Baton-only figures (generation and supervisor memory,
+//! kill -9 stall). Prints a table of medians (min-max) with Baton's ratio to
+//! each baseline, and writes the same as JSON with `--json`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use chaos_tests::bench::fs::{
+    drop_page_cache, random_reads, random_reads_counted, read_tree, sequential_read,
+    sequential_write, small_files, tree_sizes, write_tree, SEQUENTIAL_CHUNK_BYTES,
+};
+use chaos_tests::bench::{status_kib, Spread, Target};
+use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+
+use super::stall;
+
+/// Sizes and counts of one `baton-bench fs` invocation.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Options {
+    pub size_mib: u64,
+    pub files: usize,
+    pub seconds: f64,
+    pub cold_reads: u64,
+    pub tree_files: usize,
+    pub tree_min_mib: u64,
+    pub tree_max_mib: u64,
+    pub runs: usize,
+    pub idle_mounts: usize,
+    pub stall_kills: usize,
+    pub targets: Vec<String>,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+/// The names the table and the JSON use.
+const PLAIN: &str = "plain dir";
+const BINDFS: &str = "bindfs";
+const RCLONE: &str = "rclone";
+const BATON: &str = "baton";
+
+/// One measured figure: which workload, in what unit, on how many threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+struct Key {
+    workload: &'static str,
+    unit: &'static str,
+    threads: usize,
+}
+
+const fn key(workload: &'static str, unit: &'static str, threads: usize) -> Key {
+    Key {
+        workload,
+        unit,
+        threads,
+    }
+}
+
+const SEQ_WRITE: Key = key("seq write + fsync", "MiB/s", 1);
+const SEQ_READ_COLD: Key = key("seq read cold", "MiB/s", 1);
+const SEQ_READ_WARM: Key = key("seq read warm", "MiB/s", 1);
+const TREE_READ_COLD: Key = key("many-file read cold", "MiB/s", 1);
+
+/// Every row, in table order.
+fn all_keys() -> Vec<Key> {
+    let mut keys = vec![SEQ_WRITE, SEQ_READ_COLD, SEQ_READ_WARM];
+    for threads in [1, 4] {
+        keys.push(key("rand 4K read cold", "ops/s", threads));
+    }
+    for threads in [1, 4] {
+        keys.push(key("rand 4K read warm", "ops/s", threads));
+    }
+    for (workload, unit) in [
+        ("create", "ops/s"),
+        ("stat", "ops/s"),
+        ("readdir", "entries/s"),
+        ("unlink", "ops/s"),
+    ] {
+        for threads in [1, 4] {
+            keys.push(key(workload, unit, threads));
+        }
+    }
+    keys.push(TREE_READ_COLD);
+    keys
+}
+
+/// A Baton volume mounted through its own fs-supervisor.
+struct Supervised {
+    socket: PathBuf,
+    base: PathBuf,
+    volume: String,
+    mnt: PathBuf,
+    cache_count: usize,
+    guard: Option<MountGuard>,
+    /// Highest VmHWM of any generation that served this mount, KiB.
+    busy_hwm_kib: u64,
+    _supervisor: ChildGuard,
+}
+
+impl Supervised {
+    /// Starts fs-supervisor (warm standby on: the product's default) in
+    /// `dir`; mounts nothing yet.
+    fn start(dir: &Path, volume: &str) -> anyhow::Result<Supervised> {
+        let socket = dir.join("supervisor.sock");
+        let supervisor = ChildGuard(
+            Command::new(workspace_binary("fs-supervisor"))
+                .arg("--socket")
+                .arg(&socket)
+                .arg("--state-dir")
+                .arg(dir.join("state"))
+                .args(["--cgroup-parent", "baton-bench"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting fs-supervisor")?,
+        );
+        if !wait_until(Duration::from_secs(20), || socket.exists()) {
+            bail!(
+                "fs-supervisor did not open {} within 20 s",
+                socket.display()
+            );
+        }
+        let base = dir.join("base");
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt)?;
+        format_volume(&base, volume)?;
+        Ok(Supervised {
+            socket,
+            base,
+            volume: volume.to_string(),
+            mnt,
+            cache_count: 0,
+            guard: None,
+            busy_hwm_kib: 0,
+            _supervisor: supervisor,
+        })
+    }
+
+    /// Mounts the volume with a fresh, empty block cache directory.
+    fn mount_cold(&mut self) -> anyhow::Result<()> {
+        self.cache_count += 1;
+        let cache = self.base.join(format!("cache-{}", self.cache_count));
+        mount_volume(
+            &self.socket,
+            &self.base,
+            &self.volume,
+            &self.mnt,
+            Some(&cache),
+        )?;
+        self.guard = Some(MountGuard::new(&self.mnt));
+        Ok(())
+    }
+
+    /// Unmounts through the supervisor (the generation flushes), after
+    /// noting the generation's peak RSS; removes the old cache directory.
+    fn umount(&mut self) -> anyhow::Result<()> {
+        self.sample_busy();
+        let mnt = self.mnt.to_str().context("utf-8 mountpoint")?;
+        fsctl(&self.socket, &["umount", mnt])?;
+        self.guard = None;
+        let cache = self.base.join(format!("cache-{}", self.cache_count));
+        if cache.exists() {
+            std::fs::remove_dir_all(&cache)
+                .with_context(|| format!("removing the old cache {}", cache.display()))?;
+        }
+        Ok(())
+    }
+
+    fn remount_cold(&mut self) -> anyhow::Result<()> {
+        self.umount()?;
+        self.mount_cold()
+    }
+
+    fn generation_pid(&self) -> anyhow::Result<u32> {
+        generation_pids(&self.socket)?
+            .first()
+            .copied()
+            .context("fsctl status lists no serving generation")
+    }
+
+    fn sample_busy(&mut self) {
+        if let Some(kib) = self
+            .generation_pid()
+            .ok()
+            .and_then(|pid| status_kib(pid, "VmHWM"))
+        {
+            self.busy_hwm_kib = self.busy_hwm_kib.max(kib);
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        if self.guard.is_some() {
+            if let Err(err) = self.umount() {
+                eprintln!("baton-bench: unmounting {}: {err:#}", self.mnt.display());
+            }
+        }
+    }
+}
+
+fn format_volume(base: &Path, volume: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(base)?;
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(["format", volume])
+        .arg("--base-dir")
+        .arg(base)
+        .output()
+        .context("running fsctl format")?;
+    if !out.status.success() {
+        bail!(
+            "fsctl format {volume}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn mount_volume(
+    socket: &Path,
+    base: &Path,
+    volume: &str,
+    mnt: &Path,
+    cache: Option<&Path>,
+) -> anyhow::Result<()> {
+    let utf8 = |p: &Path| p.to_str().map(str::to_string).context("utf-8 path");
+    let mut args = vec![
+        "mount".to_string(),
+        volume.to_string(),
+        utf8(mnt)?,
+        "--base-dir".into(),
+        utf8(base)?,
+    ];
+    if let Some(cache) = cache {
+        args.extend(["--cache-dir".into(), utf8(cache)?]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fsctl(socket, &args).map(|_| ())
+}
+
+/// Runs `fsctl ARGS --socket SOCKET`; its stdout.
+fn fsctl(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .context("running fsctl")?;
+    if !out.status.success() {
+        bail!(
+            "fsctl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The serving generation's pid of every mount of a supervisor.
+fn generation_pids(socket: &Path) -> anyhow::Result<Vec<u32>> {
+    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
+    Ok(status["mounts"]
+        .as_array()
+        .map(|mounts| {
+            mounts
+                .iter()
+                .filter_map(|m| m["pid"].as_u64().map(|p| p as u32))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// A mounted target and how to make its caches cold.
+struct Mounted {
+    name: &'static str,
+    root: PathBuf,
+    _target: Option<Target>,
+    baton: Option<Supervised>,
+}
+
+impl Mounted {
+    /// Drops the page cache; Baton is remounted with an empty block cache
+    /// first.
+    fn cold(&mut self) -> anyhow::Result<()> {
+        if let Some(baton) = self.baton.as_mut() {
+            baton.remount_cold().context("remounting Baton cold")?;
+        }
+        drop_page_cache().context("dropping the page cache (needs root)")
+    }
+}
+
+/// Finds `program`, installing Debian `package` if it is missing; the
+/// reason as `Err` when it cannot be had.
+fn ensure_installed(program: &str, package: &str) -> Result<PathBuf, String> {
+    if let Some(path) = super::which(program) {
+        return Ok(path);
+    }
+    println!("{program} not found: apt-get install -y {package}");
+    let installed = Command::new("apt-get")
+        .args(["install", "-y", "-q", package])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output();
+    match installed {
+        Ok(out) if out.status.success() => {
+            super::which(program).ok_or_else(|| format!("{package} installed but no {program}"))
+        }
+        Ok(out) => Err(format!(
+            "apt-get install {package} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(err) => Err(format!("cannot run apt-get: {err}")),
+    }
+}
+
+/// Mounts target `name` under `dir`.
+fn mount(name: &'static str, dir: &Path) -> anyhow::Result<Result<Mounted, String>> {
+    std::fs::create_dir_all(dir)?;
+    let (src, mnt) = (dir.join("src"), dir.join("mnt"));
+    let fuse = |program: PathBuf, args: &[&str]| -> anyhow::Result<Mounted> {
+        std::fs::create_dir_all(&src)?;
+        std::fs::create_dir_all(&mnt)?;
+        let target = Target::spawn(
+            name,
+            &mnt,
+            Command::new(program)
+                .args(args)
+                .arg(&src)
+                .arg(&mnt)
+                .stderr(Stdio::null()),
+        )?;
+        Ok(Mounted {
+            name,
+            root: mnt.clone(),
+            _target: Some(target),
+            baton: None,
+        })
+    };
+    Ok(Ok(match name {
+        PLAIN => {
+            std::fs::create_dir_all(&src)?;
+            Mounted {
+                name,
+                root: src,
+                _target: None,
+                baton: None,
+            }
+        }
+        BINDFS => match ensure_installed("bindfs", "bindfs") {
+            Ok(bindfs) => fuse(bindfs, &["-f", "--multithreaded"])?,
+            Err(reason) => return Ok(Err(reason)),
+        },
+        RCLONE => match ensure_installed("rclone", "rclone") {
+            Ok(rclone) => fuse(rclone, &["mount", "--vfs-cache-mode", "off"])?,
+            Err(reason) => return Ok(Err(reason)),
+        },
+        _ => {
+            let mut baton = Supervised::start(dir, "bench")?;
+            baton.mount_cold()?;
+            Mounted {
+                name,
+                root: baton.mnt.clone(),
+                _target: None,
+                baton: Some(baton),
+            }
+        }
+    }))
+}
+
+/// One pass of every workload on a mounted target.
+fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
+    let mut out = Vec::new();
+    let big = t.root.join("big");
+    let seconds = Duration::from_secs_f64(o.seconds);
+    out.push((
+        SEQ_WRITE,
+        sequential_write(&big, o.size_mib << 20, SEQUENTIAL_CHUNK_BYTES).context("seq write")?,
+    ));
+    t.cold()?;
+    out.push((
+        SEQ_READ_COLD,
+        sequential_read(&t.root.join("big"), SEQUENTIAL_CHUNK_BYTES).context("cold read")?,
+    ));
+    out.push((
+        SEQ_READ_WARM,
+        sequential_read(&big, SEQUENTIAL_CHUNK_BYTES).context("warm read")?,
+    ));
+    for threads in [1, 4] {
+        t.cold()?;
+        let ops = random_reads_counted(&big, threads, o.cold_reads).context("cold random")?;
+        out.push((key("rand 4K read cold", "ops/s", threads), ops));
+    }
+    // Warm the whole file again after the cold remounts.
+    sequential_read(&big, SEQUENTIAL_CHUNK_BYTES).context("warming read")?;
+    for threads in [1, 4] {
+        let ops = random_reads(&big, threads, seconds).context("warm random")?;
+        out.push((key("rand 4K read warm", "ops/s", threads), ops));
+    }
+    std::fs::remove_file(&big).context("removing the big file")?;
+    for threads in [1, 4] {
+        let dir = t.root.join(format!("small-{threads}"));
+        let rates = small_files(&dir, o.files, threads).context("small files")?;
+        out.push((key("create", "ops/s", threads), rates.create));
+        out.push((key("stat", "ops/s", threads), rates.stat));
+        out.push((key("readdir", "entries/s", threads), rates.readdir));
+        out.push((key("unlink", "ops/s", threads), rates.unlink));
+        std::fs::remove_dir(&dir).context("removing the small-file directory")?;
+    }
+    let sizes = tree_sizes(o.tree_files, o.tree_min_mib, o.tree_max_mib);
+    let tree = t.root.join("tree");
+    write_tree(&tree, &sizes).context("writing the many-file tree")?;
+    t.cold()?;
+    out.push((
+        TREE_READ_COLD,
+        read_tree(&t.root.join("tree"), &sizes).context("reading the tree")?,
+    ));
+    std::fs::remove_dir_all(&tree).context("removing the tree")?;
+    Ok(out)
+}
+
+/// Baton-only figures.
+#[derive(Debug, Default, serde::Serialize)]
+struct BatonOnly {
+    idle_generation_rss_kib: Option<u64>,
+    idle_generation_hwm_kib: Option<u64>,
+    busy_generation_hwm_kib: Option<u64>,
+    idle_mounts: usize,
+    supervisor_rss_kib_with_idle_mounts: Option<u64>,
+    supervisor_hwm_kib_with_idle_mounts: Option<u64>,
+    kill9_stall_ms: Option<StallFigures>,
+    /// The planned-upgrade stall: measured once `fsctl upgrade` exists.
+    upgrade_stall_ms: Option<StallFigures>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct StallFigures {
+    events: usize,
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    #[serde(flatten)]
+    key: Key,
+    results: BTreeMap<&'static str, Spread>,
+    baton_vs_plain: Option<f64>,
+    baton_vs_bindfs: Option<f64>,
+    baton_vs_rclone: Option<f64>,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    kernel: String,
+    cpus: usize,
+    options: Options,
+    targets: Vec<&'static str>,
+    skipped: BTreeMap<&'static str, String>,
+    rows: Vec<Row>,
+    baton: BatonOnly,
+    errors: Vec<String>,
+}
+
+/// Measures every target, then Baton alone; prints and writes the report.
+/// Fails (after printing and writing it) if any measurement failed.
+pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
+    let known = ["plain", "bindfs", "rclone", "baton"];
+    if let Some(bad) = o.targets.iter().find(|t| !known.contains(&t.as_str())) {
+        bail!("unknown target {bad:?}: use {}", known.join(","));
+    }
+    let root = tempfile::Builder::new()
+        .prefix("baton-bench-")
+        .tempdir_in(&o.dir)
+        .with_context(|| format!("creating a directory in {}", o.dir.display()))?;
+    let mut report = Report {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        options: o.clone(),
+        targets: Vec::new(),
+        skipped: BTreeMap::new(),
+        rows: Vec::new(),
+        baton: BatonOnly::default(),
+        errors: Vec::new(),
+    };
+    let mut figures: BTreeMap<(&'static str, Key), Vec<f64>> = BTreeMap::new();
+    for (flag, name) in [
+        ("plain", PLAIN),
+        ("bindfs", BINDFS),
+        ("rclone", RCLONE),
+        ("baton", BATON),
+    ] {
+        if !o.targets.iter().any(|t| t == flag) {
+            continue;
+        }
+        println!("== {name}");
+        match measure_target(
+            name,
+            &root.path().join(name.replace(' ', "-")),
+            o,
+            &mut report,
+        ) {
+            Ok(Some(runs)) => {
+                report.targets.push(name);
+                for (k, v) in runs {
+                    figures.entry((name, k)).or_default().push(v);
+                }
+            }
+            Ok(None) => {}
+            Err(err) => {
+                println!("   {name} failed: {err:#}");
+                report.errors.push(format!("{name}: {err:#}"));
+            }
+        }
+    }
+    report.rows = rows(&figures, &report.targets);
+    if o.targets.iter().any(|t| t == "baton") {
+        baton_only(root.path(), o, &mut report);
+    }
+    print_report(&report);
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !report.errors.is_empty() {
+        bail!(
+            "{} measurement(s) failed (listed above)",
+            report.errors.len()
+        );
+    }
+    Ok(())
+}
+
+/// Every run of every workload on one target; `None` if it was skipped.
+fn measure_target(
+    name: &'static str,
+    dir: &Path,
+    o: &Options,
+    report: &mut Report,
+) -> anyhow::Result<Option<Vec<(Key, f64)>>> {
+    let mut target = match mount(name, dir).with_context(|| format!("mounting {name}"))? {
+        Ok(t) => t,
+        Err(reason) => {
+            println!("   skipping {name}: {reason}");
+            report.skipped.insert(name, reason);
+            return Ok(None);
+        }
+    };
+    if let Some(baton) = target.baton.as_ref() {
+        std::thread::sleep(Duration::from_secs(1));
+        let pid = baton.generation_pid()?;
+        report.baton.idle_generation_rss_kib = status_kib(pid, "VmRSS");
+        report.baton.idle_generation_hwm_kib = status_kib(pid, "VmHWM");
+    }
+    let mut all = Vec::new();
+    for run in 0..o.runs {
+        let figures =
+            run_once(&mut target, o).with_context(|| format!("{} run {}", target.name, run + 1))?;
+        println!("   run {} done", run + 1);
+        all.extend(figures);
+    }
+    if let Some(baton) = target.baton.as_mut() {
+        baton.sample_busy();
+        report.baton.busy_generation_hwm_kib = Some(baton.busy_hwm_kib);
+    }
+    Ok(Some(all))
+}
+
+fn rows(figures: &BTreeMap<(&'static str, Key), Vec<f64>>, targets: &[&'static str]) -> Vec<Row> {
+    all_keys()
+        .into_iter()
+        .map(|k| {
+            let results: BTreeMap<&'static str, Spread> = targets
+                .iter()
+                .filter_map(|t| figures.get(&(*t, k)).map(|v| (*t, Spread::of(v.clone()))))
+                .collect();
+            let ratio = |base: &str| {
+                let baton = results.get(BATON)?.median;
+                let base = results.get(base)?.median;
+                (base > 0.0).then(|| baton / base)
+            };
+            Row {
+                key: k,
+                baton_vs_plain: ratio(PLAIN),
+                baton_vs_bindfs: ratio(BINDFS),
+                baton_vs_rclone: ratio(RCLONE),
+                results,
+            }
+        })
+        .collect()
+}
+
+/// Memory of idle mounts and the kill -9 stall; failures go to the report.
+fn baton_only(root: &Path, o: &Options, report: &mut Report) {
+    report.baton.idle_mounts = o.idle_mounts;
+    if o.idle_mounts > 0 {
+        println!("== baton: supervisor with {} idle mounts", o.idle_mounts);
+        match idle_mounts(&root.join("idle-mounts"), o.idle_mounts) {
+            Ok((rss, hwm)) => {
+                report.baton.supervisor_rss_kib_with_idle_mounts = rss;
+                report.baton.supervisor_hwm_kib_with_idle_mounts = hwm;
+            }
+            Err(err) => report.errors.push(format!("idle mounts: {err:#}")),
+        }
+    }
+    if o.stall_kills > 0 {
+        println!("== baton: kill -9 stall, {} kills", o.stall_kills);
+        let dir = root.join("stall");
+        let measured = std::fs::create_dir_all(&dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| stall::measure(&dir, o.stall_kills, Duration::from_millis(250), true));
+        match measured {
+            Ok((mut stalls, _reads)) => {
+                stalls.sort_unstable();
+                let ms = |q| chaos_tests::bench::percentile(&stalls, q) / 1000.0;
+                report.baton.kill9_stall_ms = Some(StallFigures {
+                    events: stalls.len(),
+                    p50: ms(0.5),
+                    p99: ms(0.99),
+                    max: ms(1.0),
+                });
+            }
+            Err(err) => report.errors.push(format!("kill -9 stall: {err:#}")),
+        }
+    }
+    // The planned-upgrade stall goes here once `fsctl upgrade` exists
+    // (same shape as the kill -9 stall: p50/p99/max over >= 50 upgrades
+    // under the read loop of `stall::measure`).
+}
+
+/// One supervisor serving `count` idle mounts (each its own volume); its
+/// (VmRSS, VmHWM) in KiB once all serve. Unmounts everything after.
+fn idle_mounts(dir: &Path, count: usize) -> anyhow::Result<(Option<u64>, Option<u64>)> {
+    std::fs::create_dir_all(dir)?;
+    let supervisor = Supervised::start(dir, "idle-0")?;
+    let mut mounted = Vec::new();
+    let result = (|| -> anyhow::Result<(Option<u64>, Option<u64>)> {
+        for i in 0..count {
+            let volume = format!("idle-{i}");
+            if i > 0 {
+                format_volume(&supervisor.base, &volume)?;
+            }
+            let mnt = dir.join("mnts").join(&volume);
+            std::fs::create_dir_all(&mnt)?;
+            mount_volume(&supervisor.socket, &supervisor.base, &volume, &mnt, None)?;
+            mounted.push((MountGuard::new(&mnt), mnt));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let pid = supervisor._supervisor.0.id();
+        Ok((status_kib(pid, "VmRSS"), status_kib(pid, "VmHWM")))
+    })();
+    for (_guard, mnt) in &mounted {
+        if let Some(mnt) = mnt.to_str() {
+            if let Err(err) = fsctl(&supervisor.socket, &["umount", mnt]) {
+                eprintln!("baton-bench: {err:#}");
+            }
+        }
+    }
+    result
+}
+
+fn print_report(r: &Report) {
+    let o = &r.options;
+    println!();
+    println!(
+        "baton-bench fs: kernel {}, {} cpus; {} run(s) per figure, median (min-max)",
+        r.kernel, r.cpus, o.runs
+    );
+    println!(
+        "  {} MiB file in 1 MiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB",
+        o.size_mib, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib
+    );
+    for (name, reason) in &r.skipped {
+        println!("  skipped {name}: {reason}");
+    }
+    print!("{:<22} {:>3} {:<9}", "workload", "thr", "unit");
+    for t in &r.targets {
+        print!(" {t:>24}");
+    }
+    println!(" {:>7} {:>7} {:>7}", "/plain", "/bindfs", "/rclone");
+    for row in &r.rows {
+        print!(
+            "{:<22} {:>3} {:<9}",
+            row.key.workload, row.key.threads, row.key.unit
+        );
+        for t in &r.targets {
+            let cell = row.results.get(t).map_or("-".to_string(), |s| {
+                format!("{:.0} ({:.0}-{:.0})", s.median, s.min, s.max)
+            });
+            print!(" {cell:>24}");
+        }
+        let ratio = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}x"));
+        println!(
+            " {:>7} {:>7} {:>7}",
+            ratio(row.baton_vs_plain),
+            ratio(row.baton_vs_bindfs),
+            ratio(row.baton_vs_rclone)
+        );
+    }
+    let b = &r.baton;
+    let kib = |x: Option<u64>| x.map_or("-".to_string(), |k| format!("{k} KiB"));
+    println!();
+    println!(
+        "baton generation: idle VmRSS {} (VmHWM {}); busy VmHWM {}",
+        kib(b.idle_generation_rss_kib),
+        kib(b.idle_generation_hwm_kib),
+        kib(b.busy_generation_hwm_kib)
+    );
+    println!(
+        "fs-supervisor with {} idle mounts: VmRSS {} (VmHWM {})",
+        b.idle_mounts,
+        kib(b.supervisor_rss_kib_with_idle_mounts),
+        kib(b.supervisor_hwm_kib_with_idle_mounts)
+    );
+    match &b.kill9_stall_ms {
+        Some(s) => println!(
+            "kill -9 stall (warm standby): {} kills, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            s.events, s.p50, s.p99, s.max
+        ),
+        None => println!("kill -9 stall: not measured"),
+    }
+    println!("planned upgrade stall: not measured (no `fsctl upgrade` yet)");
+    for e in &r.errors {
+        println!("ERROR {e}");
+    }
+}
