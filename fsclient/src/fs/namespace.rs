@@ -333,7 +333,17 @@ impl BatonFs {
     pub(super) fn reclaim(&self, ino: u64) -> Result<()> {
         let _guard = self.inode_lock(ino);
         self.staging.discard(ino)?;
-        let released = self.meta.reclaim(ino, None)?;
+        let released = match self.meta.reclaim(ino, None) {
+            Ok(released) => released,
+            // Already reclaimed: a replayed unlink or rename (answered from
+            // its exactly-once record) repeats this step, which the earlier
+            // generation had done before it was fenced.
+            Err(baton_meta::MetaError::NotFound { .. }) => {
+                tracing::debug!(nodeid = ino, "orphan already reclaimed");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.invalidate(ino);
         super::lock(&self.readahead).remove(&ino);
         self.delete_objects(released.iter().map(|o| o.key.as_str()));
