@@ -432,8 +432,12 @@ struct BatonOnly {
     supervisor_rss_kib_with_idle_mounts: Option<u64>,
     supervisor_hwm_kib_with_idle_mounts: Option<u64>,
     kill9_stall_ms: Option<StallFigures>,
-    /// The planned-upgrade stall: measured once `fsctl upgrade` exists.
+    /// The planned-upgrade stall: the slowest application call that
+    /// overlapped each upgrade.
     upgrade_stall_ms: Option<StallFigures>,
+    /// The same upgrades as the supervisor measures them (old generation
+    /// stops reading → new one reads).
+    upgrade_gap_ms: Option<StallFigures>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -630,9 +634,34 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
             Err(err) => report.errors.push(format!("kill -9 stall: {err:#}")),
         }
     }
-    // The planned-upgrade stall goes here once `fsctl upgrade` exists
-    // (same shape as the kill -9 stall: p50/p99/max over >= 50 upgrades
-    // under the read loop of `stall::measure`).
+    if o.stall_kills > 0 {
+        println!(
+            "== baton: planned-upgrade stall, {} upgrades",
+            o.stall_kills
+        );
+        let dir = root.join("upgrade-stall");
+        let measured = std::fs::create_dir_all(&dir)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| {
+                crate::upgrade_stall::measure(&dir, o.stall_kills, Duration::from_millis(200))
+            });
+        match measured {
+            Ok(stalls) => {
+                let figures = |values: &[u64]| {
+                    let ms = |q| chaos_tests::bench::percentile(values, q) / 1000.0;
+                    StallFigures {
+                        events: values.len(),
+                        p50: ms(0.5),
+                        p99: ms(0.99),
+                        max: ms(1.0),
+                    }
+                };
+                report.baton.upgrade_stall_ms = Some(figures(&stalls.app_us));
+                report.baton.upgrade_gap_ms = Some(figures(&stalls.supervisor_us));
+            }
+            Err(err) => report.errors.push(format!("upgrade stall: {err:#}")),
+        }
+    }
 }
 
 /// One supervisor serving `count` idle mounts (each its own volume); its
@@ -726,7 +755,13 @@ fn print_report(r: &Report) {
         ),
         None => println!("kill -9 stall: not measured"),
     }
-    println!("planned upgrade stall: not measured (no `fsctl upgrade` yet)");
+    match (&b.upgrade_stall_ms, &b.upgrade_gap_ms) {
+        (Some(s), Some(g)) => println!(
+            "planned upgrade stall: {} upgrades, slowest app call p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; supervisor gap p50 {:.2} ms, max {:.2} ms",
+            s.events, s.p50, s.p99, s.max, g.p50, g.max
+        ),
+        _ => println!("planned upgrade stall: not measured"),
+    }
     for e in &r.errors {
         println!("ERROR {e}");
     }

@@ -65,8 +65,53 @@ fn utf8(path: &Path) -> anyhow::Result<&str> {
     path.to_str().context("the bench needs UTF-8 paths")
 }
 
+/// Per upgrade, in µs: the slowest application call overlapping it, and
+/// the stall the supervisor measured; and the calls the application made.
+pub struct UpgradeStalls {
+    /// Slowest read or write overlapping each upgrade, sorted.
+    pub app_us: Vec<u64>,
+    /// Old generation stopped reading → new one reading, sorted.
+    pub supervisor_us: Vec<u64>,
+    /// Reads completed.
+    pub reads: u64,
+    /// Writes completed.
+    pub writes: u64,
+}
+
 /// Runs the bench and prints its table.
 pub fn run(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<()> {
+    let stalls = measure(dir, upgrades, interval)?;
+    println!(
+        "{upgrades} planned upgrades (fsctl upgrade, alternating two fsclient copies) every {} ms under 4 KiB O_DIRECT reads and writes",
+        interval.as_millis()
+    );
+    println!("(any failed read, write or upgrade fails the run: every row had 0 errors)");
+    println!(
+        "{:<36} {:>10} {:>10} {:>10}",
+        "stall", "p50 ms", "p99 ms", "max ms"
+    );
+    for (name, values) in [
+        ("slowest app call during an upgrade", &stalls.app_us),
+        ("supervisor: old stops → new reads", &stalls.supervisor_us),
+    ] {
+        let ms = |q: f64| percentile(values, q) / 1000.0;
+        println!(
+            "{:<36} {:>10.2} {:>10.2} {:>10.2}",
+            name,
+            ms(0.5),
+            ms(0.99),
+            ms(1.0)
+        );
+    }
+    println!(
+        "application calls: {} reads, {} writes, 0 errors",
+        stalls.reads, stalls.writes
+    );
+    Ok(())
+}
+
+/// Measures `upgrades` upgrades `interval` apart (module docs).
+pub fn measure(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<UpgradeStalls> {
     let root = tempfile::Builder::new()
         .prefix("baton-upgrade-stall-")
         .tempdir_in(dir)?;
@@ -172,28 +217,10 @@ pub fn run(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<()
     fsctl(&socket, &["umount", utf8(&mnt)?])?;
     app.sort_unstable();
     measured.sort_unstable();
-    println!(
-        "{upgrades} planned upgrades (fsctl upgrade, alternating two fsclient copies) every {} ms under 4 KiB O_DIRECT reads and writes",
-        interval.as_millis()
-    );
-    println!("(any failed read, write or upgrade fails the run: every row had 0 errors)");
-    println!(
-        "{:<36} {:>10} {:>10} {:>10}",
-        "stall", "p50 ms", "p99 ms", "max ms"
-    );
-    for (name, values) in [
-        ("slowest app call during an upgrade", &app),
-        ("supervisor: old stops → new reads", &measured),
-    ] {
-        let ms = |q: f64| percentile(values, q) / 1000.0;
-        println!(
-            "{:<36} {:>10.2} {:>10.2} {:>10.2}",
-            name,
-            ms(0.5),
-            ms(0.99),
-            ms(1.0)
-        );
-    }
-    println!("application calls: {reads} reads, {writes} writes, 0 errors");
-    Ok(())
+    Ok(UpgradeStalls {
+        app_us: app,
+        supervisor_us: measured,
+        reads,
+        writes,
+    })
 }
