@@ -135,7 +135,8 @@ struct FsArgs {
     /// fs-supervisor holds at most 64 mounts (its MOUNTS_MAX).
     #[arg(long, default_value_t = 64)]
     idle_mounts: usize,
-    /// Kills for the kill -9 stall figure (0 skips it).
+    /// Kills for the kill -9 stall figure, and upgrades for the planned-
+    /// upgrade stall figure (0 skips both).
     #[arg(long, default_value_t = 50)]
     stall_kills: usize,
     /// Targets to measure, comma-separated, in this order: plain, bindfs,
