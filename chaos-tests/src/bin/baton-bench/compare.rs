@@ -19,6 +19,7 @@ use chaos_tests::bench::{status_kib, Spread, Target};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
 
 use super::stall;
+use super::supervised::fsctl;
 
 /// Sizes and counts of one `baton-bench fs` invocation.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -240,24 +241,6 @@ fn mount_volume(
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fsctl(socket, &args).map(|_| ())
-}
-
-/// Runs `fsctl ARGS --socket SOCKET`; its stdout.
-fn fsctl(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()
-        .context("running fsctl")?;
-    if !out.status.success() {
-        bail!(
-            "fsctl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The serving generation's pid of every mount of a supervisor.

@@ -255,6 +255,7 @@ fn run() -> anyhow::Result<()> {
 mod backends;
 mod compare;
 mod stall;
+mod supervised;
 mod upgrade_stall;
 
 fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {

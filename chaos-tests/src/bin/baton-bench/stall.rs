@@ -6,31 +6,15 @@
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use chaos_tests::bench::{percentile, AlignedBuf};
-use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+use chaos_tests::mount_guard::wait_until;
 
-/// Runs `fsctl` against the bench's supervisor and returns its stdout.
-fn fsctl(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "fsctl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+use crate::supervised::{fsctl, SupervisedMount};
 
 fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
     let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
@@ -48,50 +32,9 @@ pub(crate) fn measure(
     interval: Duration,
     standby: bool,
 ) -> anyhow::Result<(Vec<u64>, usize)> {
-    let socket = dir.join("sup.sock");
-    let mut args = vec![
-        "--socket".to_string(),
-        socket.display().to_string(),
-        "--state-dir".into(),
-        dir.join("state").display().to_string(),
-        "--cgroup-parent".into(),
-        "baton-bench".into(),
-    ];
-    if !standby {
-        args.push("--no-standby".into());
-    }
-    let _supervisor = ChildGuard(
-        Command::new(workspace_binary("fs-supervisor"))
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    if !wait_until(Duration::from_secs(20), || socket.exists()) {
-        bail!("fs-supervisor did not start");
-    }
-    let base = dir.join("base");
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(["format", "stall"])
-        .arg("--base-dir")
-        .arg(&base)
-        .output()?;
-    if !out.status.success() {
-        bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt)?;
-    fsctl(
-        &socket,
-        &[
-            "mount",
-            "stall",
-            mnt.to_str().context("utf-8 path")?,
-            "--base-dir",
-            base.to_str().context("utf-8 path")?,
-        ],
-    )?;
-    let _guard = MountGuard::new(&mnt);
+    let args: &[&str] = if standby { &[] } else { &["--no-standby"] };
+    let mount = SupervisedMount::start(dir, "stall", args)?;
+    let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
     std::fs::write(mnt.join("data"), vec![7u8; 1 << 20])?;
 
     // The reader: (start, end) of every read.

@@ -12,14 +12,15 @@
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use chaos_tests::bench::{percentile, AlignedBuf};
-use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+use chaos_tests::mount_guard::workspace_binary;
+
+use crate::supervised::{fsctl, utf8, SupervisedMount};
 
 type Calls = Arc<Mutex<Vec<(Instant, Instant)>>>;
 
@@ -42,27 +43,6 @@ fn timed_loop(
         }
         Ok(i)
     })
-}
-
-fn fsctl(socket: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(args)
-        .arg("--socket")
-        .arg(socket)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "fsctl {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn utf8(path: &Path) -> anyhow::Result<&str> {
-    path.to_str().context("the bench needs UTF-8 paths")
 }
 
 /// Per upgrade, in µs: the slowest application call overlapping it, and
@@ -123,35 +103,8 @@ pub fn measure(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Resul
             std::fs::copy(workspace_binary("fsclient"), &path).map(|_| path)
         })
         .collect::<Result<_, _>>()?;
-    let socket = dir.join("sup.sock");
-    let _supervisor = ChildGuard(
-        Command::new(workspace_binary("fs-supervisor"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["--cgroup-parent", "baton-bench"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
-    if !wait_until(Duration::from_secs(20), || socket.exists()) {
-        bail!("fs-supervisor did not start");
-    }
-    let base = dir.join("base");
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(["format", "bench", "--base-dir", utf8(&base)?])
-        .output()?;
-    if !out.status.success() {
-        bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let mnt = dir.join("mnt");
-    std::fs::create_dir_all(&mnt)?;
-    fsctl(
-        &socket,
-        &["mount", "bench", utf8(&mnt)?, "--base-dir", utf8(&base)?],
-    )?;
-    let _guard = MountGuard::new(&mnt);
+    let mount = SupervisedMount::start(dir, "bench", &[])?;
+    let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
     std::fs::write(mnt.join("read"), vec![7u8; 1 << 20])?;
 
     let open = |name: &str, write: bool| {
