@@ -15,6 +15,9 @@
 //! - [`Staging`]: per-inode staged block files and size record that make an
 //!   acknowledged write survive process death, and the take/clear halves of
 //!   a flush ([`UploadSet`]).
+//! - [`FaultyStore`]: a fault-injecting wrapper (slow, erroring,
+//!   unreachable) that [`BlockStore::open`] puts around the backend when
+//!   `BATON_STORAGE_FAULT` is set, for chaos tests.
 //! - [`BlocksError`]: the crate's one error type, with [`BlocksError::errno`].
 //!
 //! # Architecture invariants
@@ -66,6 +69,7 @@
 
 mod cache;
 mod error;
+mod faulty_store;
 mod key;
 mod staging;
 mod store;
@@ -74,6 +78,7 @@ pub use cache::{
     BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
 };
 pub use error::{BlocksError, Result};
+pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use key::{ObjectKey, KEY_PREFIX};
 pub use staging::{
     Overlay, OverlaySegment, StagedBlock, StagedSize, Staging, UploadSet, BLOCK_SIZE_BYTES_MAX,

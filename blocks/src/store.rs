@@ -126,7 +126,10 @@ impl std::fmt::Debug for BlockStore {
 impl BlockStore {
     /// Opens the store named by `url` (see [`store_from_url`]).
     pub fn open(url: &str) -> Result<Self> {
-        Self::new(store_from_url(url)?, url)
+        Self::new(
+            crate::faulty_store::wrap_from_env(store_from_url(url)?)?,
+            url,
+        )
     }
 
     /// Wraps an existing object store; `url` is used in messages only.
