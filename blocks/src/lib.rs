@@ -75,7 +75,8 @@ mod staging;
 mod store;
 
 pub use cache::{
-    BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
+    BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PARTIAL_FILE_AGE_S_MIN, PREFETCH_QUEUE_MAX,
+    PREFETCH_WORKER_COUNT,
 };
 pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
