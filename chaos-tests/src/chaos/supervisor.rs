@@ -126,7 +126,12 @@ impl Supervisor {
             .spawn()
             .context("starting fs-supervisor")?;
         self.child = Some(ChildGuard(child));
-        if !wait_until(SERVE_TIMEOUT, || self.socket.exists()) {
+        // The socket file appears at bind(2), before listen(2): wait until
+        // fsctl gets an answer.
+        let answers = wait_until(SERVE_TIMEOUT, || {
+            self.socket.exists() && self.fsctl(&["status"]).is_ok_and(|o| o.status.success())
+        });
+        if !answers {
             bail!("fs-supervisor did not start:\n{}", self.logs());
         }
         Ok(())

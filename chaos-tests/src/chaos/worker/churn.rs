@@ -597,8 +597,14 @@ pub(super) fn run(ctx: &mut Ctx) {
         valid: true,
     };
     churn.model.nodes.insert(String::new(), Node::Dir);
+    // After a failed operation the model is unknown: stop churning, so the
+    // report shows the first failure rather than its consequences.
     while !ctx.should_stop() {
-        churn.step(ctx);
+        if churn.valid {
+            churn.step(ctx);
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
     if churn.valid {
         final_check(ctx, &churn);
