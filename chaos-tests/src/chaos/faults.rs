@@ -28,6 +28,8 @@ pub struct FaultOutcome {
     /// The fault.
     #[serde(flatten)]
     pub fault: Fault,
+    /// UTC time of day of the injection.
+    pub wall_clock: String,
     /// It took effect and the mount recovered.
     pub ok: bool,
     /// Details or the reason it did not work.
@@ -179,6 +181,7 @@ pub fn inject(
     scenario_end: Instant,
     pressure: &mut dyn FnMut() -> anyhow::Result<()>,
 ) -> FaultOutcome {
+    let wall_clock = super::stats::wall_clock();
     let result = match &scheduled.fault {
         Fault::KillGeneration => kill_generation(sup),
         Fault::OomKill => oom_kill(sup, pressure),
@@ -213,6 +216,7 @@ pub fn inject(
     };
     FaultOutcome {
         at_ms,
+        wall_clock,
         fault: scheduled.fault.clone(),
         ok,
         detail,

@@ -267,8 +267,9 @@ pub fn failure_details(s: &ScenarioReport, profile: &str) -> String {
     out.push_str("fault schedule:\n");
     for f in &s.faults {
         out.push_str(&format!(
-            "  at {} ms: {} -> {}\n",
+            "  at {} ms ({}): {} -> {}\n",
             f.at_ms,
+            f.wall_clock,
             serde_json::to_string(&f.fault).unwrap_or_default(),
             f.detail
         ));

@@ -12,6 +12,23 @@ pub const FAILURE_MESSAGE_COUNT_MAX: usize = 20;
 const SUB_BUCKET_BITS: u32 = 4;
 const LINEAR_BELOW_US: u64 = 32;
 
+/// The UTC time of day as `HH:MM:SS.mmm`, to line workload failures up
+/// with faults and the supervisor's log.
+pub fn wall_clock() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+        % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
 /// A latency histogram in microseconds: exact below 32 µs, then 16
 /// sub-buckets per power of two.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::rng::Rng;
-use super::stats::WorkerReport;
+use super::stats::{wall_clock, WorkerReport};
 
 /// Alignment of O_DIRECT buffers and offsets.
 pub const DIRECT_ALIGN_BYTES: usize = 4096;
@@ -154,7 +154,8 @@ impl Ctx {
                     .failed_syscalls
                     .entry(errno.clone())
                     .or_default() += 1;
-                self.report.note(format!("{kind} {what}: {err}"));
+                self.report
+                    .note(format!("[{}] {kind} {what}: {err}", wall_clock()));
             }
             errno
         })
@@ -194,7 +195,8 @@ impl Ctx {
         self.report.lost_bytes += lost;
         self.report.corrupt_bytes += corrupt;
         self.report.note(format!(
-            "{} at {offset}: {} bytes expected, {} read; first difference at +{}; {lost} lost, {corrupt} corrupt",
+            "[{}] {} at {offset}: {} bytes expected, {} read; first difference at +{}; {lost} lost, {corrupt} corrupt",
+            wall_clock(),
             what.display(),
             expected.len(),
             got.len(),
