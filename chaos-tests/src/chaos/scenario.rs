@@ -211,7 +211,7 @@ fn base(name: &'static str, seconds: u64, big: bool) -> Scenario {
         big_files: if big { 3 } else { 2 },
         big_bytes: if big { 128 * MIB } else { 8 * MIB },
         file_bytes: if big { 4 * MIB } else { MIB },
-        bulk_bytes: if big { 256 * MIB } else { 128 * MIB },
+        bulk_bytes: 128 * MIB,
     }
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Failure messages kept per worker (the counters keep counting).
-pub const FAILURE_MESSAGE_COUNT_MAX: usize = 20;
+pub const FAILURE_MESSAGE_COUNT_MAX: usize = 40;
 const SUB_BUCKET_BITS: u32 = 4;
 const LINEAR_BELOW_US: u64 = 32;
 

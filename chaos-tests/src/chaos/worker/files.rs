@@ -10,6 +10,9 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use super::{big_file, AlignedBuf, Ctx, DIRECT_ALIGN_BYTES, VERIFY_CHUNK_BYTES};
 use crate::chaos::rng::{big_file_key, fill_content};
 
+/// `prepare` fsyncs every this many bytes.
+const PREPARE_FSYNC_BYTES: u64 = 16 << 20;
+
 pub(super) fn prepare(ctx: &mut Ctx) {
     let dir = ctx.args.mnt.join("data");
     if ctx
@@ -38,6 +41,15 @@ pub(super) fn prepare(ctx: &mut Ctx) {
                 return;
             }
             offset += len as u64;
+            // Bounded staging use: a file larger than the staging disk
+            // cannot be written without fsync (see the report).
+            if offset % PREPARE_FSYNC_BYTES == 0
+                && ctx
+                    .op("fsync", path.display(), || file.sync_all())
+                    .is_err()
+            {
+                return;
+            }
         }
         if ctx.op("fsync", path.display(), || file.sync_all()).is_err() {
             return;
