@@ -15,7 +15,8 @@
 //! rw-workload`): a test thread blocked on a dead connection cannot be
 //! cancelled.
 //!
-//! `BATON_SUPERVISOR_KILLS` sets the length of the kill series (default 20).
+//! `BATON_SUPERVISOR_KILLS` sets the length of the kill series (default
+//! 100); `BATON_UPGRADES` the number of planned upgrades (default 50).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -56,10 +57,16 @@ struct Fixture {
     cgroup_parent: String,
     supervisor: Option<ChildGuard>,
     guard: Option<MountGuard>,
+    /// Environment for the supervisor (and so its generations).
+    env: Vec<(String, String)>,
 }
 
 impl Fixture {
     fn start(extra: &[&str]) -> Fixture {
+        Fixture::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let base = dir.path().join("base");
         let mnt = dir.path().join("mnt");
@@ -87,6 +94,10 @@ impl Fixture {
             cgroup_parent,
             supervisor: None,
             guard: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         fixture.spawn_supervisor(extra);
         fixture
@@ -108,6 +119,7 @@ impl Fixture {
             .args(["--socket", s(&self.socket)])
             .args(["--cgroup-parent", &self.cgroup_parent])
             .args(extra)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stderr(log)
@@ -315,13 +327,21 @@ impl App {
     }
 
     /// Waits for it to finish; returns (success, stdout, stderr).
-    fn finish(mut self) -> (bool, String, String) {
+    fn finish(self) -> (bool, String, String) {
+        self.finish_or(String::new)
+    }
+
+    /// [`App::finish`], printing `logs()` if it does not finish in time.
+    fn finish_or(mut self, logs: impl Fn() -> String) -> (bool, String, String) {
         let mut child = self.child.take().expect("app");
         let deadline = Instant::now() + DEADLINE;
         while matches!(child.try_wait(), Ok(None)) {
             if Instant::now() > deadline {
                 self.child = Some(child);
-                panic!("the application did not finish within {DEADLINE:?}");
+                panic!(
+                    "the application did not finish within {DEADLINE:?}\n{}",
+                    logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -559,7 +579,7 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
         busy,
         "no request was waiting when the generation was killed"
     );
-    let (ok, _, err) = app.finish();
+    let (ok, _, err) = app.finish_or(|| fx.logs());
     assert!(ok, "dd (write + fsync) failed across the kill: {err}");
     let status = fx.wait_serving(2);
     assert_eq!(status["restarts"]["signal"], 1);
@@ -740,7 +760,7 @@ fn kills_from_env() -> u64 {
     std::env::var("BATON_SUPERVISOR_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
+        .unwrap_or(100)
 }
 
 fn repeated_kills(extra: &[&str], label: &str) {
@@ -1087,5 +1107,409 @@ fn a_non_root_fsctl_is_refused_with_exit_code_4() {
     assert!(
         err.contains("only from root") && err.contains("uid 65534"),
         "{err}"
+    );
+}
+
+/// Kills generation 1 right after `op` committed and before its reply
+/// (fault hook), with `prepare` run first and `script` doing the op; the
+/// application's call must succeed exactly once, the resent request be
+/// answered from its exactly-once record, and `check` hold afterwards.
+fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
+    let fault = format!("after-commit@{op}");
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_FAULT", &fault), ("BATON_FAULT_GENERATION", "1")],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cd {m} && {prepare}")).finish_or(|| fx.logs());
+    assert!(ok, "{op}: preparing failed: {err}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && {script}")).finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "{op}: the call failed across a kill after its commit: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{op}: {status}");
+    let recovered = wait_until(DEADLINE, || {
+        fx.status()["requests_recovered"].as_u64().unwrap_or(0) >= 1
+    });
+    assert!(
+        recovered,
+        "{op}: no request answered from a record: {}\n{}",
+        fx.status(),
+        fx.logs()
+    );
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && {check}")).finish();
+    assert!(
+        ok,
+        "{op}: the tree is not what one run of the call makes: {out}{err}"
+    );
+}
+
+#[test]
+fn exactly_once_mkdir_rmdir_and_mknod() {
+    killed_after_commit(
+        "mkdir",
+        "true",
+        "mkdir d",
+        "test -d d && [ $(ls | wc -l) = 1 ]",
+    );
+    killed_after_commit(
+        "rmdir",
+        "mkdir d",
+        "rmdir d",
+        "! test -e d && [ $(ls | wc -l) = 0 ]",
+    );
+    killed_after_commit("mknod", "true", "mkfifo p", "test -p p");
+}
+
+#[test]
+fn exactly_once_create_link_and_symlink() {
+    killed_after_commit(
+        "create",
+        "true",
+        "dd if=/dev/null of=f conv=excl 2>&1",
+        "test -f f && [ $(ls | wc -l) = 1 ]",
+    );
+    killed_after_commit(
+        "link",
+        "echo x > f",
+        "ln f g",
+        "[ $(stat -c %h f) = 2 ] && [ \"$(cat g)\" = x ]",
+    );
+    killed_after_commit(
+        "symlink",
+        "true",
+        "ln -s target l",
+        "[ \"$(readlink l)\" = target ]",
+    );
+}
+
+#[test]
+fn exactly_once_unlink_and_rename() {
+    killed_after_commit(
+        "unlink",
+        "echo x > f && echo y > g",
+        "rm f",
+        "! test -e f && test -f g",
+    );
+    killed_after_commit(
+        "rename",
+        "echo x > a && echo y > b",
+        "mv a b",
+        "! test -e a && [ \"$(cat b)\" = x ]",
+    );
+}
+
+#[test]
+fn exactly_once_setattr_and_xattrs() {
+    killed_after_commit(
+        "setattr",
+        "echo x > f",
+        "chmod 640 f",
+        "[ $(stat -c %a f) = 640 ]",
+    );
+    killed_after_commit(
+        "setxattr",
+        "echo x > f",
+        "setfattr -n user.k -v v f",
+        "[ \"$(getfattr --only-values -n user.k f)\" = v ]",
+    );
+    killed_after_commit(
+        "removexattr",
+        "echo x > f && setfattr -n user.k -v v f",
+        "setfattr -x user.k f",
+        "! getfattr -n user.k f 2>/dev/null",
+    );
+}
+
+/// `fsctl upgrade` of the test's mount; returns (exit code, the report).
+fn upgrade(fx: &Fixture, binary: &Path, timeout: &str) -> (Option<i32>, Value) {
+    let out = fx.fsctl(&[
+        "upgrade",
+        s(&fx.mnt),
+        "--binary",
+        s(binary),
+        "--timeout",
+        timeout,
+        "--json",
+    ]);
+    let reports: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out.status.code(), reports[0].clone())
+}
+
+/// A copy of the fsclient binary under another name (a "new version").
+fn fsclient_copy(fx: &Fixture, name: &str) -> PathBuf {
+    let path = fx.path(name);
+    std::fs::copy(binary("fsclient"), &path).expect("copy fsclient");
+    path
+}
+
+/// A shell script standing in for a new fsclient version: `env` then exec
+/// the real binary.
+fn fsclient_wrapper(fx: &Fixture, name: &str, env: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = fx.path(name);
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\n{env} exec {} \"$@\"\n", s(&binary("fsclient"))),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+/// Upgrades in the default run; `BATON_UPGRADES` changes it.
+fn upgrades_from_env() -> usize {
+    std::env::var("BATON_UPGRADES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50)
+}
+
+#[test]
+fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let binaries = [
+        fsclient_copy(&fx, "fsclient-a"),
+        fsclient_copy(&fx, "fsclient-b"),
+    ];
+    let workload = Workload::start(&fx);
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
+    // Metadata churn beside it: any failed call ends the loop with 1.
+    let churn_stop = fx.path("churn.stop");
+    let churn = App::sh(
+        &fx.mnt,
+        &format!(
+            "mkdir {m}/churn && cd {m}/churn && i=0; while [ ! -e {stop} ]; do \
+             mkdir d$i && echo $i > d$i/f && mv d$i/f d$i/g && ln -s g d$i/l && \
+             [ \"$(cat d$i/l)\" = $i ] && rm d$i/l d$i/g && rmdir d$i || exit 1; \
+             i=$((i+1)); done; echo $i",
+            m = s(&fx.mnt),
+            stop = s(&churn_stop)
+        ),
+    );
+    let rounds = upgrades_from_env();
+    let mut stalls = Vec::new();
+    for round in 0..rounds {
+        let before = fx.status()["generation"].as_u64().expect("generation");
+        let target = &binaries[round % 2];
+        let (code, report) = upgrade(&fx, target, "30s");
+        assert_eq!(code, Some(0), "upgrade {round}: {report}\n{}", fx.logs());
+        assert_eq!(report["ok"], true, "{report}");
+        assert!(report["generation"].as_u64() > Some(before), "{report}");
+        stalls.push(report["stall_us"].as_u64().expect("stall"));
+        let status = fx.status();
+        assert_eq!(status["client_binary"], s(target), "{status}");
+        assert_eq!(
+            status["restarts"]["signal"], 0,
+            "an upgrade is not a crash: {status}"
+        );
+        assert_eq!(
+            status["restarts"]["exit"], 0,
+            "an upgrade is not a crash: {status}"
+        );
+        assert!(
+            workload.progresses(20),
+            "stalled after upgrade {round}: {:?}",
+            workload.errors()
+        );
+        let seen = workload.errors();
+        assert!(seen.is_empty(), "upgrade {round}: {seen:?}");
+    }
+    std::fs::write(&churn_stop, b"").expect("stop churn");
+    let (ok, churned, err) = churn.finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "metadata churn failed across the upgrades after {churned} rounds: {err}"
+    );
+    let (done, errors) = workload.finish();
+    stalls.sort_unstable();
+    eprintln!(
+        "{rounds} upgrades: stall p50 {} us, p99 {} us, max {} us; churn rounds {}; workload: {done}",
+        percentile(&stalls, 50),
+        percentile(&stalls, 99),
+        stalls.last().copied().unwrap_or(0),
+        churned.trim()
+    );
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}
+
+#[test]
+fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor() {
+    // Generation 1 sleeps 1.5 s in every mkdir: the upgrade finds one
+    // running and must journal it rather than wait or lose it.
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_DELAY", "mkdir:1500"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, report) = upgrade(&fx, &new, "30s");
+    assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    assert_eq!(report["journaled"], 1, "{report}");
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "made\n",
+        "mkdir across the handover: {out}{err}"
+    );
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(
+        ok && out == "d\n",
+        "the tree after the journaled mkdir: {out}"
+    );
+}
+
+#[test]
+fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let before = fx.status();
+
+    // Dies before it connects.
+    let (code, report) = upgrade(&fx, Path::new("/bin/false"), "30s");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+    assert!(
+        report["outcome"]
+            .as_str()
+            .unwrap_or("")
+            .contains("rolled back"),
+        "{report}"
+    );
+    assert_eq!(report["generation"], before["generation"], "{report}");
+
+    // Adopts the state, then dies at its first request (the probe): the old
+    // generation resumes with RESEND and answers it.
+    let crashing = fsclient_wrapper(&fx, "fsclient-crashing", "BATON_FAULT=after-read@lookup");
+    let (code, report) = upgrade(&fx, &crashing, "30s");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
+    assert_eq!(report["ok"], false, "{report}");
+    let status = fx.wait_serving(0);
+    assert_eq!(
+        status["pid"], before["pid"],
+        "the old generation serves on: {status}"
+    );
+    assert_eq!(status["client_binary"], before["client_binary"], "{status}");
+
+    // Too slow: the deadline rolls it back.
+    let slow = fsclient_wrapper(&fx, "fsclient-slow", "sleep 5;");
+    let (code, report) = upgrade(&fx, &slow, "500ms");
+    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(report["ok"], false, "{report}");
+
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!(
+            "cat {}/f && echo more >> {}/f && cat {}/f",
+            s(&fx.mnt),
+            s(&fx.mnt),
+            s(&fx.mnt)
+        ),
+    )
+    .finish();
+    assert!(
+        ok && out == "kept\nkept\nmore\n",
+        "the mount after three rollbacks: {out}{err}"
+    );
+
+    // A bad path is refused before anything starts.
+    let (code, _) = upgrade(&fx, Path::new("/nonexistent/fsclient"), "30s");
+    assert_eq!(code, Some(2));
+}
+
+#[test]
+fn a_rollback_with_a_journaled_request_still_answers_it_once() {
+    // Generation 1 sleeps in mkdir, so the mkdir is journaled; the new
+    // binary dies at its first lookup (the probe), after it may already
+    // have answered the journal. The old generation cannot resume with a
+    // worker still running that mkdir, so it exits and a clean generation
+    // recovers: the mkdir succeeds exactly once, no call fails.
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_DELAY", "mkdir:1500"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let crashing = fsclient_wrapper(
+        &fx,
+        "fsclient-crashing",
+        "BATON_FAULT_GENERATION= BATON_DELAY= BATON_FAULT=after-read@lookup",
+    );
+    let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, report) = upgrade(&fx, &crashing, "30s");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
+    assert_eq!(report["journaled"], 1, "{report}");
+    assert!(
+        report["outcome"].as_str().unwrap_or("").contains("probe"),
+        "{report}"
+    );
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "made\n",
+        "mkdir across the rollback: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(0);
+    assert_eq!(
+        status["restarts"]["exit"], 1,
+        "the old generation exits for a clean one: {status}"
+    );
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(ok && out == "d\n", "the tree after the rollback: {out}");
+}
+
+#[test]
+fn held_and_awaited_locks_cross_a_planned_upgrade() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/lock")).finish();
+    assert!(ok, "{err}");
+    // A holds the flock for 2 s; B waits for it (a parked SETLKW).
+    let holder = App::sh(
+        &fx.mnt,
+        &format!("flock {m}/lock -c 'sleep 2; echo released'"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/lock -c 'echo got'"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "B got a lock A holds");
+    let (code, report) = upgrade(&fx, &new, "30s");
+    assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    assert!(
+        report["journaled"].as_u64() >= Some(1),
+        "the parked request was not handed over: {report}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        waiter.running(),
+        "the held lock was lost in the upgrade: B got it while A holds it"
+    );
+    let (ok, out, err) = holder.finish_or(|| fx.logs());
+    assert!(ok && out == "released\n", "A: {out}{err}");
+    let (ok, out, err) = waiter.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "got\n",
+        "B never got the lock after A released it: {out}{err}"
     );
 }

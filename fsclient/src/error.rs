@@ -113,6 +113,22 @@ pub enum Error {
         /// What was wrong.
         reason: &'static str,
     },
+    /// A planned handover cannot be made now; this generation serves on.
+    #[error("handover refused: {0}")]
+    HandoverRefused(String),
+    /// Writing or reading a handover file failed.
+    #[error("{what} at {path} failed: {source}; the upgrade rolls back, check that the directory is writable and has space")]
+    HandoverIo {
+        /// The step.
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// `BATON_FAULT` is malformed (test hooks).
+    #[error("{0}")]
+    Fault(String),
     /// The FUSE layer failed (mount, INIT, serving).
     #[error(transparent)]
     Fuse(Box<fuse_wire::Error>),
@@ -146,6 +162,12 @@ impl From<upgrade_protocol::ProtocolError> for Error {
 }
 
 impl Error {
+    /// The process is fenced for a handover: abandon the request (the next
+    /// generation answers it) rather than answer an error.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Meta(e) if matches!(**e, baton_meta::MetaError::Fenced { .. }))
+    }
+
     /// A refusal with `errno`.
     pub fn refused(nodeid: u64, what: &'static str, errno: Errno) -> Error {
         Error::Refused {

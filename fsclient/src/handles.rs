@@ -4,16 +4,23 @@
 //! writable while a handle is open; the last release reclaims it. The table
 //! knows which orphans wait for their last release.
 //!
-//! Handles are numbered from a counter; a handle number the table does not
-//! know (issued by an earlier generation of the server) is accepted for
-//! I/O, which works by nodeid only, and its release is a no-op here.
+//! Handles are numbered from a counter that starts at `generation <<`
+//! [`FH_GENERATION_SHIFT`], so no two generations of a mount issue the same
+//! number. A handle number the table does not know (issued by an earlier
+//! generation whose table was lost in a crash) is accepted for I/O, which
+//! works by nodeid only, and its release is a no-op here. Such a table is
+//! *inherited*: open counts may miss handles the kernel holds, so an orphan
+//! is never reclaimed by it (the next fresh mount reclaims it).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Open handles at most; OPEN beyond it gets ENFILE.
 pub const HANDLES_MAX: usize = 1 << 20;
+/// Handle numbers of generation g start at `g << FH_GENERATION_SHIFT`
+/// (2^40 handles per generation, 2^24 generations).
+pub const FH_GENERATION_SHIFT: u32 = 40;
 
 /// One open file or directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +43,8 @@ struct Inner {
 /// The handle table, shared by every worker.
 pub struct Handles {
     next_fh: AtomicU64,
+    /// The kernel may hold handles this table never saw.
+    inherited: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -43,6 +52,7 @@ impl Default for Handles {
     fn default() -> Self {
         Handles {
             next_fh: AtomicU64::new(1),
+            inherited: AtomicBool::new(false),
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -61,6 +71,14 @@ impl Handles {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // The maps stay consistent: every mutation is one statement.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Numbers handles from `generation`'s range; `inherited` as in the
+    /// module docs. Call before the first open.
+    pub fn start_generation(&self, generation: u64, inherited: bool) {
+        let first = (generation << FH_GENERATION_SHIFT).max(1);
+        self.next_fh.fetch_max(first, Ordering::Relaxed);
+        self.inherited.store(inherited, Ordering::Relaxed);
     }
 
     /// Registers a new handle; `None` when [`HANDLES_MAX`] are open.
@@ -116,12 +134,41 @@ impl Handles {
     /// (nothing open); otherwise the last release will say so.
     pub fn orphaned(&self, ino: u64) -> bool {
         let mut inner = self.lock();
+        if self.inherited.load(Ordering::Relaxed) {
+            // An earlier generation's handle may still be open: keep it
+            // until a fresh mount. Not tracked as an open orphan, so its
+            // data stays flushable.
+            return false;
+        }
         if inner.open_count.contains_key(&ino) {
             inner.orphans.insert(ino);
             false
         } else {
             true
         }
+    }
+
+    /// Every open handle, the next number and the open orphans (handover).
+    pub fn export(&self) -> (Vec<(u64, Handle)>, u64, Vec<u64>) {
+        let inner = self.lock();
+        let handles = inner.handles.iter().map(|(fh, h)| (*fh, *h)).collect();
+        let orphans = inner.orphans.iter().copied().collect();
+        (handles, self.next_fh.load(Ordering::Relaxed), orphans)
+    }
+
+    /// Takes over a predecessor's table (handover): its handles keep their
+    /// numbers, and numbering continues past both tables. The table is not
+    /// inherited: it is complete.
+    pub fn import(&self, handles: &[(u64, Handle)], next_fh: u64, orphans: &[u64]) {
+        let mut inner = self.lock();
+        for (fh, handle) in handles {
+            if inner.handles.insert(*fh, *handle).is_none() {
+                *inner.open_count.entry(handle.ino).or_insert(0) += 1;
+            }
+        }
+        inner.orphans.extend(orphans.iter().copied());
+        self.next_fh.fetch_max(next_fh, Ordering::Relaxed);
+        self.inherited.store(false, Ordering::Relaxed);
     }
 
     /// Whether `ino` is an orphan kept alive by open handles.
@@ -159,6 +206,32 @@ mod tests {
         let h = Handles::default();
         assert!(h.orphaned(9));
         assert!(!h.is_open_orphan(9));
+    }
+
+    #[test]
+    fn an_inherited_table_never_reclaims_and_numbers_past_earlier_generations() {
+        let h = Handles::default();
+        h.start_generation(3, true);
+        assert!(!h.orphaned(9));
+        let fh = h.open(file(9)).unwrap();
+        assert_eq!(fh, 3 << FH_GENERATION_SHIFT);
+        assert!(!h.release(fh).reclaim);
+    }
+
+    #[test]
+    fn an_imported_table_keeps_numbers_counts_and_orphans() {
+        let old = Handles::default();
+        old.start_generation(1, false);
+        let a = old.open(file(5)).unwrap();
+        assert!(!old.orphaned(5));
+        let (handles, next, orphans) = old.export();
+        let new = Handles::default();
+        new.start_generation(2, true);
+        new.import(&handles, next, &orphans);
+        assert_eq!(new.get(a), Some(file(5)));
+        assert!(new.is_open_orphan(5));
+        assert!(new.release(a).reclaim);
+        assert_eq!(new.open(file(6)).unwrap(), 2 << FH_GENERATION_SHIFT);
     }
 
     #[test]

@@ -41,6 +41,14 @@
 //! - No operation ever answers ENOSYS; every failure maps to an errno from
 //!   `MetaError::errno` or `BlocksError::errno`.
 //! - Locks live in this process only; a new generation starts without them.
+//! - **Exactly once.** Non-idempotent mutations record their result under
+//!   (connection, unique) in their own transaction; a resent or journaled
+//!   request that an earlier generation committed is answered from the
+//!   record (`fs/once.rs`).
+//! - Handle numbers carry the generation that issued them in their high
+//!   bits, so a new generation never reissues a number the kernel holds.
+//!   After a crash (handles not handed over) orphans are kept until the
+//!   next fresh mount: the kernel may still have them open.
 //!
 //! # Example
 //! ```no_run
@@ -66,7 +74,9 @@
 
 pub mod cli;
 mod error;
+pub mod fault;
 pub mod fs;
+pub mod generation;
 pub mod handles;
 pub mod locks;
 pub mod runtime;

@@ -323,6 +323,31 @@ impl<W> LockTable<W> {
         self.waiters.drain(..).map(|w| w.waiter).collect()
     }
 
+    /// Every held lock, by inode and kind (handover).
+    pub fn held_locks(&self) -> Vec<(u64, LockKind, HeldLock)> {
+        let mut out = Vec::new();
+        for (ino, locks) in &self.inodes {
+            for kind in [LockKind::Posix, LockKind::Flock] {
+                out.extend(locks.list(kind).iter().map(|l| (*ino, kind, *l)));
+            }
+        }
+        out
+    }
+
+    /// Takes over a predecessor's held locks (handover, before serving).
+    pub fn import_held(&mut self, held: &[(u64, LockKind, HeldLock)]) {
+        for (ino, kind, lock) in held {
+            let list = self.inodes.entry(*ino).or_default().list_mut(*kind);
+            list.push(*lock);
+            list.sort_by_key(|l| (l.owner, l.start));
+        }
+    }
+
+    /// The parked requests, oldest first, left in place (handover).
+    pub fn parked(&self) -> impl Iterator<Item = &W> {
+        self.waiters.iter().map(|w| &w.waiter)
+    }
+
     /// Number of parked requests.
     pub fn waiter_count(&self) -> usize {
         self.waiters.len()
@@ -402,6 +427,38 @@ mod tests {
     }
 
     use LockType::{Read, Write};
+
+    #[test]
+    fn held_locks_round_trip_into_a_new_table() {
+        let mut old: LockTable<u32> = LockTable::default();
+        let write = |owner, start, end| LockRequest {
+            kind: LockKind::Posix,
+            owner,
+            start,
+            end,
+            typ: Some(LockType::Write),
+            pid: 7,
+        };
+        assert!(matches!(
+            old.set(3, write(1, 0, 9), None),
+            SetOutcome::Done { .. }
+        ));
+        assert!(matches!(
+            old.set(3, write(2, 5, 5), Some((40, 9))),
+            SetOutcome::Parked { .. }
+        ));
+        assert_eq!(old.parked().copied().collect::<Vec<_>>(), vec![9]);
+        let mut new: LockTable<u32> = LockTable::default();
+        new.import_held(&old.held_locks());
+        assert_eq!(new.held(3, LockKind::Posix), old.held(3, LockKind::Posix));
+        // The successor re-parks the journaled request, and the holder's
+        // unlock grants it there.
+        assert!(matches!(
+            new.set(3, write(2, 5, 5), Some((40, 9))),
+            SetOutcome::Parked { .. }
+        ));
+        assert_eq!(new.release_owner(3, LockKind::Posix, 1), vec![9]);
+    }
 
     #[test]
     fn adjacent_locks_of_one_owner_and_type_merge() {

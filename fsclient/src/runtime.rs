@@ -1,6 +1,6 @@
 //! Running the server: `mount` (mount(2), INIT, serve, flush, unmount) and
-//! `serve` (adopt a supervisor's initialized connection, RESEND if asked,
-//! serve, flush, exit without unmounting).
+//! `serve` (adopt a supervisor's initialized connection and serve it as one
+//! generation: see `generation.rs`).
 //!
 //! Signals: SIGTERM and SIGINT are blocked in every thread (before any is
 //! spawned) and taken by the main thread with `sigwait`. When the
@@ -15,11 +15,12 @@ use std::sync::Arc;
 
 use fuse_wire::{Channel, ExitReason, InitConfig, InitParams, Session, Workers};
 use nix::sys::signal::{SigSet, Signal};
-use upgrade_protocol::{connect_seqpacket, recv_message, send_message, Message, NegotiatedInit};
+use upgrade_protocol::{connect_seqpacket, NegotiatedInit};
 
 use crate::cli::{Cli, Command, VolumeArgs};
 use crate::error::{Error, Result};
 use crate::fs::{BatonFs, FsConfig};
+use crate::generation::{receive_adopt, Generation};
 use crate::volume::{check_mountpoint, LockMode, Volume, VolumePaths};
 
 /// Runs the command line.
@@ -47,7 +48,7 @@ fn control_signals() -> SigSet {
     set
 }
 
-fn signal_error(errno: nix::errno::Errno) -> Error {
+pub(crate) fn signal_error(errno: nix::errno::Errno) -> Error {
     Error::from(fuse_wire::Error::Signal(errno))
 }
 
@@ -93,8 +94,8 @@ fn mount(
         }
     };
     tracing::info!(volume = %held.name, mountpoint = %mountpoint.display(), "mounted");
-    let (reason, flushed) =
-        serve_until_signal(&fs, channel, params, options.threads, signals, None)?;
+    fs.set_connection(upgrade_protocol::connection_identity(), 1, false);
+    let (reason, flushed) = serve_until_signal(&fs, channel, params, options.threads, signals)?;
     // Unmount even when the final flush failed: the data stays staged and
     // the next mount commits it.
     if !matches!(reason, ExitReason::Ended(_)) {
@@ -108,53 +109,14 @@ fn mount(
 fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -> Result<ExitCode> {
     let (fs, held) = open_fs(volume, options, LockMode::Shared)?;
     let socket = connect_seqpacket(connect)?;
-    let (message, mut fds) = recv_message(std::os::fd::AsFd::as_fd(&socket))?;
-    let Message::Adopt {
-        generation,
-        init,
-        resend,
-    } = message
-    else {
-        return Err(Error::Handover {
-            socket: connect.to_path_buf(),
-            reason: "the first message was not `adopt`",
-        });
-    };
-    let Some(fd) = fds.pop() else {
-        return Err(Error::Handover {
-            socket: connect.to_path_buf(),
-            reason: "the adopt message carried no /dev/fuse fd",
-        });
-    };
-    // No other generation is alive when RESEND is allowed: recover what a
-    // dead one left staged. During a planned upgrade the old generation
-    // flushes its own data.
-    if resend {
-        fs.recover(false)?;
-    }
-    tracing::info!(volume = %held.name, generation, resend, "adopted the FUSE connection");
-    let hello = Message::Serving {
-        generation,
-        pid: std::process::id(),
-    };
-    let announce = move || {
-        if let Err(err) = send_message(std::os::fd::AsFd::as_fd(&socket), &hello, &[]) {
-            tracing::warn!(%err, "cannot tell the supervisor we serve");
-        }
-    };
-    let (_, flushed) = serve_until_signal(
-        &fs,
-        Arc::new(Channel::new(fd)),
-        from_record(&init),
-        options.threads,
-        signals,
-        Some((resend, Box::new(announce))),
-    )?;
-    flushed?;
+    let (adoption, fd) = receive_adopt(&socket, connect)?;
+    let (generation_number, resend) = (adoption.generation, adoption.resend);
+    let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads)?;
+    tracing::info!(volume = %held.name, generation = generation_number, resend, journaled = journal.requests.len(), "adopted the FUSE connection");
+    generation.start(&journal, resend)?;
+    generation.run(signals)?;
     Ok(ExitCode::SUCCESS)
 }
-
-type Announce = Box<dyn FnOnce()>;
 
 /// Serves until SIGTERM/SIGINT or the connection ends, then stops the
 /// workers, cancels parked lock requests and flushes everything staged.
@@ -165,23 +127,12 @@ fn serve_until_signal(
     params: InitParams,
     threads: usize,
     signals: &SigSet,
-    adopted: Option<(bool, Announce)>,
 ) -> Result<(ExitReason, Result<()>)> {
     fs.set_init(&params);
     let session = Session::new(channel, params, Arc::clone(fs));
-    let mut announce = None;
-    if let Some((resend, hello)) = adopted {
-        if resend {
-            session.resend()?;
-        }
-        announce = Some(hello);
-    }
     let workers = session.start(threads)?;
     let stopper = workers.stopper();
     let waiter = spawn_waiter(workers);
-    if let Some(hello) = announce {
-        hello();
-    }
     let signal = signals.wait().map_err(signal_error)?;
     tracing::info!(?signal, "stopping between requests");
     stopper.stop();

@@ -96,18 +96,22 @@ impl Holder {
         let stream = accept_seqpacket(generation.listener.as_fd()).unwrap();
         let adopt = Message::Adopt {
             generation: generation.number,
+            connection: 7,
             init: to_record(&self.params),
             resend,
+            handover: None,
         };
         send_message(stream.as_fd(), &adopt, &[self.channel.fd()]).unwrap();
         let (reply, _) = recv_message(stream.as_fd()).unwrap();
-        assert_eq!(
-            reply,
-            Message::Serving {
-                generation: generation.number,
-                pid: generation.child.0.id()
-            }
-        );
+        let Message::Serving {
+            generation: number,
+            pid,
+            ..
+        } = reply
+        else {
+            panic!("expected serving, got {reply:?}");
+        };
+        assert_eq!((number, pid), (generation.number, generation.child.0.id()));
         generation.child
     }
 }

@@ -5,9 +5,15 @@
 //! file description, so a reply to a request read by any of them is
 //! accepted. The fd stays in blocking mode: O_NONBLOCK is shared by every
 //! copy, so setting it here would change every other holder.
+//!
+//! A channel can be *sealed* for a handover: from then on replies are
+//! dropped, not written, so a request this process still works on is left
+//! for the next generation (which answers it from the in-flight journal).
+//! Notifications and reads are unaffected.
 
 use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nix::errno::Errno;
 
@@ -28,12 +34,33 @@ pub enum ReadOutcome {
 #[derive(Debug)]
 pub struct Channel {
     fd: OwnedFd,
+    sealed: AtomicBool,
+    sealed_drops: AtomicU64,
 }
 
 impl Channel {
     /// Wraps an fd of /dev/fuse that is already mounted.
     pub fn new(fd: OwnedFd) -> Self {
-        Channel { fd }
+        Channel {
+            fd,
+            sealed: AtomicBool::new(false),
+            sealed_drops: AtomicU64::new(0),
+        }
+    }
+
+    /// Drops every later reply instead of writing it (handover).
+    pub fn seal(&self) {
+        self.sealed.store(true, Ordering::SeqCst);
+    }
+
+    /// Writes replies again (the handover was rolled back).
+    pub fn unseal(&self) {
+        self.sealed.store(false, Ordering::SeqCst);
+    }
+
+    /// Replies dropped because the channel was sealed.
+    pub fn sealed_drops(&self) -> u64 {
+        self.sealed_drops.load(Ordering::Relaxed)
     }
 
     /// The fd, e.g. to pass a copy to another process.
@@ -69,6 +96,10 @@ impl Channel {
 
 impl ReplyChannel for Channel {
     fn send(&self, message: &[IoSlice<'_>]) -> std::io::Result<()> {
+        if self.sealed.load(Ordering::SeqCst) {
+            self.sealed_drops.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
         self.write_message(message)
     }
 }

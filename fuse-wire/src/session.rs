@@ -15,6 +15,12 @@
 //! again, so no request is lost. Requests not yet read stay queued in the
 //! kernel for the next reader, in this process or the next generation.
 //!
+//! Handover ([`Stopper::stop_within`], [`Stopper::inflight`]): each worker
+//! publishes the request it is handling in its slot (pointer and length,
+//! under the slot's mutex) and withdraws it before touching its buffer
+//! again, so another thread can copy the raw bytes of requests that did not
+//! finish within a bound, for the in-flight journal.
+//!
 //! A filesystem method that panics aborts the process: its reply is gone, so
 //! the only way to get the caller an answer is a new generation and RESEND.
 
@@ -40,6 +46,8 @@ use crate::{abi, Error};
 pub const WORKERS_MAX: usize = 64;
 /// How often a stop re-kicks a reader still blocked in `read()`.
 const KICK_INTERVAL: Duration = Duration::from_millis(1);
+/// The same during a handover, where every microsecond is stall.
+const HANDOVER_KICK_INTERVAL: Duration = Duration::from_micros(50);
 
 /// The signal that kicks a worker out of a blocking `read()`.
 pub const KICK_SIGNAL: Signal = Signal::SIGUSR2;
@@ -180,6 +188,32 @@ pub fn handle_request<F: Filesystem + ?Sized>(
 struct WorkerSlot {
     state: AtomicU8,
     thread: Mutex<Option<Pthread>>,
+    /// The request being handled: address and length in the worker's
+    /// buffer. Invariant: while `Some`, the worker neither writes nor frees
+    /// that buffer; it sets `None` (under this mutex) before it does.
+    handling: Mutex<Option<(usize, usize)>>,
+}
+
+impl WorkerSlot {
+    fn publish(&self, request: &[u8]) {
+        *self.handling.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((request.as_ptr() as usize, request.len()));
+    }
+
+    fn withdraw(&self) {
+        *self.handling.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// A copy of the request being handled, if any.
+    fn copy_handling(&self) -> Option<Vec<u8>> {
+        let handling = self.handling.lock().unwrap_or_else(PoisonError::into_inner);
+        let (addr, len) = (*handling)?;
+        // SAFETY: the slot invariant: the worker keeps the buffer alive and
+        // unwritten while the request is published, and cannot withdraw it
+        // while we hold the mutex. Both sides only read the bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        Some(bytes.to_vec())
+    }
 }
 
 struct Shared {
@@ -238,6 +272,50 @@ impl Stopper {
     /// [`Stopper::stop`] to make blocked readers leave at once.
     pub fn request_stop(&self) {
         self.shared.request_stop();
+    }
+
+    /// Stops reading (as [`Stopper::stop`]) but waits at most `bound` for
+    /// requests being handled to finish. Returns true if every worker left;
+    /// otherwise [`Stopper::inflight`] has the requests still running.
+    pub fn stop_within(&self, bound: Duration) -> bool {
+        let deadline = std::time::Instant::now() + bound;
+        self.shared.request_stop();
+        loop {
+            if self.shared.all_exited() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            self.shared.kick_readers();
+            // Short: this is the start of an upgrade's stall.
+            std::thread::sleep(HANDOVER_KICK_INTERVAL);
+        }
+    }
+
+    /// Raw copies of the requests workers are handling right now (for the
+    /// in-flight journal). Seal the channel first, so none of them is
+    /// answered after being copied.
+    pub fn inflight(&self) -> Vec<Vec<u8>> {
+        self.shared
+            .workers
+            .iter()
+            .filter_map(WorkerSlot::copy_handling)
+            .collect()
+    }
+
+    /// Whether every worker has left its loop.
+    pub fn all_exited(&self) -> bool {
+        self.shared.all_exited()
+    }
+
+    /// Why the connection ended (unmount, abort), if it did.
+    pub fn ended(&self) -> Option<Errno> {
+        *self
+            .shared
+            .end
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -298,9 +376,11 @@ impl<F: Filesystem> Worker<F> {
         let options = self.params.decode_options();
         while let Some(len) = self.next_request(slot, &mut buf) {
             let request = &buf[..len];
+            slot.publish(request);
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 handle_request(&*self.fs, &replies, options, request)
             }));
+            slot.withdraw();
             if handled.is_err() {
                 // A panicking filesystem method dropped its reply, so the
                 // caller would wait forever. Dying instead turns the bug into

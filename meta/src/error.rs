@@ -182,7 +182,17 @@ pub enum MetaError {
     #[error("request {request_key} is already recorded as completed: use completed_request() for its result")]
     DuplicateRequest {
         /// The key.
-        request_key: u64,
+        request_key: crate::types::RequestKey,
+    },
+    /// The store was fenced by [`crate::MetaStore::fence`] (`EIO`): this
+    /// generation is handing over and may change nothing more. The request
+    /// is answered by the next generation.
+    #[error(
+        "metadata is fenced for a handover: {op} refused; the next generation answers the request"
+    )]
+    Fenced {
+        /// The refused operation.
+        op: &'static str,
     },
     /// Stored data breaks an invariant (`EIO`); the database needs repair.
     #[error("metadata corrupt: {what}; restore from backup or run a consistency check")]
@@ -249,6 +259,7 @@ impl MetaError {
             | MetaError::Foreign { .. }
             | MetaError::UnsupportedVersion { .. }
             | MetaError::DuplicateRequest { .. }
+            | MetaError::Fenced { .. }
             | MetaError::Corrupt { .. }
             | MetaError::Store { .. }
             | MetaError::Io { .. } => libc::EIO,

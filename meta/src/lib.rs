@@ -78,7 +78,7 @@ pub mod types;
 
 pub use error::{MetaError, Result};
 pub use record::Recorded;
-pub use sqlite::SqliteMeta;
+pub use sqlite::{SqliteMeta, ANSWERED_QUEUE_MAX, ANSWERED_RECORD_KEEP};
 pub use store::{Location, MetaStore};
 pub use types::*;
 

@@ -147,6 +147,23 @@ pub trait MetaStore: Send + Sync {
     /// Forgets completed requests recorded before `older_than`; returns how
     /// many were removed.
     fn prune_completed(&self, older_than: SystemTime) -> Result<u64>;
+
+    /// The reply to request `key` reached the kernel, which will never
+    /// resend it: its record may go. Cheap: the key is queued in memory and
+    /// deleted inside a later write transaction (no extra commit). A record
+    /// whose deletion is lost with the process is removed by
+    /// [`MetaStore::prune_completed`].
+    fn request_answered(&self, key: RequestKey);
+
+    /// Fences the store for a handover: waits for the write transaction in
+    /// progress (if any), then makes every later mutation fail with
+    /// [`crate::MetaError::Fenced`] so that nothing this process still runs
+    /// can commit after the next generation took over.
+    fn fence(&self);
+
+    /// Lifts [`MetaStore::fence`] (the handover was rolled back and this
+    /// process serves again).
+    fn unfence(&self);
 }
 
 /// Where a metadata store lives, parsed from a URL or path.

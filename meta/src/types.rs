@@ -359,6 +359,26 @@ pub struct VolumeRecord {
     pub created: Timespec,
 }
 
-/// Identifies one client request for exactly-once execution.
+/// Identifies one client request for exactly-once execution: the FUSE
+/// connection it arrived on (uniques restart with every connection) and its
+/// `unique` without the RESEND bit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestKey(pub u64);
+pub struct RequestKey {
+    /// Identity of the FUSE connection (chosen at mount, random).
+    pub connection: u64,
+    /// The request's `unique`, bit 63 (RESEND) masked.
+    pub unique: u64,
+}
+
+impl RequestKey {
+    /// The key of request `unique` on `connection`.
+    pub fn new(connection: u64, unique: u64) -> RequestKey {
+        RequestKey { connection, unique }
+    }
+}
+
+impl std::fmt::Display for RequestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}/{}", self.connection, self.unique)
+    }
+}

@@ -29,7 +29,7 @@ use upgrade_protocol::{
 
 use crate::cgroup;
 use crate::control;
-use crate::executor::{Env, Mount, NewMount};
+use crate::executor::{Env, Job, Mount, NewMount};
 use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
 use crate::mounting::{self, invalid};
 use crate::preflight;
@@ -75,6 +75,10 @@ enum Command {
     UnmountFinished {
         mount_id: String,
         outcome: Result<String, String>,
+    },
+    ProbeFinished {
+        mount_id: String,
+        outcome: Result<(), String>,
     },
 }
 
@@ -231,17 +235,22 @@ fn shutting_down_reply() -> Reply {
     }
 }
 
-/// Starts the unmount helper of a mount; it reports back through `waker`.
-fn unmounter(waker: Waker) -> impl Fn(&Mount) {
-    move |mount: &Mount| {
+/// Starts a mount's background jobs; they report back through `waker`.
+fn job_starter(waker: Waker) -> impl Fn(&Mount, Job) {
+    move |mount: &Mount, job: Job| {
         let (waker, mount_id) = (waker.clone(), mount.id.clone());
-        mounting::unmount_in_background(
-            mount.mountpoint.clone(),
-            mount.connection_id,
-            move |outcome| {
-                waker.send(Command::UnmountFinished { mount_id, outcome });
-            },
-        );
+        match job {
+            Job::Unmount => mounting::unmount_in_background(
+                mount.mountpoint.clone(),
+                mount.connection_id,
+                move |outcome| {
+                    waker.send(Command::UnmountFinished { mount_id, outcome });
+                },
+            ),
+            Job::Probe => mounting::probe_in_background(mount.mountpoint.clone(), move |outcome| {
+                waker.send(Command::ProbeFinished { mount_id, outcome });
+            }),
+        }
     }
 }
 
@@ -274,7 +283,7 @@ impl Daemon {
         for (index, mount) in self.mounts.iter().enumerate() {
             tokens.push(Token::Listener(index));
             fds.push(readable(mount.listener.as_fd()));
-            for process in mount.active.iter().chain(mount.standby.iter()) {
+            for process in mount.processes() {
                 tokens.push(Token::Pidfd(index, process.pid));
                 fds.push(readable(process.pidfd()));
                 if let Some(conn) = &process.conn {
@@ -325,9 +334,9 @@ impl Daemon {
     }
 
     fn with_mount(&mut self, index: usize, event: Event) {
-        let start_unmount = unmounter(self.waker.clone());
+        let start_job = job_starter(self.waker.clone());
         if let Some(mount) = self.mounts.get_mut(index) {
-            mount.handle(&self.env, event, &start_unmount);
+            mount.handle(&self.env, event, &start_job);
         }
     }
 
@@ -385,6 +394,7 @@ impl Daemon {
             match role {
                 Role::Active => Event::ActiveExited(death),
                 Role::Standby => Event::StandbyExited(death),
+                Role::Retiring => Event::RetiringExited(death),
             },
         );
     }
@@ -414,6 +424,8 @@ impl Daemon {
                 match role {
                     Role::Active => Event::ActiveConnected,
                     Role::Standby => Event::StandbyConnected,
+                    // Retiring processes connected long ago.
+                    Role::Retiring => return,
                 }
             }
             _ => {
@@ -436,16 +448,59 @@ impl Daemon {
             return;
         };
         match recv_message(conn.as_fd()) {
-            Ok((Message::Serving { generation, .. }, _)) if role == Role::Active => {
+            Ok((
+                Message::Serving {
+                    generation,
+                    reading_ns,
+                    ..
+                },
+                _,
+            )) if role == Role::Active => {
                 tracing::debug!(mount = %mount_id, generation, pid, "serving reported");
+                if let Some(upgrade) = mount.upgrade.as_mut() {
+                    upgrade.reading_ns = reading_ns;
+                }
                 self.with_mount(index, Event::ActiveServing);
+            }
+            Ok((
+                Message::HandedOver {
+                    state,
+                    journaled,
+                    stopped_reading_ns,
+                },
+                _,
+            )) if role == Role::Active => {
+                tracing::info!(mount = %mount_id, pid, journaled, state = %state.display(), "handed over");
+                if let Some(upgrade) = mount.upgrade.as_mut() {
+                    upgrade.state_file = Some(state);
+                    upgrade.journaled = journaled;
+                    upgrade.stopped_reading_ns = stopped_reading_ns;
+                }
+                self.with_mount(index, Event::HandedOver);
+            }
+            Ok((Message::HandoverFailed { reason }, _)) if role == Role::Active => {
+                tracing::warn!(mount = %mount_id, pid, reason, "the serving generation refused to hand over");
+                if let Some(upgrade) = mount.upgrade.as_mut() {
+                    upgrade.detail = Some(reason);
+                }
+                self.with_mount(index, Event::HandoverFailed);
+            }
+            Ok((
+                Message::Stats {
+                    generation,
+                    requests_recovered,
+                },
+                _,
+            )) if role == Role::Active => {
+                tracing::info!(mount = %mount_id, generation, requests_recovered, "requests recovered by exactly-once records");
+                mount.requests_recovered_now = requests_recovered;
             }
             Ok((other, _)) => {
                 tracing::warn!(mount = %mount_id, pid, kind = other.kind(), ?role, "unexpected message from a generation");
             }
             Err(_) => {
-                // fsclient closes its socket once it serves; a death is
-                // seen through the pidfd, never here.
+                // A closed socket: a death is seen through the pidfd, never
+                // here.
                 process.conn = None;
             }
         }
@@ -463,6 +518,21 @@ impl Daemon {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Control { request, reply } => self.on_request(request, reply),
+            Command::ProbeFinished { mount_id, outcome } => {
+                if let Some(index) = self.mounts.iter().position(|m| m.id == mount_id) {
+                    let event = match outcome {
+                        Ok(()) => Event::ProbeOk,
+                        Err(err) => {
+                            tracing::warn!(mount = %mount_id, err, "probe through the mount failed");
+                            if let Some(upgrade) = self.mounts[index].upgrade.as_mut() {
+                                upgrade.detail = Some(format!("probe failed: {err}"));
+                            }
+                            Event::ProbeFailed
+                        }
+                    };
+                    self.with_mount(index, event);
+                }
+            }
             Command::UnmountFinished { mount_id, outcome } => {
                 if let Some(index) = self.mounts.iter().position(|m| m.id == mount_id) {
                     let mut mount = self.mounts.remove(index);
@@ -497,6 +567,11 @@ impl Daemon {
                 self.mounts[index].umount_waiters.push(reply);
                 self.with_mount(index, Event::UmountRequested);
             }
+            Request::Upgrade {
+                mountpoint,
+                binary,
+                timeout_ms,
+            } => self.upgrade(&mountpoint, binary, timeout_ms, reply),
             Request::Mount {
                 volume,
                 mountpoint,
@@ -515,6 +590,37 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    fn upgrade(
+        &mut self,
+        mountpoint: &Path,
+        binary: PathBuf,
+        timeout_ms: u64,
+        reply: Sender<Reply>,
+    ) {
+        if self.shutting_down {
+            let _ = reply.send(shutting_down_reply());
+            return;
+        }
+        let canonical = std::fs::canonicalize(mountpoint).unwrap_or(mountpoint.to_path_buf());
+        let Some(index) = self
+            .mounts
+            .iter()
+            .position(|m| m.mountpoint == canonical || m.mountpoint == mountpoint)
+        else {
+            let _ = reply.send(invalid(format!(
+                "no mount of this fs-supervisor at {}; `fsctl status` lists them",
+                mountpoint.display()
+            )));
+            return;
+        };
+        if let Err(problem) = preflight::check_client_binary(&binary) {
+            let _ = reply.send(invalid(problem));
+            return;
+        }
+        let start_job = job_starter(self.waker.clone());
+        self.mounts[index].request_upgrade(&self.env, binary, timeout_ms, reply, &start_job);
     }
 
     fn mount(
@@ -565,6 +671,8 @@ impl Daemon {
             "mounted and initialized"
         );
         let parts = NewMount {
+            connection: upgrade_protocol::connection_identity(),
+            client_binary: self.env.client_binary.clone(),
             log_path: self.env.state.log_path(&id),
             id,
             mountpoint,
@@ -582,8 +690,8 @@ impl Daemon {
         mount.write_record(&self.env);
         self.mounts.push(mount);
         let index = self.mounts.len() - 1;
-        let start_unmount = unmounter(self.waker.clone());
-        self.mounts[index].start(&self.env, &start_unmount);
+        let start_job = job_starter(self.waker.clone());
+        self.mounts[index].start(&self.env, &start_job);
         Ok(())
     }
 
@@ -631,5 +739,9 @@ pub fn command_timeout(request: &Request) -> Duration {
     match request {
         Request::Status => Duration::from_secs(10),
         Request::Mount { .. } | Request::Umount { .. } => Duration::from_secs(90),
+        // The supervisor rolls back at the deadline; leave it time to say so.
+        Request::Upgrade { timeout_ms, .. } => {
+            Duration::from_millis(*timeout_ms) + Duration::from_secs(30)
+        }
     }
 }

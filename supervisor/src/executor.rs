@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -15,12 +15,13 @@ use fuse_wire::Channel;
 use nix::sys::signal::Signal;
 use upgrade_protocol::{
     send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit,
-    Recovery, Reply, Restarts, RECORD_FORMAT_VERSION,
+    Recovery, Reply, Restarts, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 
 use crate::cgroup;
 use crate::generation::{describe, Launch, Process};
 use crate::lifecycle::mount::{self, Action, Cause, Death, Event, Policy, Role, State, Timer};
+use crate::lifecycle::upgrade::Outcome;
 use crate::state_file::{log_tail, StateDir};
 
 /// Events one dispatch may chain (an event and the events its actions
@@ -41,8 +42,38 @@ pub struct Env {
     pub client_binary: PathBuf,
 }
 
-/// How the supervisor asks the unmount helper to run.
-pub type StartUnmount<'a> = &'a dyn Fn(&Mount);
+/// Work the executor starts outside the event loop; each reports back to
+/// the loop as a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Job {
+    /// Unmount (`mounting::unmount_in_background`).
+    Unmount,
+    /// Probe the mount with a lookup that must reach the server.
+    Probe,
+}
+
+/// How the executor starts a [`Job`].
+pub type StartJob<'a> = &'a dyn Fn(&Mount, Job);
+
+/// A planned upgrade under way.
+pub struct UpgradeInProgress {
+    /// The new fsclient binary.
+    pub binary: PathBuf,
+    /// `fsctl upgrade` waiting for the outcome.
+    pub waiter: Sender<Reply>,
+    started: Instant,
+    from_generation: u64,
+    /// The old generation's handover state file.
+    pub state_file: Option<PathBuf>,
+    /// Requests it journaled.
+    pub journaled: u32,
+    /// When it stopped reading (CLOCK_MONOTONIC ns).
+    pub stopped_reading_ns: u64,
+    /// When the new one started reading.
+    pub reading_ns: u64,
+    /// Why it was refused or failed, if known.
+    pub detail: Option<String>,
+}
 
 /// One supervised mount.
 pub struct Mount {
@@ -62,6 +93,12 @@ pub struct Mount {
     pub init: NegotiatedInit,
     /// The fusectl connection number.
     pub connection_id: u32,
+    /// The connection's random identity (exactly-once keys).
+    pub connection: u64,
+    /// Requests recovered by earlier generations (sum at their deaths).
+    requests_recovered_before: u64,
+    /// Requests recovered by the serving generation so far.
+    pub requests_recovered_now: u64,
     /// Generations of this mount connect here.
     pub listener: OwnedFd,
     /// Its path.
@@ -75,8 +112,15 @@ pub struct Mount {
     state_since: Instant,
     /// The process holding (or about to hold) the fd.
     pub active: Option<Process>,
-    /// The warm standby.
+    /// The warm standby, or an upgrade's incoming generation.
     pub standby: Option<Process>,
+    /// The generation that handed over and waits for `Exit` or `Resume`.
+    pub retiring: Option<Process>,
+    /// The fsclient binary new generations run (changed by upgrades).
+    pub client_binary: PathBuf,
+    /// The upgrade under way, if any.
+    pub upgrade: Option<UpgradeInProgress>,
+    last_upgrade: Option<UpgradeReport>,
     next_generation: u64,
     last_generation: u64,
     /// Armed timers.
@@ -119,6 +163,10 @@ pub struct NewMount {
     pub init: NegotiatedInit,
     /// fusectl number.
     pub connection_id: u32,
+    /// Random identity of the connection.
+    pub connection: u64,
+    /// The fsclient binary.
+    pub client_binary: PathBuf,
     /// Generation socket.
     pub listener: OwnedFd,
     /// Its path.
@@ -141,6 +189,9 @@ impl Mount {
             channel: Some(parts.channel),
             init: parts.init,
             connection_id: parts.connection_id,
+            connection: parts.connection,
+            requests_recovered_before: 0,
+            requests_recovered_now: 0,
             listener: parts.listener,
             socket_path: parts.socket_path,
             log: parts.log,
@@ -149,6 +200,10 @@ impl Mount {
             state_since: Instant::now(),
             active: None,
             standby: None,
+            retiring: None,
+            client_binary: parts.client_binary,
+            upgrade: None,
+            last_upgrade: None,
             next_generation: 1,
             last_generation: 0,
             timers: BTreeMap::new(),
@@ -165,22 +220,22 @@ impl Mount {
     }
 
     /// Starts the machine.
-    pub fn start(&mut self, env: &Env, start_unmount: StartUnmount<'_>) {
+    pub fn start(&mut self, env: &Env, start_job: StartJob<'_>) {
         let (state, actions) = mount::start();
         self.transition(state, "start");
         let mut queue = VecDeque::new();
         for action in actions {
-            self.execute(env, action, &mut queue, start_unmount);
+            self.execute(env, action, &mut queue, start_job);
         }
-        self.drain(env, queue, start_unmount);
+        self.drain(env, queue, start_job);
     }
 
     /// Feeds one event to the machine and executes what it returns.
-    pub fn handle(&mut self, env: &Env, event: Event, start_unmount: StartUnmount<'_>) {
-        self.drain(env, VecDeque::from([event]), start_unmount);
+    pub fn handle(&mut self, env: &Env, event: Event, start_job: StartJob<'_>) {
+        self.drain(env, VecDeque::from([event]), start_job);
     }
 
-    fn drain(&mut self, env: &Env, mut queue: VecDeque<Event>, start_unmount: StartUnmount<'_>) {
+    fn drain(&mut self, env: &Env, mut queue: VecDeque<Event>, start_job: StartJob<'_>) {
         let mut handled = 0;
         while let Some(event) = queue.pop_front() {
             handled += 1;
@@ -198,7 +253,7 @@ impl Mount {
             }
             self.transition(next, &format!("{event:?}"));
             for action in actions {
-                self.execute(env, action, &mut queue, start_unmount);
+                self.execute(env, action, &mut queue, start_job);
             }
         }
     }
@@ -237,6 +292,7 @@ impl Mount {
         match role {
             Role::Active => &mut self.active,
             Role::Standby => &mut self.standby,
+            Role::Retiring => &mut self.retiring,
         }
     }
 
@@ -245,7 +301,7 @@ impl Mount {
         env: &Env,
         action: Action,
         queue: &mut VecDeque<Event>,
-        start_unmount: StartUnmount<'_>,
+        start_job: StartJob<'_>,
     ) {
         match action {
             Action::SpawnActive => self.spawn(env, Role::Active, queue),
@@ -271,7 +327,13 @@ impl Mount {
             Action::CancelTimer(timer) => {
                 self.timers.remove(&timer);
             }
-            Action::RecordDeath { role, death } => self.record_death(role, death),
+            Action::RecordDeath { role, death } => {
+                if role == Role::Active {
+                    self.requests_recovered_before +=
+                        std::mem::take(&mut self.requests_recovered_now);
+                }
+                self.record_death(role, death)
+            }
             Action::AnnounceServing => self.announce_serving(env),
             Action::FailMount(death) => self.fail_mount(death),
             Action::ReportGaveUp => tracing::error!(
@@ -280,15 +342,54 @@ impl Mount {
                 mountpoint = %self.mountpoint.display(),
                 "gave up restarting after --give-up-after consecutive failed starts; applications on the mount wait until `fsctl umount`"
             ),
-            Action::Unmount => start_unmount(self),
+            Action::Unmount => start_job(self, Job::Unmount),
+            Action::SpawnIncoming => self.spawn(env, Role::Standby, queue),
+            Action::SendHandover => {
+                let dir = env.state.run_dir();
+                if !self.send_to(Role::Active, &Message::Handover { dir }) {
+                    queue.push_back(Event::HandoverFailed);
+                }
+            }
+            Action::RetireActive => self.retiring = self.active.take(),
+            Action::SendAdoptHandover => {
+                let state = self.upgrade.as_ref().and_then(|u| u.state_file.clone());
+                self.send_adopt_with(env, false, state);
+            }
+            Action::StartProbe => start_job(self, Job::Probe),
+            Action::ExitRetiring => {
+                self.send_to(Role::Retiring, &Message::Exit);
+            }
+            Action::ReinstateRetiring => {
+                // Invariant: the incoming generation in the active slot was
+                // reaped before its death reached the machine.
+                assert!(
+                    self.active.is_none(),
+                    "mount {}: reinstating over a live active",
+                    self.id
+                );
+                self.active = self.retiring.take();
+            }
+            Action::SendResume { resend } => {
+                if !self.send_to(Role::Active, &Message::Resume { resend }) {
+                    // It cannot hear us: kill it, the crash path recovers.
+                    self.signal(Role::Active, Signal::SIGKILL);
+                }
+            }
+            Action::KillRetiring => self.signal(Role::Retiring, Signal::SIGKILL),
+            Action::Finish(outcome) => self.finish_upgrade(env, outcome),
         }
     }
 
     fn spawn(&mut self, env: &Env, role: Role, queue: &mut VecDeque<Event>) {
         let generation = self.next_generation;
         self.next_generation += 1;
+        // An upgrade's incoming generation runs the new binary.
+        let binary = match (&self.upgrade, role, self.state) {
+            (Some(upgrade), Role::Standby, State::Upgrading { .. }) => upgrade.binary.clone(),
+            _ => self.client_binary.clone(),
+        };
         let launch = Launch {
-            client_binary: &env.client_binary,
+            client_binary: &binary,
             socket: &self.socket_path,
             volume: &self.volume,
             base_dir: &self.base_dir,
@@ -320,12 +421,17 @@ impl Mount {
                 queue.push_back(match role {
                     Role::Active => Event::ActiveExited(death),
                     Role::Standby => Event::StandbyExited(death),
+                    Role::Retiring => Event::RetiringExited(death),
                 });
             }
         }
     }
 
     fn send_adopt(&mut self, env: &Env, resend: bool) {
+        self.send_adopt_with(env, resend, None);
+    }
+
+    fn send_adopt_with(&mut self, env: &Env, resend: bool, handover: Option<PathBuf>) {
         let (Some(process), Some(channel)) = (self.active.as_mut(), self.channel.as_ref()) else {
             tracing::error!(mount = %self.id, "adopt without an active process or fd");
             return;
@@ -340,8 +446,10 @@ impl Mount {
         );
         let message = Message::Adopt {
             generation: process.generation,
+            connection: self.connection,
             init: self.init,
             resend,
+            handover,
         };
         let sent = match &process.conn {
             Some(conn) => send_message(conn.as_fd(), &message, &[channel.fd()]),
@@ -365,15 +473,130 @@ impl Mount {
         let process = match role {
             Role::Active => &self.active,
             Role::Standby => &self.standby,
+            Role::Retiring => &self.retiring,
         };
         if let Some(process) = process {
             process.signal(signal);
         }
     }
 
+    /// Sends a message on the control socket of the process in `role`;
+    /// false (logged) if there is none or it failed.
+    fn send_to(&self, role: Role, message: &Message) -> bool {
+        let process = match role {
+            Role::Active => &self.active,
+            Role::Standby => &self.standby,
+            Role::Retiring => &self.retiring,
+        };
+        let sent = match process.as_ref().and_then(|p| p.conn.as_ref()) {
+            Some(conn) => send_message(conn.as_fd(), message, &[]),
+            None => Err(upgrade_protocol::ProtocolError::Closed),
+        };
+        match sent {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::error!(mount = %self.id, ?role, kind = message.kind(), %err, "cannot message the generation");
+                false
+            }
+        }
+    }
+
+    /// Answers `fsctl upgrade` and records the outcome.
+    fn finish_upgrade(&mut self, env: &Env, outcome: Outcome) {
+        let Some(upgrade) = self.upgrade.take() else {
+            return;
+        };
+        let ok = outcome == Outcome::Upgraded;
+        if ok {
+            self.client_binary = upgrade.binary.clone();
+        }
+        if let Some(state) = &upgrade.state_file {
+            remove_handover_files(state);
+        }
+        let stall_us = (ok && upgrade.reading_ns > upgrade.stopped_reading_ns)
+            .then(|| (upgrade.reading_ns - upgrade.stopped_reading_ns) / 1000);
+        let detail = upgrade.detail.clone().or_else(|| {
+            (!ok && outcome != Outcome::Unmounted).then(|| {
+                format!(
+                    "generation log ({}):\n{}",
+                    self.log_path.display(),
+                    log_tail(&self.log_path)
+                )
+            })
+        });
+        let report = UpgradeReport {
+            mountpoint: self.mountpoint.clone(),
+            ok,
+            outcome: describe_outcome(outcome).to_string(),
+            from_generation: upgrade.from_generation,
+            generation: self.active_generation(),
+            binary: self.client_binary.clone(),
+            journaled: upgrade.journaled,
+            stall_us,
+            elapsed_ms: upgrade.started.elapsed().as_millis() as u64,
+            at_unix_ms: unix_ms(SystemTime::now()),
+            detail,
+        };
+        if ok {
+            tracing::info!(mount = %self.id, generation = report.generation, from = report.from_generation, stall_us, journaled = report.journaled, binary = %report.binary.display(), "upgraded");
+        } else {
+            tracing::warn!(mount = %self.id, outcome = report.outcome, generation = report.generation, "upgrade rolled back");
+        }
+        let _ = upgrade.waiter.send(Reply::Upgraded {
+            report: Box::new(report.clone()),
+        });
+        self.last_upgrade = Some(report);
+        self.write_record(env);
+    }
+
+    /// Starts an upgrade to `binary` if the mount serves; otherwise answers
+    /// the waiter at once.
+    pub fn request_upgrade(
+        &mut self,
+        env: &Env,
+        binary: PathBuf,
+        timeout_ms: u64,
+        waiter: Sender<Reply>,
+        start_job: StartJob<'_>,
+    ) {
+        if !matches!(self.state, State::Serving { .. }) || self.upgrade.is_some() {
+            let _ = waiter.send(Reply::Error {
+                kind: ErrorKind::Failed,
+                message: format!(
+                    "mount {} is {} and cannot be upgraded now; retry once `fsctl status` shows it serving",
+                    self.mountpoint.display(),
+                    self.state.name()
+                ),
+            });
+            return;
+        }
+        self.upgrade = Some(UpgradeInProgress {
+            binary,
+            waiter,
+            started: Instant::now(),
+            from_generation: self.active_generation(),
+            state_file: None,
+            journaled: 0,
+            stopped_reading_ns: 0,
+            reading_ns: 0,
+            detail: None,
+        });
+        self.handle(env, Event::UpgradeRequested { timeout_ms }, start_job);
+    }
+
     fn record_death(&mut self, role: Role, death: Death) {
         let cause = describe(death.cause);
         let tail = log_tail(&self.log_path);
+        if let Some(upgrade) = self.upgrade.as_mut() {
+            if upgrade.detail.is_none() && role != Role::Retiring {
+                upgrade.detail = Some(format!(
+                    "generation {} (pid {}) ended: {cause}; log tail ({}):\n{tail}",
+                    death.generation,
+                    death.pid,
+                    self.log_path.display()
+                ));
+            }
+        }
         match role {
             Role::Active => {
                 match death.cause {
@@ -404,6 +627,13 @@ impl Mount {
                 pid = death.pid,
                 cause,
                 "standby died before taking over\n--- log tail ---\n{tail}\n---"
+            ),
+            Role::Retiring => tracing::info!(
+                mount = %self.id,
+                generation = death.generation,
+                pid = death.pid,
+                cause,
+                "retired generation ended"
             ),
         }
     }
@@ -460,6 +690,7 @@ impl Mount {
             base_dir: self.base_dir.clone(),
             options: self.options.clone(),
             connection_id: self.connection_id,
+            connection: self.connection,
             init: self.init,
             has_resend: self.init.flags & fuse_wire::abi::init_flags::HAS_RESEND != 0,
             supervisor_pid: std::process::id(),
@@ -493,6 +724,9 @@ impl Mount {
             consecutive_failures: self.state.failures(),
             gave_up: matches!(self.state, State::GaveUp { .. }),
             last_recovery: self.last_recovery.clone(),
+            last_upgrade: self.last_upgrade.clone(),
+            client_binary: self.client_binary.clone(),
+            requests_recovered: self.requests_recovered_before + self.requests_recovered_now,
             connection_id: self.connection_id,
             cgroup: active
                 .and_then(|p| p.cgroup.as_ref())
@@ -506,10 +740,21 @@ impl Mount {
         if let Some(p) = self.active.as_mut().filter(|p| p.pid == pid) {
             return Some((Role::Active, p));
         }
+        if let Some(p) = self.retiring.as_mut().filter(|p| p.pid == pid) {
+            return Some((Role::Retiring, p));
+        }
         self.standby
             .as_mut()
             .filter(|p| p.pid == pid)
             .map(|p| (Role::Standby, p))
+    }
+
+    /// Every live process of the mount.
+    pub fn processes(&self) -> impl Iterator<Item = &Process> {
+        self.active
+            .iter()
+            .chain(self.standby.iter())
+            .chain(self.retiring.iter())
     }
 
     /// Removes the process with `pid` from its slot (after it was reaped).
@@ -519,6 +764,9 @@ impl Mount {
         }
         if self.standby.as_ref().is_some_and(|p| p.pid == pid) {
             return self.standby.take().map(|p| (Role::Standby, p));
+        }
+        if self.retiring.as_ref().is_some_and(|p| p.pid == pid) {
+            return self.retiring.take().map(|p| (Role::Retiring, p));
         }
         None
     }
@@ -583,4 +831,31 @@ impl Mount {
             });
         }
     }
+}
+
+fn describe_outcome(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Upgraded => "upgraded",
+        Outcome::IncomingDied => "rolled back: the new generation ended before serving",
+        Outcome::HandoverRefused => "rolled back: the serving generation refused to hand over",
+        Outcome::ServingDied => {
+            "the serving generation died during the upgrade; crash recovery took over"
+        }
+        Outcome::ProbeFailed => {
+            "rolled back: the new generation did not answer a probe through the mount"
+        }
+        Outcome::Unmounted => "the mount was unmounted during the upgrade",
+    }
+}
+
+/// Deletes a handover state file and its journal (they are single-use).
+fn remove_handover_files(state: &Path) {
+    if let Ok(bytes) = std::fs::read(state) {
+        if let Ok(decoded) = upgrade_protocol::decode_state(&bytes) {
+            if let Some(journal) = decoded.journal {
+                let _ = std::fs::remove_file(journal);
+            }
+        }
+    }
+    let _ = std::fs::remove_file(state);
 }

@@ -198,6 +198,33 @@ pub fn unmount_in_background(
     });
 }
 
+/// Probes a mount from outside in a thread: a lookup of a name nobody
+/// created (never in the dentry cache), which only the serving generation
+/// can answer. ENOENT (or the name existing) is a success; any other error
+/// is a failure. `done` gets the outcome. A generation that never answers
+/// keeps the thread blocked until the upgrade deadline kills it and the
+/// old generation answers the re-sent lookup.
+pub fn probe_in_background(
+    mountpoint: PathBuf,
+    done: impl FnOnce(Result<(), String>) + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        let name = format!(
+            ".baton-probe-{:016x}",
+            upgrade_protocol::connection_identity()
+        );
+        let outcome = match std::fs::symlink_metadata(mountpoint.join(&name)) {
+            Ok(_) => Ok(()),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(err) => Err(format!(
+                "lookup of {name} in {}: {err}",
+                mountpoint.display()
+            )),
+        };
+        done(outcome);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

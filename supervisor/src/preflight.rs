@@ -58,6 +58,29 @@ pub fn read_request_timeouts(dir: &Path) -> Result<RequestTimeouts, Error> {
     })
 }
 
+/// Checks that `binary` can be a generation's executable: an absolute path
+/// to an executable regular file. The message names the file and the fix.
+pub fn check_client_binary(binary: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    if !binary.is_absolute() {
+        return Err(format!(
+            "fsclient binary {} is not an absolute path; pass the full path",
+            binary.display()
+        ));
+    }
+    match std::fs::metadata(binary) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        Ok(_) => Err(format!(
+            "fsclient binary {} is not an executable file; check the path and its mode",
+            binary.display()
+        )),
+        Err(err) => Err(format!(
+            "fsclient binary {} cannot be read: {err}; check the path",
+            binary.display()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -47,6 +47,11 @@ impl StateDir {
         self.root.join("mounts").join(format!("{mount_id}.json"))
     }
 
+    /// `run/`: sockets, and the handover files of upgrades under way.
+    pub fn run_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
     /// `run/<id>.sock`.
     pub fn socket_path(&self, mount_id: &str) -> PathBuf {
         self.root.join("run").join(format!("{mount_id}.sock"))
@@ -162,6 +167,7 @@ mod tests {
             base_dir: "/b".into(),
             options: ClientOptions::default(),
             connection_id: 40,
+            connection: 9,
             init: NegotiatedInit {
                 major: 7,
                 minor: 45,

@@ -51,6 +51,16 @@ pub enum Request {
         /// The mountpoint as given to `Mount` (absolute).
         mountpoint: PathBuf,
     },
+    /// Replace the generation serving `mountpoint` by one running `binary`
+    /// (planned handover); roll back if it fails within `timeout_ms`.
+    Upgrade {
+        /// The mountpoint (absolute).
+        mountpoint: PathBuf,
+        /// The new fsclient binary (absolute).
+        binary: PathBuf,
+        /// The whole upgrade's deadline.
+        timeout_ms: u64,
+    },
 }
 
 impl Request {
@@ -60,6 +70,7 @@ impl Request {
             Request::Mount { .. } => "mount",
             Request::Status => "status",
             Request::Umount { .. } => "umount",
+            Request::Upgrade { .. } => "upgrade",
         }
     }
 }
@@ -99,6 +110,11 @@ pub enum Reply {
         /// The mountpoint.
         mountpoint: PathBuf,
     },
+    /// An upgrade ended (successfully or rolled back: see `report.ok`).
+    Upgraded {
+        /// What happened.
+        report: Box<UpgradeReport>,
+    },
     /// The request failed; `message` names the object and the next step.
     Error {
         /// What kind of failure.
@@ -106,6 +122,34 @@ pub enum Reply {
         /// The message for the user.
         message: String,
     },
+}
+
+/// One planned upgrade of one mount.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    /// The mountpoint.
+    pub mountpoint: PathBuf,
+    /// True if the new generation serves; false if it was rolled back.
+    pub ok: bool,
+    /// `upgraded`, or why it was rolled back.
+    pub outcome: String,
+    /// The generation before.
+    pub from_generation: u64,
+    /// The generation serving after (the new one, or the old one again).
+    pub generation: u64,
+    /// The binary serving after.
+    pub binary: PathBuf,
+    /// Requests the old generation journaled for the new one.
+    pub journaled: u32,
+    /// Application-visible gap: the old generation stopped reading until
+    /// the new one started reading (µs; only when upgraded).
+    pub stall_us: Option<u64>,
+    /// Whole upgrade, request to probe answered (ms).
+    pub elapsed_ms: u64,
+    /// When it ended (Unix time, ms).
+    pub at_unix_ms: u64,
+    /// Details of a rollback (the new generation's log tail, the refusal).
+    pub detail: Option<String>,
 }
 
 /// `fsctl status --json`: every mount of one supervisor.
@@ -176,6 +220,16 @@ pub struct MountStatus {
     pub gave_up: bool,
     /// The last death and takeover.
     pub last_recovery: Option<Recovery>,
+    /// The last planned upgrade (or rollback).
+    #[serde(default)]
+    pub last_upgrade: Option<UpgradeReport>,
+    /// The fsclient binary new generations run.
+    #[serde(default)]
+    pub client_binary: PathBuf,
+    /// Resent requests answered from an exactly-once record (committed by
+    /// a generation that died before replying), over the mount's life.
+    #[serde(default)]
+    pub requests_recovered: u64,
     /// The fusectl connection number (`/sys/fs/fuse/connections/N`).
     pub connection_id: u32,
     /// The memory cgroup of the serving generation, if cgroups are in use.
@@ -201,6 +255,9 @@ pub struct MountRecord {
     pub options: ClientOptions,
     /// The fusectl connection number.
     pub connection_id: u32,
+    /// The random identity of the connection (see `Message::Adopt`).
+    #[serde(default)]
+    pub connection: u64,
     /// The INIT result.
     pub init: NegotiatedInit,
     /// Whether FUSE_HAS_RESEND was granted (also in `init.flags`; spelled

@@ -44,6 +44,16 @@ pub enum ProtocolError {
         /// The errno.
         errno: Errno,
     },
+    /// A state or journal file is damaged.
+    #[error(
+        "{what} is corrupt: {reason}; the upgrade rolls back and the old generation keeps serving"
+    )]
+    Corrupt {
+        /// Which file.
+        what: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// The peer closed the socket.
     #[error("control socket closed by the peer")]
     Closed,

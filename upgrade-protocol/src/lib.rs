@@ -10,6 +10,8 @@
 //!   [`Message::Control`] / [`Message::ControlReply`]; [`StatusReport`] is
 //!   what `fsctl status --json` prints; [`MountRecord`] is the supervisor's
 //!   per-mount state file.
+//! - [`HandoverState`] / [`InflightJournal`]: what a planned upgrade hands
+//!   from one generation to the next (versioned files, see `handover.rs`).
 //! - [`send_message`] / [`recv_message`]: one message per SOCK_SEQPACKET
 //!   packet, with fds as SCM_RIGHTS; received fds are close-on-exec
 //!   (MSG_CMSG_CLOEXEC), so they never leak into child processes.
@@ -24,7 +26,8 @@
 //! ```no_run
 //! # fn demo(sock: std::os::fd::BorrowedFd<'_>, fuse: std::os::fd::BorrowedFd<'_>, init: upgrade_protocol::NegotiatedInit) -> Result<(), upgrade_protocol::ProtocolError> {
 //! use upgrade_protocol::{send_message, Message};
-//! send_message(sock, &Message::Adopt { generation: 2, init, resend: true }, &[fuse])?;
+//! let adopt = Message::Adopt { generation: 2, connection: 7, init, resend: true, handover: None };
+//! send_message(sock, &adopt, &[fuse])?;
 //! # Ok(()) }
 //! ```
 
@@ -33,15 +36,21 @@
 mod control;
 mod error;
 mod fdpass;
+mod handover;
 mod message;
 mod socket;
 
 pub use control::{
     decode_record, encode_record, ClientOptions, ErrorKind, MountRecord, MountStatus, Recovery,
-    Reply, Request, Restarts, StatusReport, RECORD_FORMAT_VERSION,
+    Reply, Request, Restarts, StatusReport, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 pub use error::ProtocolError;
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};
+pub use handover::{
+    connection_identity, decode_state, encode_state, monotonic_ns, HandleState, HandoverState,
+    InflightJournal, LockState, JOURNAL_ENTRIES_MAX, JOURNAL_ENTRY_LEN_MAX, JOURNAL_FORMAT_MAJOR,
+    STATE_FORMAT_MAJOR, STATE_FORMAT_MINOR,
+};
 pub use message::{
     decode, encode, Message, NegotiatedInit, FORMAT_VERSION, MAGIC, MESSAGE_LEN_MAX,
 };

@@ -10,6 +10,8 @@
 //! offset 12 body    JSON of `Message`, `length` bytes
 //! ```
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use crate::control::{Reply, Request};
@@ -61,10 +63,19 @@ pub enum Message {
     Adopt {
         /// The generation number.
         generation: u64,
+        /// A random identity of the FUSE connection, chosen at mount: FUSE
+        /// uniques restart with every connection, so exactly-once records
+        /// are keyed by (connection, unique). 0 from holders predating it.
+        #[serde(default)]
+        connection: u64,
         /// The connection's INIT result.
         init: NegotiatedInit,
         /// Whether to send RESEND before reading.
         resend: bool,
+        /// A planned upgrade: the predecessor's handover state file (see
+        /// `handover.rs`) to load, and its journal to answer, before reading.
+        #[serde(default)]
+        handover: Option<PathBuf>,
     },
     /// Generation → holder: serving.
     Serving {
@@ -72,7 +83,52 @@ pub enum Message {
         generation: u64,
         /// Its process id.
         pid: u32,
+        /// When its workers started reading (CLOCK_MONOTONIC, ns; 0 if
+        /// unknown): the end of an upgrade's stall.
+        #[serde(default)]
+        reading_ns: u64,
     },
+    /// Generation → holder, from time to time: counters for `fsctl status`.
+    Stats {
+        /// The generation number.
+        generation: u64,
+        /// Replayed requests answered from an earlier generation's
+        /// exactly-once record.
+        requests_recovered: u64,
+    },
+    /// Holder → serving generation: stop reading, journal what is in
+    /// flight, write the handover state into `dir`, and answer with
+    /// `HandedOver` or `HandoverFailed`. Nothing is released yet.
+    Handover {
+        /// Where to write the state and journal files.
+        dir: PathBuf,
+    },
+    /// Generation → holder: the state is written; the generation is fenced
+    /// (replies sealed, metadata refused) until `Resume` or `Exit`.
+    HandedOver {
+        /// The state file.
+        state: PathBuf,
+        /// Requests journaled.
+        journaled: u32,
+        /// When it stopped reading (CLOCK_MONOTONIC, ns): the start of the
+        /// upgrade's stall.
+        stopped_reading_ns: u64,
+    },
+    /// Generation → holder: the handover could not be prepared; the
+    /// generation serves on.
+    HandoverFailed {
+        /// Why.
+        reason: String,
+    },
+    /// Holder → handed-over generation: the successor failed; serve again.
+    /// `resend`: the successor had read requests (it died): re-queue them.
+    Resume {
+        /// Send FUSE_NOTIFY_RESEND before reading again.
+        resend: bool,
+    },
+    /// Holder → handed-over generation: the successor serves; exit now
+    /// without touching anything.
+    Exit,
     /// fsctl → supervisor: one command (see [`Request`]).
     Control {
         /// The command.
@@ -91,6 +147,12 @@ impl Message {
         match self {
             Message::Adopt { .. } => "adopt",
             Message::Serving { .. } => "serving",
+            Message::Stats { .. } => "stats",
+            Message::Handover { .. } => "handover",
+            Message::HandedOver { .. } => "handed_over",
+            Message::HandoverFailed { .. } => "handover_failed",
+            Message::Resume { .. } => "resume",
+            Message::Exit => "exit",
             Message::Control { .. } => "control",
             Message::ControlReply { .. } => "control_reply",
         }
@@ -100,7 +162,7 @@ impl Message {
     pub fn fd_count(&self) -> usize {
         match self {
             Message::Adopt { .. } => 1,
-            Message::Serving { .. } | Message::Control { .. } | Message::ControlReply { .. } => 0,
+            _ => 0,
         }
     }
 }

@@ -8,7 +8,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use upgrade_protocol::{
     decode, decode_record, encode, encode_record, recv_message, send_message, ClientOptions,
     ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit, ProtocolError, Recovery, Reply,
-    Request, Restarts, StatusReport, RECORD_FORMAT_VERSION,
+    Request, Restarts, StatusReport, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 
 fn init() -> NegotiatedInit {
@@ -30,8 +30,10 @@ fn init() -> NegotiatedInit {
 fn adopt_frame_is_pinned() {
     let frame = encode(&Message::Adopt {
         generation: 3,
+        connection: 0xfeed,
         init: init(),
         resend: true,
+        handover: None,
     })
     .unwrap();
     let header: Vec<String> = frame[..12].iter().map(|b| format!("{b:02x}")).collect();
@@ -48,10 +50,32 @@ fn adopt_frame_is_pinned() {
         decode(&frame).unwrap(),
         Message::Adopt {
             generation: 3,
+            connection: 0xfeed,
             init: init(),
-            resend: true
+            resend: true,
+            handover: None,
         }
     );
+}
+
+#[test]
+fn an_adopt_from_a_holder_predating_connection_and_handover_still_decodes() {
+    let old = br#"{"kind":"adopt","generation":3,"init":{"major":7,"minor":45,"kernel_minor":45,"flags":1,"max_readahead":1,"max_write":1,"max_pages":1,"max_background":1,"congestion_threshold":1,"time_gran":1},"resend":true}"#;
+    let mut frame = b"BATN\x01\x00\x00\x00".to_vec();
+    frame.truncate(4);
+    frame.extend_from_slice(&1u16.to_le_bytes());
+    frame.extend_from_slice(&0u16.to_le_bytes());
+    frame.extend_from_slice(&(old.len() as u32).to_le_bytes());
+    frame.extend_from_slice(old);
+    let Message::Adopt {
+        connection,
+        handover,
+        ..
+    } = decode(&frame).unwrap()
+    else {
+        panic!("not an adopt");
+    };
+    assert_eq!((connection, handover), (0, None));
 }
 
 #[test]
@@ -59,6 +83,7 @@ fn newer_version_truncation_and_garbage_are_refused_clearly() {
     let mut frame = encode(&Message::Serving {
         generation: 1,
         pid: 9,
+        reading_ns: 0,
     })
     .unwrap();
     frame[4] = 2;
@@ -78,6 +103,7 @@ fn newer_version_truncation_and_garbage_are_refused_clearly() {
     let frame = encode(&Message::Serving {
         generation: 1,
         pid: 9,
+        reading_ns: 0,
     })
     .unwrap();
     assert!(matches!(
@@ -106,8 +132,10 @@ fn fds_arrive_close_on_exec_and_counts_are_checked() {
     let file = tempfile::tempfile().unwrap();
     let message = Message::Adopt {
         generation: 2,
+        connection: 1,
         init: init(),
         resend: false,
+        handover: None,
     };
     send_message(a.as_fd(), &message, &[file.as_fd()]).unwrap();
     let (got, fds) = recv_message(b.as_fd()).unwrap();
@@ -179,6 +207,21 @@ fn control_frames_are_pinned_and_round_trip() {
                 takeover_us: Some(812),
                 warm: true,
             }),
+            last_upgrade: Some(UpgradeReport {
+                mountpoint: "/mnt/a".into(),
+                ok: true,
+                outcome: "upgraded".into(),
+                from_generation: 1,
+                generation: 3,
+                binary: "/usr/local/bin/fsclient".into(),
+                journaled: 0,
+                stall_us: Some(812),
+                elapsed_ms: 54,
+                at_unix_ms: 1_795_000_000_000,
+                detail: None,
+            }),
+            client_binary: "/usr/local/bin/fsclient".into(),
+            requests_recovered: 2,
             connection_id: 43,
             cgroup: Some("/sys/fs/cgroup/memory/baton/0123456789abcdef-gen2".into()),
             init: init(),
@@ -275,6 +318,7 @@ fn state_record_round_trips_and_newer_formats_are_refused() {
         base_dir: "/var/lib/baton".into(),
         options: ClientOptions::default(),
         connection_id: 43,
+        connection: 0xfeed,
         init: init(),
         has_resend: true,
         supervisor_pid: 1,

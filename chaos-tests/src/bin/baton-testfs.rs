@@ -265,6 +265,8 @@ fn hand_off(
     stopper.stop();
     let message = Message::Adopt {
         generation: 2,
+        connection: 0,
+        handover: None,
         init: to_record(params),
         resend: false,
     };
@@ -286,6 +288,8 @@ fn hold(
         while let Ok(stream) = accept_seqpacket(listener.as_fd()) {
             let message = Message::Adopt {
                 generation: generation.fetch_add(1, Ordering::SeqCst),
+                connection: 0,
+                handover: None,
                 init: to_record(&params),
                 resend,
             };
@@ -312,6 +316,7 @@ fn adopt(
         generation,
         init,
         resend,
+        ..
     } = message
     else {
         bail!(

@@ -18,7 +18,7 @@ use std::ffi::OsStr;
 
 use baton_blocks::{BlocksError, ObjectKey, FILE_SIZE_BYTES_MAX};
 use baton_meta::limits::BLOCKS_QUERY_COUNT_MAX;
-use baton_meta::{CreateArgs, FileKind, MetaError};
+use baton_meta::{CreateArgs, FileKind, MetaError, Recorded};
 use bytes::Bytes;
 use fuse_wire::abi::{self, flags};
 use fuse_wire::{Errno, Request};
@@ -141,18 +141,31 @@ impl BatonFs {
             rdev: 0,
             symlink_target: None,
         };
-        let attr = match self.meta.create(parent, name, &args, None) {
-            Ok(attr) => attr,
-            // Lost a race with another creator and O_EXCL was not asked:
-            // open the file that won.
-            Err(MetaError::Exists { .. }) if arg.flags as i32 & libc::O_EXCL == 0 => {
-                let attr = self.meta.lookup(parent, name)?;
-                let fh = self.do_open(attr.ino, arg.flags)?;
-                let attr = self.meta.getattr(attr.ino)?;
-                return Ok((self.entry_out(&attr)?, fh));
-            }
-            Err(e) => return Err(e.into()),
+        let created = self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::Attr(attr) => Ok(Some(attr)),
+                _ => Err(super::once::mismatched(
+                    parent,
+                    "replayed create has another kind of record",
+                )),
+            },
+            |key| match self.meta.create(parent, name, &args, key) {
+                Ok(attr) => Ok(Some(attr)),
+                // Lost a race with another creator and O_EXCL was not asked:
+                // open the file that won (below).
+                Err(MetaError::Exists { .. }) if arg.flags as i32 & libc::O_EXCL == 0 => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+        )?;
+        let Some(attr) = created else {
+            let attr = self.meta.lookup(parent, name)?;
+            let fh = self.do_open(attr.ino, arg.flags)?;
+            let attr = self.meta.getattr(attr.ino)?;
+            return Ok((self.entry_out(&attr)?, fh));
         };
+        // A replayed create opens a new handle: the kernel never saw the
+        // dead generation's.
         let fh = self.register(attr.ino, arg.flags, false)?;
         Ok((self.entry_out(&attr)?, fh))
     }
@@ -292,6 +305,10 @@ impl BatonFs {
         }
         {
             let _guard = self.inode_lock(ino);
+            if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+                // Handing over: the next generation writes it (journal).
+                return Err(baton_meta::MetaError::Fenced { op: "write" }.into());
+            }
             self.staging
                 .write(ino, arg.offset, data, &|index| self.base_block(ino, index))?;
         }

@@ -19,6 +19,22 @@ macro_rules! answer {
     ($self:ident, $req:ident, $op:literal, $nodeid:expr, $result:expr, $reply:ident, |$v:pat_param| $ok:expr) => {
         match $result {
             Ok($v) => $ok,
+            Err(err) if err.is_fenced() => $reply.abandon(),
+            Err(err) => $reply.error($self.fail($op, $req, $nodeid, &err)),
+        }
+    };
+}
+
+/// [`answer!`] for a mutation run through `BatonFs::once`: after a
+/// successful reply, the request's exactly-once record may go.
+macro_rules! answer_once {
+    ($self:ident, $req:ident, $op:literal, $nodeid:expr, $result:expr, $reply:ident, |$v:pat_param| $ok:expr) => {
+        match $result {
+            Ok($v) => {
+                $ok;
+                $self.answered($req);
+            }
+            Err(err) if err.is_fenced() => $reply.abandon(),
             Err(err) => $reply.error($self.fail($op, $req, $nodeid, &err)),
         }
     };
@@ -26,6 +42,7 @@ macro_rules! answer {
 
 impl Filesystem for BatonFs {
     fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
             req,
@@ -52,12 +69,12 @@ impl Filesystem for BatonFs {
     }
 
     fn setattr(&self, req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
-        answer!(
+        answer_once!(
             self,
             req,
             "setattr",
             nodeid,
-            self.do_setattr(nodeid, arg),
+            self.do_setattr(req, nodeid, arg),
             reply,
             |a| reply.attr(&a)
         );
@@ -84,7 +101,7 @@ impl Filesystem for BatonFs {
         reply: ReplyEntry,
     ) {
         let r = self.do_symlink(req, parent, name, target);
-        answer!(self, req, "symlink", parent, r, reply, |e| reply.entry(&e));
+        answer_once!(self, req, "symlink", parent, r, reply, |e| reply.entry(&e));
     }
 
     fn mknod(
@@ -96,7 +113,7 @@ impl Filesystem for BatonFs {
         reply: ReplyEntry,
     ) {
         let r = self.do_mknod(req, parent, name, arg);
-        answer!(self, req, "mknod", parent, r, reply, |e| reply.entry(&e));
+        answer_once!(self, req, "mknod", parent, r, reply, |e| reply.entry(&e));
     }
 
     fn mkdir(
@@ -108,28 +125,28 @@ impl Filesystem for BatonFs {
         reply: ReplyEntry,
     ) {
         let r = self.do_mkdir(req, parent, name, arg);
-        answer!(self, req, "mkdir", parent, r, reply, |e| reply.entry(&e));
+        answer_once!(self, req, "mkdir", parent, r, reply, |e| reply.entry(&e));
     }
 
     fn unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        answer!(
+        answer_once!(
             self,
             req,
             "unlink",
             parent,
-            self.do_unlink(parent, name),
+            self.do_unlink(req, parent, name),
             reply,
             |()| reply.ok()
         );
     }
 
     fn rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
-        answer!(
+        answer_once!(
             self,
             req,
             "rmdir",
             parent,
-            self.do_rmdir(parent, name),
+            self.do_rmdir(req, parent, name),
             reply,
             |()| reply.ok()
         );
@@ -145,8 +162,8 @@ impl Filesystem for BatonFs {
         flags: u32,
         reply: ReplyEmpty,
     ) {
-        let r = self.do_rename(parent, name, newparent, newname, flags);
-        answer!(self, req, "rename", parent, r, reply, |()| reply.ok());
+        let r = self.do_rename(req, parent, name, newparent, newname, flags);
+        answer_once!(self, req, "rename", parent, r, reply, |()| reply.ok());
     }
 
     fn link(
@@ -157,8 +174,8 @@ impl Filesystem for BatonFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let r = self.do_link(nodeid, newparent, newname);
-        answer!(self, req, "link", nodeid, r, reply, |e| reply.entry(&e));
+        let r = self.do_link(req, nodeid, newparent, newname);
+        answer_once!(self, req, "link", nodeid, r, reply, |e| reply.entry(&e));
     }
 
     fn open(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
@@ -239,8 +256,8 @@ impl Filesystem for BatonFs {
         arg: &abi::SetxattrIn,
         reply: ReplyEmpty,
     ) {
-        let r = self.do_setxattr(nodeid, name, value, arg.flags);
-        answer!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
+        let r = self.do_setxattr(req, nodeid, name, value, arg.flags);
+        answer_once!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
     }
 
     fn getxattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -258,11 +275,8 @@ impl Filesystem for BatonFs {
     }
 
     fn removexattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, reply: ReplyEmpty) {
-        let r = self
-            .meta
-            .removexattr(nodeid, name, None)
-            .map_err(Error::from);
-        answer!(self, req, "removexattr", nodeid, r, reply, |()| reply.ok());
+        let r = self.do_removexattr(req, nodeid, name);
+        answer_once!(self, req, "removexattr", nodeid, r, reply, |()| reply.ok());
     }
 
     fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
@@ -356,10 +370,15 @@ impl Filesystem for BatonFs {
         arg: &abi::CreateIn,
         reply: ReplyCreate,
     ) {
-        match self.do_create(req, parent, name, arg) {
-            Ok((entry, fh)) => reply.created(&entry, fh, 0),
-            Err(err) => reply.error(self.fail("create", req, parent, &err)),
-        }
+        answer_once!(
+            self,
+            req,
+            "create",
+            parent,
+            self.do_create(req, parent, name, arg),
+            reply,
+            |(entry, fh)| reply.created(&entry, fh, 0)
+        );
     }
 
     fn interrupt(&self, _req: &Request<'_>, unique: u64) {

@@ -14,6 +14,30 @@ use super::{lock, BatonFs};
 use crate::error::{Error, Result};
 use crate::locks::{LockKind, LockRequest, LockType, SetOutcome, OFFSET_MAX};
 
+/// A parked SETLKW: its reply, and its raw bytes so a handover can journal
+/// it for the next generation (parking is rare; the copy is cheap enough).
+pub struct ParkedLock {
+    reply: ReplyEmpty,
+    raw: Vec<u8>,
+}
+
+impl ParkedLock {
+    /// Grants it.
+    pub fn ok(self) {
+        self.reply.ok();
+    }
+
+    /// Refuses it.
+    pub fn error(self, errno: Errno) {
+        self.reply.error(errno);
+    }
+
+    /// The request as read from /dev/fuse.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+}
+
 /// Converts the kernel's lock argument.
 fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
     let typ = match arg.lk.typ as i32 {
@@ -83,25 +107,26 @@ impl BatonFs {
             Err(err) => return reply.error(self.fail("setlk", r, ino, &err)),
         };
         let (wait, direct) = if sleep && req.typ.is_some() {
-            (Some((r.key(), reply)), None)
+            let parked = ParkedLock {
+                reply,
+                raw: r.raw().to_vec(),
+            };
+            (Some((r.key(), parked)), None)
         } else {
             (None, Some(reply))
         };
         let outcome = lock(&self.locks).set(ino, req, wait);
         match outcome {
             SetOutcome::Done { granted, own } => {
-                granted
-                    .into_iter()
-                    .chain(own)
-                    .chain(direct)
-                    .for_each(ReplyEmpty::ok);
+                granted.into_iter().chain(own).for_each(ParkedLock::ok);
+                direct.into_iter().for_each(ReplyEmpty::ok);
             }
             SetOutcome::WouldBlock { granted } => {
-                granted.into_iter().for_each(ReplyEmpty::ok);
+                granted.into_iter().for_each(ParkedLock::ok);
                 direct.into_iter().for_each(|d| d.error(Errno::EAGAIN));
             }
             SetOutcome::Parked { granted } => {
-                granted.into_iter().for_each(ReplyEmpty::ok);
+                granted.into_iter().for_each(ParkedLock::ok);
                 tracing::debug!(
                     nodeid = ino,
                     unique = r.unique(),
@@ -114,7 +139,7 @@ impl BatonFs {
                 errno,
                 granted,
             } => {
-                granted.into_iter().for_each(ReplyEmpty::ok);
+                granted.into_iter().for_each(ParkedLock::ok);
                 waiter.error(Errno::from_raw(errno));
             }
         }

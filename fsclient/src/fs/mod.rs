@@ -19,27 +19,29 @@ mod data;
 mod dir;
 mod dispatch;
 mod flush;
-mod lock;
+pub mod lock;
 mod namespace;
+mod once;
 mod xattr;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use baton_blocks::{BlockCache, BlockStore, Staging};
 use baton_meta::{Attr, FileKind, MetaStore};
 use fuse_wire::abi;
-use fuse_wire::reply::ReplyEmpty;
 use fuse_wire::{Errno, InitParams, Request};
 
 use crate::error::{Error, Result};
 use crate::handles::Handles;
-use crate::locks::LockTable;
+use crate::locks::{HeldLock, LockKind, LockTable, LockType};
 use crate::volume::Volume;
+use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
+pub use once::{replaying_journal, RECORD_AGE_MAX};
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
@@ -82,10 +84,16 @@ pub struct BatonFs {
     /// WRITEBACK_CACHE was negotiated: the kernel owns mtime on writes.
     writeback: AtomicBool,
     handles: Handles,
-    locks: Mutex<LockTable<ReplyEmpty>>,
+    locks: Mutex<LockTable<lock::ParkedLock>>,
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
+    /// Identity of the FUSE connection served (exactly-once keys).
+    connection: AtomicU64,
+    /// Handing over: no more staging writes (metadata is fenced too).
+    fenced: AtomicBool,
+    /// Replayed requests answered from an earlier generation's record.
+    recovered: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -120,6 +128,9 @@ impl BatonFs {
                 .collect(),
             alloc: Mutex::new(HashMap::new()),
             readahead: Mutex::new(HashMap::new()),
+            connection: AtomicU64::new(0),
+            fenced: AtomicBool::new(false),
+            recovered: AtomicU64::new(0),
         }
     }
 
@@ -144,6 +155,103 @@ impl BatonFs {
             params.has(abi::init_flags::WRITEBACK_CACHE),
             Ordering::Relaxed,
         );
+    }
+
+    /// Records which connection is served and which generation serves it
+    /// (before serving). `inherited`: an earlier generation served this
+    /// connection and its handle table was lost with it, so the kernel may
+    /// hold handles this process never issued.
+    pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
+        self.connection.store(connection, Ordering::Relaxed);
+        self.handles.start_generation(generation, inherited);
+    }
+
+    /// Fences this process for a handover: no metadata change and no
+    /// staging write starts after this returns (the one in progress, if
+    /// any, finished first). Requests that hit the fence are abandoned, not
+    /// answered: the next generation answers them.
+    pub fn fence(&self) {
+        self.fenced.store(true, Ordering::SeqCst);
+        // A staging write in progress holds its inode's stripe: wait for
+        // each, so none is still writing when this returns.
+        for stripe in &self.inode_locks {
+            drop(lock(stripe));
+        }
+        self.meta.fence();
+    }
+
+    /// Lifts [`BatonFs::fence`] (the handover was rolled back).
+    pub fn unfence(&self) {
+        self.meta.unfence();
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    /// Handles, next handle number and open orphans, for a handover.
+    pub fn export_handles(&self) -> (Vec<(u64, crate::handles::Handle)>, u64, Vec<u64>) {
+        self.handles.export()
+    }
+
+    /// Takes over a predecessor's handle table.
+    pub fn import_handles(
+        &self,
+        handles: &[(u64, crate::handles::Handle)],
+        next_fh: u64,
+        orphans: &[u64],
+    ) {
+        self.handles.import(handles, next_fh, orphans);
+    }
+
+    /// Held locks and the raw bytes of parked lock requests, for a
+    /// handover (call fenced: nothing changes them meanwhile). The parked
+    /// requests stay parked here in case the handover is rolled back.
+    pub fn export_locks(&self) -> (Vec<LockState>, Vec<Vec<u8>>) {
+        let locks = lock(&self.locks);
+        let held = locks
+            .held_locks()
+            .into_iter()
+            .map(|(ino, kind, l)| LockState {
+                ino,
+                owner: l.owner,
+                start: l.start,
+                end: l.end,
+                kind: match l.typ {
+                    LockType::Read => libc::F_RDLCK as u32,
+                    LockType::Write => libc::F_WRLCK as u32,
+                },
+                pid: l.pid,
+                flock: kind == LockKind::Flock,
+            })
+            .collect();
+        let parked = locks.parked().map(|p| p.raw().to_vec()).collect();
+        (held, parked)
+    }
+
+    /// Takes over a predecessor's held locks (before serving).
+    pub fn import_locks(&self, held: &[LockState]) {
+        let held: Vec<_> = held
+            .iter()
+            .map(|l| {
+                let kind = if l.flock {
+                    LockKind::Flock
+                } else {
+                    LockKind::Posix
+                };
+                let typ = if l.kind == libc::F_RDLCK as u32 {
+                    LockType::Read
+                } else {
+                    LockType::Write
+                };
+                let held = HeldLock {
+                    owner: l.owner,
+                    start: l.start,
+                    end: l.end,
+                    typ,
+                    pid: l.pid,
+                };
+                (l.ino, kind, held)
+            })
+            .collect();
+        lock(&self.locks).import_held(&held);
     }
 
     /// The metadata store.

@@ -10,12 +10,13 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStringExt;
 
 use baton_meta::{
-    CreateArgs, FileKind, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked, S_ISGID, S_ISUID,
-    S_IXGRP,
+    CreateArgs, FileKind, Recorded, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked, S_ISGID,
+    S_ISUID, S_IXGRP,
 };
 use fuse_wire::abi::{self, fattr};
 use fuse_wire::{Errno, Request};
 
+use super::once::mismatched;
 use super::BatonFs;
 use crate::error::{Error, Result};
 
@@ -35,7 +36,31 @@ impl BatonFs {
         self.attr_out(&attr)
     }
 
-    pub(super) fn do_setattr(&self, ino: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut> {
+    pub(super) fn do_setattr(
+        &self,
+        req: &Request<'_>,
+        ino: u64,
+        arg: &abi::SetattrIn,
+    ) -> Result<abi::AttrOut> {
+        self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::SetAttr(attr, _) => self.attr_out(&attr),
+                _ => Err(mismatched(
+                    ino,
+                    "replayed setattr has another kind of record",
+                )),
+            },
+            |key| self.setattr_once(ino, arg, key),
+        )
+    }
+
+    fn setattr_once(
+        &self,
+        ino: u64,
+        arg: &abi::SetattrIn,
+        key: Option<baton_meta::RequestKey>,
+    ) -> Result<abi::AttrOut> {
         let valid = arg.valid;
         let mut set = SetAttr::default();
         if valid & fattr::MODE != 0 {
@@ -80,7 +105,7 @@ impl BatonFs {
         let attr = if set == SetAttr::default() {
             self.meta.getattr(ino)?
         } else {
-            self.meta.setattr(ino, &set, None)?.0
+            self.meta.setattr(ino, &set, key)?.0
         };
         self.attr_out(&attr)
     }
@@ -139,8 +164,25 @@ impl BatonFs {
         args.mode &= 0o7777;
         args.uid = uid;
         args.gid = gid;
-        let attr = self.meta.create(parent, name, &args, None)?;
-        self.entry_out(&attr)
+        self.once(
+            req,
+            |recorded| self.entry_from_record(parent, recorded),
+            |key| {
+                let attr = self.meta.create(parent, name, &args, key)?;
+                self.entry_out(&attr)
+            },
+        )
+    }
+
+    /// The entry a replayed create, mknod, mkdir, symlink or link answers.
+    fn entry_from_record(&self, nodeid: u64, recorded: Recorded) -> Result<abi::EntryOut> {
+        match recorded {
+            Recorded::Attr(attr) => self.entry_out(&attr),
+            _ => Err(mismatched(
+                nodeid,
+                "replayed creation has another kind of record",
+            )),
+        }
     }
 
     pub(super) fn do_symlink(
@@ -200,18 +242,27 @@ impl BatonFs {
         )
     }
 
-    pub(super) fn do_unlink(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let gone = self.meta.unlink(parent, name, None)?;
+    pub(super) fn do_unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr) -> Result<()> {
+        let gone = self.once(
+            req,
+            |recorded| unlinked(parent, recorded),
+            |key| Ok(self.meta.unlink(parent, name, key)?),
+        )?;
         self.lost_name(gone)
     }
 
-    pub(super) fn do_rmdir(&self, parent: u64, name: &OsStr) -> Result<()> {
-        let gone = self.meta.rmdir(parent, name, None)?;
+    pub(super) fn do_rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr) -> Result<()> {
+        let gone = self.once(
+            req,
+            |recorded| unlinked(parent, recorded),
+            |key| Ok(self.meta.rmdir(parent, name, key)?),
+        )?;
         self.lost_name(gone)
     }
 
     pub(super) fn do_rename(
         &self,
+        req: &Request<'_>,
         parent: u64,
         name: &OsStr,
         newparent: u64,
@@ -231,9 +282,21 @@ impl BatonFs {
             noreplace: flags & RENAME_NOREPLACE != 0,
             exchange: flags & RENAME_EXCHANGE != 0,
         };
-        let renamed = self
-            .meta
-            .rename(parent, name, newparent, newname, flags, None)?;
+        let renamed = self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::Renamed(renamed) => Ok(renamed),
+                _ => Err(mismatched(
+                    parent,
+                    "replayed rename has another kind of record",
+                )),
+            },
+            |key| {
+                Ok(self
+                    .meta
+                    .rename(parent, name, newparent, newname, flags, key)?)
+            },
+        )?;
         match renamed.replaced {
             Some(gone) => self.lost_name(gone),
             None => Ok(()),
@@ -242,12 +305,19 @@ impl BatonFs {
 
     pub(super) fn do_link(
         &self,
+        req: &Request<'_>,
         ino: u64,
         newparent: u64,
         newname: &OsStr,
     ) -> Result<abi::EntryOut> {
-        let attr = self.meta.link(ino, newparent, newname, None)?;
-        self.entry_out(&attr)
+        self.once(
+            req,
+            |recorded| self.entry_from_record(ino, recorded),
+            |key| {
+                let attr = self.meta.link(ino, newparent, newname, key)?;
+                self.entry_out(&attr)
+            },
+        )
     }
 
     /// An inode lost a name; at nlink 0 it is reclaimed now, or at its last
@@ -284,6 +354,17 @@ impl BatonFs {
             self.meta.setattr(ino, &set, None)?;
         }
         Ok(())
+    }
+}
+
+/// What a replayed unlink or rmdir removed.
+fn unlinked(parent: u64, recorded: Recorded) -> Result<Unlinked> {
+    match recorded {
+        Recorded::Unlinked(gone) => Ok(gone),
+        _ => Err(mismatched(
+            parent,
+            "replayed unlink has another kind of record",
+        )),
     }
 }
 

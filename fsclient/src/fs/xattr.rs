@@ -5,9 +5,9 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use baton_meta::XattrFlags;
+use baton_meta::{Recorded, XattrFlags};
 use fuse_wire::reply::ReplyXattr;
-use fuse_wire::Errno;
+use fuse_wire::{Errno, Request};
 
 use super::BatonFs;
 use crate::error::{Error, Result};
@@ -39,6 +39,7 @@ pub(super) fn answer(bytes: &[u8], size: u32, reply: ReplyXattr) {
 impl BatonFs {
     pub(super) fn do_setxattr(
         &self,
+        req: &Request<'_>,
         ino: u64,
         name: &OsStr,
         value: &[u8],
@@ -58,7 +59,19 @@ impl BatonFs {
             create: flags & XATTR_CREATE != 0,
             replace: flags & XATTR_REPLACE != 0,
         };
-        Ok(self.meta.setxattr(ino, name, value, flags, None)?)
+        self.once(
+            req,
+            |recorded| unit(ino, recorded),
+            |key| Ok(self.meta.setxattr(ino, name, value, flags, key)?),
+        )
+    }
+
+    pub(super) fn do_removexattr(&self, req: &Request<'_>, ino: u64, name: &OsStr) -> Result<()> {
+        self.once(
+            req,
+            |recorded| unit(ino, recorded),
+            |key| Ok(self.meta.removexattr(ino, name, key)?),
+        )
     }
 
     /// The NUL-terminated names, concatenated.
@@ -69,5 +82,16 @@ impl BatonFs {
             out.push(0);
         }
         Ok(out)
+    }
+}
+
+/// What a replayed setxattr or removexattr answers.
+fn unit(ino: u64, recorded: Recorded) -> Result<()> {
+    match recorded {
+        Recorded::Unit => Ok(()),
+        _ => Err(super::once::mismatched(
+            ino,
+            "replayed xattr change has another kind of record",
+        )),
     }
 }

@@ -24,13 +24,14 @@ mod schema;
 mod setattr;
 mod xattr;
 
+use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
 
@@ -53,7 +54,20 @@ pub struct SqliteMeta {
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
+    /// Keys of answered requests (and when), whose records a later write
+    /// deletes once [`ANSWERED_RECORD_KEEP`] has passed.
+    answered: Mutex<VecDeque<(Instant, RequestKey)>>,
+    /// Set by `fence`: every later write fails with `Fenced`.
+    fenced: AtomicBool,
 }
+
+/// Answered request keys queued at most before they are deleted in a
+/// transaction of their own rather than riding along with the next write.
+pub const ANSWERED_QUEUE_MAX: usize = 1024;
+/// How long the record of an answered request is kept. A handover may
+/// journal a request whose reply was just written (the worker had not yet
+/// withdrawn it); the next generation must still find its record then.
+pub const ANSWERED_RECORD_KEEP: Duration = Duration::from_secs(2);
 
 impl SqliteMeta {
     /// Creates a new metadata database at `url_or_path` with the volume
@@ -111,6 +125,7 @@ impl SqliteMeta {
         })?;
         let volume = schema::validate(&path, &conn)?;
         schema::configure_writer(&conn).map_err(|e| e.in_op("open"))?;
+        requests::ensure(&conn).map_err(|e| e.in_op("open"))?;
         SqliteMeta::from_writer(path, volume, conn)
     }
 
@@ -127,6 +142,8 @@ impl SqliteMeta {
             writer: Mutex::new(writer),
             readers,
             next_reader: AtomicUsize::new(0),
+            answered: Mutex::new(VecDeque::new()),
+            fenced: AtomicBool::new(false),
         })
     }
 
@@ -136,7 +153,9 @@ impl SqliteMeta {
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction; with a request key,
-    /// also records `encode(result)` in it. Commits only if all succeeded.
+    /// also records `encode(result)` in it and deletes the records of
+    /// requests answered since the last write. Commits only if all
+    /// succeeded; refuses everything once fenced.
     fn write<T>(
         &self,
         op: &'static str,
@@ -145,16 +164,46 @@ impl SqliteMeta {
         encode: impl FnOnce(&T) -> Recorded,
     ) -> Result<T> {
         let mut conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked under the writer lock, which `fence` takes: no write
+        // starts after a fence returns.
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(MetaError::Fenced { op });
+        }
+        let answered = match req {
+            Some(_) => self.take_answered(ANSWERED_RECORD_KEEP),
+            None => Vec::new(),
+        };
         let run = || -> Result<T> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = f(&tx)?;
             if let Some(key) = req {
                 requests::record(&tx, key, &encode(&out).encode())?;
+                requests::forget(&tx, &answered)?;
             }
             tx.commit()?;
             Ok(out)
         };
-        run().map_err(|e| log_store_error(e.in_op(op)))
+        let result = run();
+        if result.is_err() && !answered.is_empty() {
+            // Rolled back: keep the keys for the next write.
+            let now = Instant::now() - ANSWERED_RECORD_KEEP;
+            lock(&self.answered).extend(answered.into_iter().map(|k| (now, k)));
+        }
+        result.map_err(|e| log_store_error(e.in_op(op)))
+    }
+
+    /// Takes the answered keys queued at least `age` ago.
+    fn take_answered(&self, age: Duration) -> Vec<RequestKey> {
+        let mut queue = lock(&self.answered);
+        let mut keys = Vec::new();
+        while let Some((at, key)) = queue.front() {
+            if at.elapsed() < age {
+                break;
+            }
+            keys.push(*key);
+            queue.pop_front();
+        }
+        keys
     }
 
     /// Runs `f` in a deferred read transaction on a pool connection.
@@ -408,6 +457,44 @@ impl MetaStore for SqliteMeta {
             |_| Recorded::Unit,
         )
     }
+
+    fn request_answered(&self, key: RequestKey) {
+        let full = {
+            let mut answered = lock(&self.answered);
+            answered.push_back((Instant::now(), key));
+            answered.len() >= ANSWERED_QUEUE_MAX
+        };
+        if full {
+            let keys = self.take_answered(ANSWERED_RECORD_KEEP);
+            if keys.is_empty() {
+                return;
+            }
+            let forgotten = self.write(
+                "forget answered requests",
+                None,
+                |c| requests::forget(c, &keys),
+                |_| Recorded::Unit,
+            );
+            if let Err(e) = forgotten {
+                // Harmless: prune_completed removes them later.
+                tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
+            }
+        }
+    }
+
+    fn fence(&self) {
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.fenced.store(true, Ordering::SeqCst);
+    }
+
+    fn unfence(&self) {
+        self.fenced.store(false, Ordering::SeqCst);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded queue is valid after any statement.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@
 //! blocks(ino -> inodes, idx, object_key TEXT, len, PRIMARY KEY(ino, idx))
 //!        + index on object_key (a key is released only when no row uses it)
 //! orphans(ino -> inodes PRIMARY KEY, since_sec)  -- nlink 0, awaiting reclaim
-//! completed_requests(request_key PRIMARY KEY, result BLOB, recorded_sec)
+//! request_results(connection, unique_id, result BLOB, recorded_sec,
+//!        PRIMARY KEY(connection, unique_id))   -- see sqlite/requests.rs
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -96,12 +97,6 @@ CREATE TABLE orphans (
     ino INTEGER PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
     since_sec INTEGER NOT NULL
 );
-CREATE TABLE completed_requests (
-    request_key INTEGER PRIMARY KEY,
-    result BLOB NOT NULL,
-    recorded_sec INTEGER NOT NULL
-);
-CREATE INDEX completed_requests_by_time ON completed_requests(recorded_sec);
 ";
 
 /// Creates the tables, the volume row and the root directory (inode 1) in
@@ -110,6 +105,7 @@ CREATE INDEX completed_requests_by_time ON completed_requests(recorded_sec);
 pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(DDL)?;
+    tx.execute_batch(super::requests::DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)

@@ -1,7 +1,7 @@
 //! `fsctl`: Baton's control command.
 //!
-//! `format` and `up` work on their own; `mount`, `status` and `umount` talk
-//! to `fs-supervisor` over its control socket.
+//! `format` and `up` work on their own; `mount`, `status`, `upgrade` and
+//! `umount` talk to `fs-supervisor` over its control socket.
 //!
 //! Exit codes (also in `fsctl --help`):
 //! - 0: success;
@@ -101,6 +101,34 @@ enum Command {
         #[command(flatten)]
         socket: SocketArg,
     },
+    /// Replace the filesystem process of mounts by one running a new
+    /// fsclient binary, with no error and no lost request for applications:
+    /// the new generation starts beside the old one, the old one hands over
+    /// its state and in-flight requests, and success is reported only once
+    /// the new one answered a probe through the mount. On any failure the
+    /// old generation serves on (automatic rollback) and fsctl exits 1.
+    Upgrade {
+        /// Mountpoints to upgrade (or --all).
+        mountpoints: Vec<PathBuf>,
+        /// Every mount of the supervisor: the first alone (canary), then
+        /// --batch at a time; stops at the first failure.
+        #[arg(long)]
+        all: bool,
+        /// The new fsclient binary.
+        #[arg(long)]
+        binary: PathBuf,
+        /// Mounts upgraded at once after the canary.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        batch: u32,
+        /// Deadline per mount (e.g. 500ms, 30s, 2m); past it, roll back.
+        #[arg(long, default_value = "30s", value_parser = parse_duration_ms)]
+        timeout: u64,
+        /// Print the reports as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
     /// Stop serving MOUNTPOINT (the filesystem flushes) and unmount it.
     Umount {
         /// The mountpoint.
@@ -116,6 +144,25 @@ struct SocketArg {
     /// fs-supervisor's control socket.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+}
+
+fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1000)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60_000)
+    } else {
+        (text, 1000)
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text} is not a duration (e.g. 500ms, 30s, 2m)"))?;
+    match value.checked_mul(scale) {
+        Some(ms) if ms > 0 => Ok(ms),
+        _ => Err(format!("{text} is not a usable duration")),
+    }
 }
 
 fn parse_block_size(text: &str) -> Result<u32, String> {
@@ -204,6 +251,157 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Umount { mountpoint, socket } => {
             let mountpoint = absolute(&mountpoint)?;
             umount(&socket.socket, &Request::Umount { mountpoint })
+        }
+        Command::Upgrade {
+            mountpoints,
+            all,
+            binary,
+            batch,
+            timeout,
+            json,
+            socket,
+        } => upgrade(
+            &socket.socket,
+            UpgradePlan {
+                mountpoints,
+                all,
+                binary: absolute(&binary)?,
+                batch: batch as usize,
+                timeout_ms: timeout,
+                json,
+            },
+        ),
+    }
+}
+
+struct UpgradePlan {
+    mountpoints: Vec<PathBuf>,
+    all: bool,
+    binary: PathBuf,
+    batch: usize,
+    timeout_ms: u64,
+    json: bool,
+}
+
+/// Upgrades mounts: the first alone, then `batch` at a time in parallel;
+/// stops at the first batch with a failure.
+fn upgrade(socket: &std::path::Path, plan: UpgradePlan) -> anyhow::Result<ExitCode> {
+    let targets: Vec<PathBuf> = match (plan.all, plan.mountpoints.is_empty()) {
+        (true, true) => match call(socket, &Request::Status)? {
+            Reply::Status { report } => report.mounts.into_iter().map(|m| m.mountpoint).collect(),
+            other => return refused(other),
+        },
+        (false, false) => plan
+            .mountpoints
+            .iter()
+            .map(|m| absolute(m))
+            .collect::<anyhow::Result<_>>()?,
+        (true, false) => {
+            eprintln!("fsctl: give mountpoints or --all, not both");
+            return Ok(ExitCode::from(2));
+        }
+        (false, true) => {
+            eprintln!("fsctl: name the mountpoints to upgrade, or pass --all");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    if targets.is_empty() {
+        println!("no mounts to upgrade");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut rest = targets.as_slice();
+    let mut first = true;
+    let mut reports = Vec::new();
+    while !rest.is_empty() {
+        let size = if first { 1 } else { plan.batch.min(rest.len()) };
+        let (batch, later) = rest.split_at(size);
+        rest = later;
+        first = false;
+        let answers: Vec<anyhow::Result<Reply>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|mountpoint| {
+                    let request = Request::Upgrade {
+                        mountpoint: mountpoint.clone(),
+                        binary: plan.binary.clone(),
+                        timeout_ms: plan.timeout_ms,
+                    };
+                    scope.spawn(move || call(socket, &request))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("upgrade thread panicked")))
+                })
+                .collect()
+        });
+        let mut failed = false;
+        for (mountpoint, answer) in batch.iter().zip(answers) {
+            match answer? {
+                Reply::Upgraded { report } => {
+                    failed |= !report.ok;
+                    if !plan.json {
+                        print_upgrade(&report);
+                    }
+                    reports.push(*report);
+                }
+                other => {
+                    eprintln!("fsctl: upgrading {}:", mountpoint.display());
+                    let code = refused(other)?;
+                    if plan.json {
+                        println!("{}", serde_json::to_string_pretty(&reports)?);
+                    }
+                    return Ok(code);
+                }
+            }
+        }
+        if failed {
+            if !rest.is_empty() {
+                eprintln!(
+                    "fsctl: stopped after a failed upgrade; {} mount(s) left on the old binary",
+                    rest.len()
+                );
+            }
+            break;
+        }
+    }
+    if plan.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    }
+    Ok(if reports.iter().all(|r| r.ok) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_upgrade(report: &upgrade_protocol::UpgradeReport) {
+    if report.ok {
+        let stall = report
+            .stall_us
+            .map(|us| format!("{:.2} ms", us as f64 / 1000.0))
+            .unwrap_or_else(|| "unknown".into());
+        println!(
+            "upgraded {}: generation {} -> {}, stall {stall}, {} request(s) journaled, {} ms in all, now {}",
+            report.mountpoint.display(),
+            report.from_generation,
+            report.generation,
+            report.journaled,
+            report.elapsed_ms,
+            report.binary.display()
+        );
+    } else {
+        eprintln!(
+            "fsctl: {} {}; generation {} serves on with {}",
+            report.mountpoint.display(),
+            report.outcome,
+            report.generation,
+            report.binary.display()
+        );
+        if let Some(detail) = &report.detail {
+            eprintln!("{detail}");
         }
     }
 }
@@ -376,7 +574,11 @@ fn up(
         mountpoint.display()
     );
     println!("  status:  fsctl status --socket {s}");
-    println!("  upgrade: not yet (fsctl upgrade comes with the upgrade issue); kill -9 the pid in status to see a crash recovery");
+    println!(
+        "  upgrade: fsctl upgrade {} --binary /path/to/new/fsclient --socket {s}",
+        mountpoint.display()
+    );
+    println!("  crash:   kill -9 the pid in status; the next generation takes over");
     println!(
         "  stop:    fsctl umount {} --socket {s}",
         mountpoint.display()

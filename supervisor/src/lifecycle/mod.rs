@@ -3,3 +3,4 @@
 //! the executor in `daemon` acts on the returned actions.
 
 pub mod mount;
+pub mod upgrade;

@@ -41,11 +41,16 @@
 //! every other pair                      unchanged, no action (stale timer, duplicate)
 //! ```
 //!
+//! Planned upgrades (`Serving + UpgradeRequested`, the `Upgrading` state)
+//! have their own table in `upgrade.rs`.
+//!
 //! Failures: a *failed start* is a process that dies before it is stable:
 //! a standby before promotion, an active generation before serving for
 //! [`STABLE_MS`]. Restarts back off by the count ([`backoff_ms`]); a warm
 //! standby is always promoted at once, since it costs no fork. With
 //! `give_up_after`, that many consecutive failed starts stop restarting.
+
+use super::upgrade::{self, Outcome, Phase};
 
 /// Delay between a takeover (or a first serve) and starting the next
 /// standby: fork+exec would compete with the takeover on a small machine.
@@ -82,12 +87,18 @@ pub enum Standby {
     Launched,
     /// Connected and waiting for Adopt (has not seen the fd).
     Ready,
+    /// Killed on purpose (an aborted upgrade's incoming generation): its
+    /// death is not a failure, and a standby is planned after it.
+    Discarding,
 }
 
 impl Standby {
     /// Whether a standby process exists.
     pub fn is_alive(self) -> bool {
-        matches!(self, Standby::Launched | Standby::Ready)
+        matches!(
+            self,
+            Standby::Launched | Standby::Ready | Standby::Discarding
+        )
     }
 }
 
@@ -138,6 +149,15 @@ pub enum State {
         /// Consecutive failed starts.
         failures: u32,
     },
+    /// A planned upgrade is under way (see `upgrade.rs`).
+    Upgrading {
+        /// How far it got.
+        phase: Phase,
+        /// Consecutive failed starts before it began.
+        failures: u32,
+        /// The old generation is alive in the retiring slot.
+        retiring: bool,
+    },
     /// Unmount requested: waiting for the processes to exit.
     Stopping {
         /// The active process is alive.
@@ -156,6 +176,7 @@ impl State {
             State::Launching { .. } => "launching",
             State::Adopting { .. } => "adopting",
             State::Serving { .. } => "serving",
+            State::Upgrading { .. } => "upgrading",
             State::BackingOff { .. } => "backing_off",
             State::GaveUp { .. } => "gave_up",
             State::Stopping { .. } => "stopping",
@@ -169,6 +190,7 @@ impl State {
             State::Launching { failures, .. }
             | State::Adopting { failures, .. }
             | State::Serving { failures, .. }
+            | State::Upgrading { failures, .. }
             | State::BackingOff { failures }
             | State::GaveUp { failures } => failures,
             State::Stopping { .. } | State::Unmounted => 0,
@@ -213,6 +235,8 @@ pub enum Timer {
     StartDeadline,
     /// A stopping generation did not exit in time.
     StopDeadline,
+    /// A planned upgrade did not finish in time: roll back.
+    UpgradeDeadline,
 }
 
 /// Which slot an action or death concerns.
@@ -220,8 +244,10 @@ pub enum Timer {
 pub enum Role {
     /// The process holding (or about to hold) the fd.
     Active,
-    /// The warm standby.
+    /// The warm standby (or an upgrade's incoming generation).
     Standby,
+    /// A generation that handed over in an upgrade and waits to exit.
+    Retiring,
 }
 
 /// What happened.
@@ -241,6 +267,21 @@ pub enum Event {
     Timer(Timer),
     /// `fsctl umount` or supervisor shutdown.
     UmountRequested,
+    /// `fsctl upgrade`: replace the serving generation within `timeout_ms`.
+    UpgradeRequested {
+        /// The whole upgrade's deadline.
+        timeout_ms: u64,
+    },
+    /// The serving generation handed over (state written, fenced).
+    HandedOver,
+    /// The serving generation refused to hand over and serves on.
+    HandoverFailed,
+    /// The probe through the mount was answered.
+    ProbeOk,
+    /// The probe through the mount failed or timed out.
+    ProbeFailed,
+    /// The retiring generation ended (reaped).
+    RetiringExited(Death),
 }
 
 /// What the executor must do, in order.
@@ -287,6 +328,30 @@ pub enum Action {
     ReportGaveUp,
     /// Unmount and close the fd (no process is alive).
     Unmount,
+    /// Start the upgrade's incoming generation (new binary) in the standby
+    /// slot.
+    SpawnIncoming,
+    /// Ask the active generation to hand over.
+    SendHandover,
+    /// Move the active generation to the retiring slot.
+    RetireActive,
+    /// Send Adopt with the fd and the handover state to the active slot.
+    SendAdoptHandover,
+    /// Probe the mount from outside (a lookup that must reach the server).
+    StartProbe,
+    /// Tell the retiring generation to exit.
+    ExitRetiring,
+    /// Move the retiring generation back to the active slot.
+    ReinstateRetiring,
+    /// Tell the (reinstated) old generation to serve again.
+    SendResume {
+        /// RESEND first: the incoming generation died with requests.
+        resend: bool,
+    },
+    /// SIGKILL the retiring generation.
+    KillRetiring,
+    /// The upgrade ended: answer `fsctl upgrade`, record it.
+    Finish(Outcome),
 }
 
 /// The delay before restart number `failures` (0 → none). Pure.
@@ -379,6 +444,20 @@ pub fn step(state: State, event: Event, policy: &Policy) -> (State, Vec<Action>)
         (S::Adopting { standby, .. } | S::Serving { standby, .. }, E::UmountRequested) => {
             stop(true, standby)
         }
+        (
+            S::Serving {
+                standby, failures, ..
+            },
+            E::UpgradeRequested { timeout_ms },
+        ) => upgrade::begin(standby, failures, timeout_ms),
+        (
+            S::Upgrading {
+                phase,
+                failures,
+                retiring,
+            },
+            event,
+        ) => upgrade::step(phase, failures, retiring, event, policy),
         (S::BackingOff { failures }, E::Timer(Timer::Backoff)) => (
             S::Launching {
                 attempt: Attempt::Restart,
@@ -410,7 +489,7 @@ fn spawn_active() -> Vec<Action> {
     ]
 }
 
-fn plan_standby(failures: u32) -> Action {
+pub(super) fn plan_standby(failures: u32) -> Action {
     Action::ArmTimer {
         timer: Timer::StandbySpawn,
         after_ms: STANDBY_DELAY_MS + backoff_ms(failures),
@@ -454,6 +533,10 @@ fn standby_event(
             (Standby::Launched, failures, vec![Action::SpawnStandby])
         }
         (Standby::Launched, Event::StandbyConnected) => (Standby::Ready, failures, vec![]),
+        (Standby::Discarding, Event::StandbyExited(_)) if policy.standby => {
+            (Standby::Planned, failures, vec![plan_standby(failures)])
+        }
+        (Standby::Discarding, Event::StandbyExited(_)) => (Standby::None, failures, vec![]),
         (Standby::Launched | Standby::Ready, Event::StandbyExited(death)) => {
             let failures = failures.saturating_add(1);
             let mut actions = vec![Action::RecordDeath {
@@ -487,7 +570,7 @@ fn with_standby(state: State, standby: Standby, failures: u32) -> State {
     }
 }
 
-fn active_died(
+pub(super) fn active_died(
     attempt: Attempt,
     standby: Standby,
     failures: u32,
@@ -575,7 +658,7 @@ fn take_over(standby: Standby, failures: u32) -> (State, Vec<Action>) {
             },
             vec![Action::PromoteStandby, deadline],
         ),
-        Standby::Planned | Standby::None if failures == 0 => {
+        Standby::Planned | Standby::None | Standby::Discarding if failures == 0 => {
             let mut actions = vec![Action::CancelTimer(Timer::StandbySpawn)];
             actions.extend(spawn_active());
             let state = State::Launching {
@@ -584,7 +667,7 @@ fn take_over(standby: Standby, failures: u32) -> (State, Vec<Action>) {
             };
             (state, actions)
         }
-        Standby::Planned | Standby::None => (
+        Standby::Planned | Standby::None | Standby::Discarding => (
             State::BackingOff { failures },
             vec![
                 Action::CancelTimer(Timer::StandbySpawn),
@@ -598,7 +681,7 @@ fn take_over(standby: Standby, failures: u32) -> (State, Vec<Action>) {
 }
 
 /// Unmount requested while a process holds the active slot.
-fn stop(adopted: bool, standby: Standby) -> (State, Vec<Action>) {
+pub(super) fn stop(adopted: bool, standby: Standby) -> (State, Vec<Action>) {
     let mut actions = vec![
         Action::CancelTimer(Timer::StartDeadline),
         Action::CancelTimer(Timer::Stable),

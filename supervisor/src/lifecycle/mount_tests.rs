@@ -76,6 +76,28 @@ fn states() -> Vec<State> {
         },
         State::Unmounted,
     ]);
+    use crate::lifecycle::upgrade::Phase;
+    for (phase, retiring) in [
+        (Phase::ClearingStandby, false),
+        (Phase::Spawning, false),
+        (Phase::Quiescing { incoming: true }, false),
+        (Phase::Quiescing { incoming: false }, false),
+        (Phase::Adopting, true),
+        (Phase::Adopting, false),
+        (Phase::Probing, true),
+        (Phase::Probing, false),
+    ] {
+        states.push(State::Upgrading {
+            phase,
+            failures: 0,
+            retiring,
+        });
+    }
+    states.push(State::Serving {
+        standby: Discarding,
+        failures: 0,
+        stable: true,
+    });
     states
 }
 
@@ -92,6 +114,13 @@ fn events() -> Vec<Event> {
         Event::Timer(Timer::StartDeadline),
         Event::Timer(Timer::StopDeadline),
         Event::UmountRequested,
+        Event::UpgradeRequested { timeout_ms: 30_000 },
+        Event::HandedOver,
+        Event::HandoverFailed,
+        Event::ProbeOk,
+        Event::ProbeFailed,
+        Event::RetiringExited(death(Cause::Exit(0))),
+        Event::Timer(Timer::UpgradeDeadline),
     ]
 }
 
@@ -139,6 +168,30 @@ fn every_pair_keeps_the_invariants() {
                 assert!(after_death || cold_restart, "{ctx}");
             }
         }
+        // Upgrades: the successor gets the fd only after the serving
+        // generation was moved aside (it handed over and is fenced), and
+        // an upgrade that ends says so exactly once and leaves Upgrading.
+        if let Some(adopt) = actions.iter().position(|a| *a == Action::SendAdoptHandover) {
+            let retire = actions.iter().position(|a| *a == Action::RetireActive);
+            assert!(retire.is_some_and(|r| r < adopt), "{ctx}");
+            assert_eq!(event, Event::HandedOver, "{ctx}");
+        }
+        if actions.contains(&Action::SendResume { resend: true }) {
+            assert!(matches!(event, Event::ActiveExited(_)), "{ctx}");
+            assert!(actions.contains(&Action::ReinstateRetiring), "{ctx}");
+        }
+        let finishes = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Finish(_)))
+            .count();
+        assert!(finishes <= 1, "{ctx}");
+        if finishes == 1 {
+            assert!(matches!(state, State::Upgrading { .. }), "{ctx}");
+            assert!(!matches!(next, State::Upgrading { .. }), "{ctx}");
+        }
+        if matches!(state, State::Upgrading { .. }) && !matches!(next, State::Upgrading { .. }) {
+            assert_eq!(finishes, 1, "an upgrade ended without an answer: {ctx}");
+        }
         if matches!(state, State::Adopting { .. } | State::Serving { .. })
             && !matches!(event, Event::ActiveExited(_))
         {
@@ -170,6 +223,14 @@ fn every_pair_keeps_the_invariants() {
         if actions.contains(&Action::PromoteStandby) {
             let standby = match state {
                 State::Adopting { standby, .. } | State::Serving { standby, .. } => standby,
+                State::Upgrading {
+                    phase: crate::lifecycle::upgrade::Phase::Quiescing { incoming: true },
+                    ..
+                } => Standby::Ready,
+                State::Upgrading {
+                    phase: crate::lifecycle::upgrade::Phase::Spawning,
+                    ..
+                } => Standby::Launched,
                 _ => Standby::None,
             };
             assert!(standby.is_alive(), "{ctx}");

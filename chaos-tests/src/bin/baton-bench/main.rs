@@ -12,6 +12,9 @@
 //! directory of the same disk, bindfs over such a directory, and a Baton
 //! volume on the embedded default (SQLite + local directory). Cold reads drop
 //! the page cache, and for Baton also remount with an empty block cache.
+//!
+//! `baton-bench stall` / `baton-bench upgrade-stall`: what applications see
+//! when the filesystem process is killed, or upgraded with `fsctl upgrade`.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -45,6 +48,18 @@ enum Bench {
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+    },
+    /// Application-visible stall of planned upgrades (`fsctl upgrade`).
+    UpgradeStall {
+        /// Upgrades.
+        #[arg(long, default_value_t = 100)]
+        upgrades: usize,
+        /// Milliseconds between upgrades.
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+        /// Where to put the volume.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
     },
     /// Application-visible stall of kill -9 recovery, warm and cold.
     Stall {
@@ -113,6 +128,11 @@ fn run() -> anyhow::Result<()> {
             interval_ms,
             dir,
         } => stall::run(&dir, kills, Duration::from_millis(interval_ms)),
+        Bench::UpgradeStall {
+            upgrades,
+            interval_ms,
+            dir,
+        } => upgrade_stall::run(&dir, upgrades, Duration::from_millis(interval_ms)),
         Bench::Fsclient {
             size_mib,
             files,
@@ -131,6 +151,7 @@ fn run() -> anyhow::Result<()> {
 
 mod fsclient_bench;
 mod stall;
+mod upgrade_stall;
 
 fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(path)?;
