@@ -44,9 +44,7 @@ pub(super) fn prepare(ctx: &mut Ctx) {
             // Bounded staging use: a file larger than the staging disk
             // cannot be written without fsync (see the report).
             if offset % PREPARE_FSYNC_BYTES == 0
-                && ctx
-                    .op("fsync", path.display(), || file.sync_all())
-                    .is_err()
+                && ctx.op("fsync", path.display(), || file.sync_all()).is_err()
             {
                 return;
             }
