@@ -1,6 +1,6 @@
 //! The chaos suite's CI profile: runs `baton-chaos --profile ci` (its own
 //! supervisors, volumes and mounts; kill -9, OOM kill, named fault points,
-//! storage faults, a full staging disk; about two minutes) and checks the
+//! storage faults, a full staging disk, planned upgrades; about 1.5 minutes) and checks the
 //! verdict it writes as JSON.
 //!
 //! Build the binaries first (`cargo build --workspace`). Needs root,
@@ -15,7 +15,7 @@ use chaos_tests::mount_guard::{workspace_binary, ChildGuard};
 use serde_json::Value;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
-const CI_SCENARIOS: [&str; 8] = [
+const CI_SCENARIOS: [&str; 9] = [
     "kill-warm",
     "oom",
     "storage-flaky",
@@ -24,6 +24,7 @@ const CI_SCENARIOS: [&str; 8] = [
     "point-after-read",
     "point-after-commit",
     "point-during-upload",
+    "upgrade",
 ];
 
 #[test]

@@ -36,7 +36,8 @@ pub struct FaultOutcome {
     pub detail: String,
     /// From injection until the next generation served (harness clock).
     pub recovery_ms: Option<u64>,
-    /// The supervisor's takeover time for the death.
+    /// The supervisor's takeover time for the death (for an upgrade: the
+    /// application-visible stall it measured).
     pub takeover_us: Option<u64>,
 }
 
@@ -190,6 +191,35 @@ fn named_point(
     }
 }
 
+/// A planned upgrade to the other copy of the fsclient binary.
+fn upgrade(
+    sup: &Supervisor,
+    binaries: &[PathBuf; 2],
+) -> anyhow::Result<(String, u64, Option<u64>)> {
+    let status = sup.wait_serving(1, SERVE_TIMEOUT)?;
+    let (generation, _) = generation(&status)?;
+    let current = status["client_binary"].as_str().map(PathBuf::from);
+    let binary = if current.as_ref() == Some(&binaries[1]) {
+        &binaries[0]
+    } else {
+        &binaries[1]
+    };
+    let start = Instant::now();
+    let report = sup.upgrade(binary)?;
+    let elapsed_ms = start.elapsed().as_millis() as u64;
+    Ok((
+        format!(
+            "upgraded generation {generation} -> {} ({}), {} request(s) journaled, stall {} us",
+            report["generation"],
+            binary.display(),
+            report["journaled"],
+            report["stall_us"]
+        ),
+        elapsed_ms,
+        report["stall_us"].as_u64(),
+    ))
+}
+
 /// Injects `scheduled` and reports what happened.
 pub fn inject(
     sup: &Supervisor,
@@ -197,12 +227,14 @@ pub fn inject(
     at_ms: u64,
     outage_file: &Path,
     scenario_end: Instant,
+    binaries: &[PathBuf; 2],
     pressure: &mut dyn FnMut() -> anyhow::Result<()>,
 ) -> FaultOutcome {
     let wall_clock = super::stats::wall_clock();
     let result = match &scheduled.fault {
         Fault::KillGeneration => kill_generation(sup),
         Fault::OomKill => oom_kill(sup, pressure),
+        Fault::Upgrade => upgrade(sup, binaries),
         Fault::NamedPoint { generation, .. } => named_point(sup, *generation, scenario_end),
         Fault::FullStagingDisk { tmpfs_bytes } => Ok((
             format!("staging dir is a {tmpfs_bytes}-byte tmpfs; ENOSPC must follow"),

@@ -275,6 +275,9 @@ fn drive(
             run.spawn(kind, index)?;
         }
     }
+    // Two copies of the fsclient binary: upgrades alternate between them.
+    let binaries = [binary("fsclient")?, run.spawner.dir.join("fsclient-b")];
+    std::fs::copy(&binaries[0], &binaries[1]).context("copying the fsclient binary")?;
     let start = Instant::now();
     let end = start + scenario.duration;
     let mut pressure_count = 0;
@@ -292,8 +295,15 @@ fn drive(
             pressure_count += 1;
             Ok(())
         };
-        let outcome: FaultOutcome =
-            faults::inject(&run.sup, &scheduled, at_ms, outage_file, end, &mut pressure);
+        let outcome: FaultOutcome = faults::inject(
+            &run.sup,
+            &scheduled,
+            at_ms,
+            outage_file,
+            end,
+            &binaries,
+            &mut pressure,
+        );
         run.workers.extend(spawned);
         tracing::info!(scenario = scenario.name, at_ms, ok = outcome.ok, detail = %outcome.detail, "fault");
         report.faults.push(outcome);

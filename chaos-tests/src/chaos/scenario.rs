@@ -40,6 +40,9 @@ pub enum Fault {
         /// Its size.
         tmpfs_bytes: u64,
     },
+    /// A planned upgrade (`fsctl upgrade`) to the other of two copies of
+    /// the fsclient binary.
+    Upgrade,
     /// The object store is unreachable for `duration_ms`.
     StorageOutage {
         /// Outage length.
@@ -66,6 +69,8 @@ pub enum Plan {
     FullStaging,
     /// SIGKILLs `min_ms..=max_ms` apart.
     Kills { min_ms: u64, max_ms: u64 },
+    /// Planned upgrades `min_ms..=max_ms` apart.
+    Upgrades { min_ms: u64, max_ms: u64 },
     /// One OOM kill every `every_ms`.
     Ooms { every_ms: u64 },
     /// One named point in generation 1, opcode and occurrence seeded.
@@ -146,6 +151,16 @@ impl Scenario {
                     at += rng.range(min_ms, max_ms);
                 }
             }
+            Plan::Upgrades { min_ms, max_ms } => {
+                let mut at = rng.range(min_ms / 2, max_ms);
+                while at + 1000 < end_ms {
+                    out.push(Scheduled {
+                        at_ms: at,
+                        fault: Fault::Upgrade,
+                    });
+                    at += rng.range(min_ms, max_ms);
+                }
+            }
             Plan::Ooms { every_ms } => {
                 let mut at = rng.range(every_ms / 4, every_ms / 2);
                 while at + 1000 < end_ms {
@@ -219,10 +234,10 @@ fn base(name: &'static str, seconds: u64, big: bool) -> Scenario {
 /// `--duration`); None for an unknown profile.
 pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
     // kill-warm, kill-cold (soak only), oom, storage-flaky, storage-outage,
-    // staging-full, and the three named points.
-    let (big, seconds): (bool, [u64; 9]) = match name {
-        "ci" => (false, [16, 0, 10, 10, 10, 10, 6, 6, 6]),
-        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5]),
+    // staging-full, the three named points, and upgrades.
+    let (big, seconds): (bool, [u64; 10]) = match name {
+        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10]),
+        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 15]),
         _ => return None,
     };
     let weights_sum: u64 = seconds.iter().sum();
@@ -283,6 +298,12 @@ pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
         s.plan = Plan::Point { point };
         scenarios.push(s);
     }
+    let mut upgrade = base("upgrade", share(9), big);
+    upgrade.plan = Plan::Upgrades {
+        min_ms: 1500,
+        max_ms: 3000,
+    };
+    scenarios.push(upgrade);
     Some(scenarios)
 }
 

@@ -175,6 +175,35 @@ impl Supervisor {
         Ok(())
     }
 
+    /// `fsctl upgrade MNT --binary BINARY --json`: a planned handover to
+    /// `binary`; returns the first report (ok, stall_us, elapsed_ms, ...).
+    pub fn upgrade(&self, binary: &Path) -> anyhow::Result<Value> {
+        let out = self.fsctl(&[
+            "upgrade",
+            path_str(&self.mnt)?,
+            "--binary",
+            path_str(binary)?,
+            "--json",
+        ])?;
+        let reports: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "fsctl upgrade printed no JSON: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+        let report = match &reports {
+            Value::Array(list) => list.first().cloned().unwrap_or(Value::Null),
+            other => other.clone(),
+        };
+        if !out.status.success() || report["ok"] != true {
+            bail!(
+                "fsctl upgrade failed: {report} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(report)
+    }
+
     /// The mount's entry of `fsctl status --json`.
     pub fn status(&self) -> anyhow::Result<Value> {
         let out = self.fsctl(&["status", "--json"])?;
