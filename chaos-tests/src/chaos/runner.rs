@@ -121,6 +121,10 @@ impl Run<'_> {
                 worker.name
             ));
             self.sup.abort_on_drop = true;
+            // Its syscall may wait uninterruptibly for an answer that never
+            // comes: abort the connection now, or dropping the worker (kill
+            // and wait) would hang the harness.
+            let _ = fuse_wire::abort_connection(&self.sup.mnt);
             return None;
         };
         match std::fs::read(&worker.result)
@@ -232,9 +236,14 @@ fn run_inner(
     let mut merged = WorkerReport::default();
     let mut trees_checked = true;
     let workers = std::mem::take(&mut run.workers);
+    // One deadline for all: a stalled mount must not cost it per worker.
+    let deadline = Instant::now() + STOP_TIMEOUT;
     for worker in workers {
         let kind = worker.kind;
-        if let Some(r) = run.collect(worker, STOP_TIMEOUT) {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1));
+        if let Some(r) = run.collect(worker, left) {
             if matches!(kind, Kind::Writer | Kind::Churn) && !r.tree_checked {
                 trees_checked = false;
             }
