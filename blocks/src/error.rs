@@ -14,7 +14,7 @@ pub type Result<T, E = BlocksError> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum BlocksError {
     /// The object store URL uses a scheme this build does not support.
-    #[error("unsupported scheme in object store URL {url:?}: use file:///absolute/dir or memory:// (s3:// is not supported yet)")]
+    #[error("unsupported scheme in object store URL {url:?}: use file:///absolute/dir, s3://BUCKET/PREFIX or memory://")]
     UnsupportedScheme {
         /// The URL as given.
         url: String,
@@ -30,13 +30,68 @@ pub enum BlocksError {
     },
 
     /// The object store did not answer a probe (or could not be opened).
-    #[error("object store {url} is unreachable: {source}; check that it exists and is writable, then restart")]
+    #[error("object store {url} is unreachable: {summary}; {hint}")]
     StorageUnreachable {
         /// The store URL.
         url: String,
-        /// The underlying object store error.
+        /// The innermost cause, or the server's error code and message.
+        summary: String,
+        /// The next step, from what the store said.
+        hint: &'static str,
+        /// The underlying object store error (its chain repeats itself, so
+        /// it is summarized above rather than printed as a source).
+        cause: Box<object_store::Error>,
+    },
+
+    /// The S3 client could not be built from the URL and the environment.
+    #[error("cannot set up S3 storage {url}: {source}; check the URL (s3://BUCKET/PREFIX?endpoint=URL&region=NAME) and the AWS_* environment variables")]
+    S3Config {
+        /// The store URL.
+        url: String,
+        /// What object_store said.
         #[source]
         source: object_store::Error,
+    },
+
+    /// The object store did not answer a probe in time.
+    #[error("object store {url} did not answer within {timeout_ms} ms; check that the endpoint is reachable from this host (and, for S3, that credentials are available without waiting for an instance metadata service)")]
+    StorageTimeout {
+        /// The store URL.
+        url: String,
+        /// How long we waited.
+        timeout_ms: u64,
+    },
+
+    /// A key file is unusable.
+    #[error("key file {path} {reason}")]
+    Key {
+        /// The key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The volume is encrypted and no key was given.
+    #[error("the objects of {url} are encrypted: give the volume's key file with --key-file (or BATON_KEY_FILE)")]
+    KeyNeeded {
+        /// The store URL.
+        url: String,
+    },
+
+    /// The key given is not the volume's.
+    #[error("the key does not match the one {url} was formatted with: give the volume's key file; nothing was read or written")]
+    WrongKey {
+        /// The store URL.
+        url: String,
+    },
+
+    /// A stored object cannot be decoded (decrypted or decompressed).
+    #[error("object {key} cannot be decoded: {reason}")]
+    Decode {
+        /// Object key.
+        key: String,
+        /// Why.
+        reason: String,
     },
 
     /// Uploading a block object failed, after retries when the error was transient.
@@ -160,6 +215,74 @@ pub enum BlocksError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl BlocksError {
+    /// A [`BlocksError::StorageUnreachable`] for `url` from `cause`, with a
+    /// summary and a next step read from what the store said.
+    pub(crate) fn unreachable(url: &str, cause: object_store::Error) -> Self {
+        let text = error_chain_text(&cause);
+        tracing::debug!(url, error = %text, "object store unreachable");
+        BlocksError::StorageUnreachable {
+            url: url.to_string(),
+            summary: summarize(&text, &cause),
+            hint: unreachable_hint(&text),
+            cause: Box::new(cause),
+        }
+    }
+}
+
+/// Every message of an error chain, joined. Pure.
+fn error_chain_text(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut next = err.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}
+
+/// The S3 `<Code>`/`<Message>` when the server sent one, else the innermost
+/// cause of the chain. Pure.
+fn summarize(text: &str, err: &dyn std::error::Error) -> String {
+    let tag = |name: &str| {
+        let open = format!("<{name}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&format!("</{name}>"))? + start;
+        Some(text[start..end].to_string())
+    };
+    if let Some(code) = tag("Code") {
+        return match tag("Message") {
+            Some(message) => format!("the server answered {code}: {message}"),
+            None => format!("the server answered {code}"),
+        };
+    }
+    let mut innermost: &dyn std::error::Error = err;
+    while let Some(cause) = innermost.source() {
+        innermost = cause;
+    }
+    innermost.to_string()
+}
+
+/// The next step for an operator, from the text of a failed probe. Pure.
+pub(crate) fn unreachable_hint(error_text: &str) -> &'static str {
+    let has = |needle: &str| error_text.contains(needle);
+    if has("NoSuchBucket") || has("bucket does not exist") {
+        "the bucket does not exist: create it (e.g. `aws s3 mb s3://BUCKET`) or fix the bucket name"
+    } else if has("InvalidAccessKeyId")
+        || has("SignatureDoesNotMatch")
+        || has("AccessDenied")
+        || has("403 Forbidden")
+        || has("credential")
+    {
+        "the credentials were refused: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) and the bucket policy"
+    } else if has("error sending request") || has("connect") || has("timed out") {
+        "the endpoint does not answer: check its URL, that the server runs and that this host can reach it"
+    } else {
+        "check that it exists and is writable, then retry"
+    }
 }
 
 impl BlocksError {

@@ -8,13 +8,16 @@
 //! - [`ObjectKey`]: `blocks/{ino:016x}/{index:08x}-{unique:016x}`, fresh per
 //!   upload, so objects are never overwritten.
 //! - [`BlockStore`]: synchronous put / ranged get / delete / reachability
-//!   probe over an object store ([`store_from_url`]: `file://`, `memory://`),
-//!   with bounded retries and bounded parallel uploads.
+//!   probe over an object store ([`store_from_url`]: `file://`, `s3://`
+//!   ([`S3Location`]), `memory://`), with bounded retries, bounded parallel
+//!   uploads and multipart upload of large blocks.
 //! - [`BlockCache`]: bounded on-disk LRU cache of whole blocks keyed by
 //!   object key, surviving restarts, with background prefetch.
 //! - [`Staging`]: per-inode staged block files and size record that make an
 //!   acknowledged write survive process death, and the take/clear halves of
 //!   a flush ([`UploadSet`]).
+//! - [`Codec`]: optional LZ4 compression and ChaCha20-Poly1305 encryption
+//!   of objects at rest ([`CodecSpec`]: recorded in the storage URL).
 //! - [`FaultyStore`]: a fault-injecting wrapper (slow, erroring,
 //!   unreachable) that [`BlockStore::open`] puts around the backend when
 //!   `BATON_STORAGE_FAULT` is set, for chaos tests.
@@ -68,9 +71,11 @@
 #![deny(missing_docs)]
 
 mod cache;
+mod codec;
 mod error;
 mod faulty_store;
 mod key;
+mod s3;
 mod staging;
 mod store;
 
@@ -78,16 +83,22 @@ pub use cache::{
     BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PARTIAL_FILE_AGE_S_MIN, PREFETCH_QUEUE_MAX,
     PREFETCH_WORKER_COUNT,
 };
+pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BYTES};
 pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use key::{ObjectKey, KEY_PREFIX};
+pub use s3::{
+    with_s3_settings, S3Location, S3_BACKOFF_MS_INITIAL, S3_BACKOFF_MS_MAX, S3_CONNECT_TIMEOUT_MS,
+    S3_REQUEST_TIMEOUT_MS, S3_RETRY_COUNT_MAX, S3_RETRY_WINDOW_MS_MAX,
+};
 pub use staging::{
     Overlay, OverlaySegment, StagedBlock, StagedSize, Staging, UploadSet, BLOCK_SIZE_BYTES_MAX,
     FILE_SIZE_BYTES_MAX, OVERLAY_READ_BYTES_MAX, STAGING_LOCK_STRIPE_COUNT,
     UPLOAD_SET_BLOCK_COUNT_MAX,
 };
 pub use store::{
-    store_from_url, BlockStore, DELETE_PARALLEL_MAX, PROBE_PREFIX, RETRY_ATTEMPT_COUNT_MAX,
-    RETRY_BACKOFF_MS_INITIAL, RETRY_BACKOFF_MS_MAX, RUNTIME_BLOCKING_THREAD_COUNT_MAX,
-    RUNTIME_WORKER_COUNT, UPLOAD_PARALLEL_MAX,
+    store_from_url, BlockStore, StoredObject, DELETE_PARALLEL_MAX, MULTIPART_PARALLEL_MAX,
+    MULTIPART_PART_BYTES, MULTIPART_THRESHOLD_BYTES, PROBE_PREFIX, PROBE_TIMEOUT_MS,
+    RETRY_ATTEMPT_COUNT_MAX, RETRY_BACKOFF_MS_INITIAL, RETRY_BACKOFF_MS_MAX,
+    RUNTIME_BLOCKING_THREAD_COUNT_MAX, RUNTIME_WORKER_COUNT, UPLOAD_PARALLEL_MAX,
 };

@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
+use crate::codec::{Codec, CodecSpec, KEY_BYTES};
 use crate::error::{BlocksError, Result};
 use crate::key::ObjectKey;
+use crate::s3::S3Location;
 
 /// Maximum attempts for one object operation (first try included).
 pub const RETRY_ATTEMPT_COUNT_MAX: u32 = 5;
@@ -34,13 +36,25 @@ pub const RUNTIME_WORKER_COUNT: usize = 2;
 pub const RUNTIME_BLOCKING_THREAD_COUNT_MAX: usize = 16;
 /// Key prefix under which [`BlockStore::check_reachable`] writes its probe.
 pub const PROBE_PREFIX: &str = "probe";
+/// Longest a reachability probe may take before it is reported as a timeout.
+pub const PROBE_TIMEOUT_MS: u64 = 20_000;
+/// Blocks of at least this size are uploaded in parts (multipart upload).
+pub const MULTIPART_THRESHOLD_BYTES: usize = 16 << 20;
+/// Size of one part of a multipart upload (S3's minimum is 5 MiB).
+pub const MULTIPART_PART_BYTES: usize = 8 << 20;
+/// Parts of one block in flight at once.
+pub const MULTIPART_PARALLEL_MAX: usize = 4;
 
 /// Builds an object store from a URL.
 ///
-/// Supported: `file:///absolute/dir` (the directory must exist) and
+/// Supported: `file:///absolute/dir` (the directory must exist),
+/// `s3://BUCKET/PREFIX?endpoint=URL&region=NAME` (see [`S3Location`]) and
 /// `memory://` (in-process, for tests). Anything else is
 /// [`BlocksError::UnsupportedScheme`].
 pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
+    // Codec parameters are the block store's business, not the backend's.
+    let (url, _) = CodecSpec::split_url(url)?;
+    let url = url.as_str();
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| BlocksError::InvalidUrl {
@@ -55,15 +69,11 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
                     reason: "file:// URLs need an absolute path (file:///dir)".to_string(),
                 });
             }
-            let local =
-                object_store::local::LocalFileSystem::new_with_prefix(rest).map_err(|source| {
-                    BlocksError::StorageUnreachable {
-                        url: url.to_string(),
-                        source,
-                    }
-                })?;
+            let local = object_store::local::LocalFileSystem::new_with_prefix(rest)
+                .map_err(|source| BlocksError::unreachable(url, source))?;
             Ok(Arc::new(local))
         }
+        "s3" => S3Location::parse(url)?.build(),
         "memory" => Ok(Arc::new(object_store::memory::InMemory::new())),
         _ => Err(BlocksError::UnsupportedScheme {
             url: url.to_string(),
@@ -88,7 +98,11 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Runs `op` until it succeeds, fails permanently or reaches
 /// [`RETRY_ATTEMPT_COUNT_MAX`] attempts. Returns the result and attempt count.
-async fn with_retry<T, F, Fut>(what: &str, mut op: F) -> (Result<T, object_store::Error>, u32)
+async fn with_retry<T, F, Fut>(
+    what: &str,
+    attempt_count_max: u32,
+    mut op: F,
+) -> (Result<T, object_store::Error>, u32)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, object_store::Error>>,
@@ -98,7 +112,7 @@ where
         attempt_count += 1;
         match op().await {
             Ok(v) => return (Ok(v), attempt_count),
-            Err(err) if is_transient(&err) && attempt_count < RETRY_ATTEMPT_COUNT_MAX => {
+            Err(err) if is_transient(&err) && attempt_count < attempt_count_max => {
                 tracing::warn!(object = what, attempt_count, error = %err, "transient object store error, retrying");
                 tokio::time::sleep(backoff(attempt_count)).await;
             }
@@ -107,10 +121,26 @@ where
     }
 }
 
+/// One block object as listed by the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredObject {
+    /// Its key.
+    pub key: ObjectKey,
+    /// Its size.
+    pub size_bytes: u64,
+    /// When it was written (second resolution).
+    pub last_modified: std::time::SystemTime,
+}
+
 /// Synchronous access to immutable block objects.
 pub struct BlockStore {
     store: Arc<dyn ObjectStore>,
     url: String,
+    // Attempts per operation made by this facade: 1 for S3, whose client
+    // retries transient errors itself with backoff (RetryConfig).
+    attempt_count_max: u32,
+    // Compression/encryption of objects, when the volume has one.
+    codec: Option<Arc<Codec>>,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -126,10 +156,36 @@ impl std::fmt::Debug for BlockStore {
 impl BlockStore {
     /// Opens the store named by `url` (see [`store_from_url`]).
     pub fn open(url: &str) -> Result<Self> {
-        Self::new(
+        Self::open_with_key(url, None)
+    }
+
+    /// Opens the store named by `url` whose objects may be encrypted:
+    /// refuses a missing or wrong `key` before anything is read or written.
+    pub fn open_with_key(url: &str, key: Option<&[u8; KEY_BYTES]>) -> Result<Self> {
+        let (_, spec) = CodecSpec::split_url(url)?;
+        let mut store = Self::open_undecoded(url)?;
+        if !spec.is_plain() {
+            store.codec = Some(Arc::new(Codec::new(url, &spec, key)?));
+        }
+        Ok(store)
+    }
+
+    /// Opens the store without its codec: for listing and deleting objects
+    /// (`fsctl gc`), never for reading blocks.
+    pub fn open_undecoded(url: &str) -> Result<Self> {
+        let mut store = Self::new(
             crate::faulty_store::wrap_from_env(store_from_url(url)?)?,
             url,
-        )
+        )?;
+        if url.starts_with("s3://") {
+            store.attempt_count_max = 1;
+        }
+        Ok(store)
+    }
+
+    /// Whether objects are stored encoded (their sizes are not block sizes).
+    pub fn is_encoded(&self) -> bool {
+        self.codec.is_some()
     }
 
     /// Wraps an existing object store; `url` is used in messages only.
@@ -144,6 +200,8 @@ impl BlockStore {
         Ok(BlockStore {
             store,
             url: url.to_string(),
+            attempt_count_max: RETRY_ATTEMPT_COUNT_MAX,
+            codec: None,
             runtime: Some(runtime),
         })
     }
@@ -166,7 +224,15 @@ impl BlockStore {
     /// Uploads one block under a fresh key and returns the key.
     pub fn put_block(&self, ino: u64, index: u64, data: Bytes) -> Result<ObjectKey> {
         let store = self.store.clone();
-        self.block_on(put_one(store, ino, index, data))?
+        let codec = self.codec.clone();
+        self.block_on(put_one(
+            store,
+            codec,
+            self.attempt_count_max,
+            ino,
+            index,
+            data,
+        ))?
     }
 
     /// Uploads many blocks, at most [`UPLOAD_PARALLEL_MAX`] at once. Keys are
@@ -174,9 +240,13 @@ impl BlockStore {
     /// upload are deleted (best effort) and the first error is returned.
     pub fn put_blocks(&self, blocks: Vec<(u64, u64, Bytes)>) -> Result<Vec<ObjectKey>> {
         let store = self.store.clone();
+        let attempts = self.attempt_count_max;
+        let codec = self.codec.clone();
         let results: Vec<Result<ObjectKey>> = self.block_on(async move {
             futures::stream::iter(blocks)
-                .map(|(ino, index, data)| put_one(store.clone(), ino, index, data))
+                .map(|(ino, index, data)| {
+                    put_one(store.clone(), codec.clone(), attempts, ino, index, data)
+                })
                 .buffered(UPLOAD_PARALLEL_MAX)
                 .collect()
                 .await
@@ -212,7 +282,14 @@ impl BlockStore {
             return Ok(Bytes::new());
         }
         let store = self.store.clone();
-        self.block_on(get_range(store, key.clone(), range))?
+        let codec = self.codec.clone();
+        self.block_on(get_range(
+            store,
+            codec,
+            self.attempt_count_max,
+            key.clone(),
+            range,
+        ))?
     }
 
     /// Deletes objects, best effort: failures are logged, not returned
@@ -221,6 +298,7 @@ impl BlockStore {
     pub fn delete(&self, keys: &[ObjectKey]) -> usize {
         let store = self.store.clone();
         let keys = keys.to_vec();
+        let attempts = self.attempt_count_max;
         let fut = async move {
             futures::stream::iter(keys)
                 .map(|key| {
@@ -228,7 +306,7 @@ impl BlockStore {
                     async move {
                         let path = key.to_path();
                         let (res, attempt_count) =
-                            with_retry(&key.to_string(), || store.delete(&path)).await;
+                            with_retry(&key.to_string(), attempts, || store.delete(&path)).await;
                         match res {
                             Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
                             Err(error) => {
@@ -260,17 +338,53 @@ impl BlockStore {
             "{PROBE_PREFIX}/{:016x}",
             rand::random::<u64>()
         ));
-        let res = self.block_on(async move {
+        let attempts = self.attempt_count_max;
+        let probe = async move {
             let payload = PutPayload::from_static(b"baton-blocks probe");
-            let (put, _) = with_retry(path.as_ref(), || store.put(&path, payload.clone())).await;
+            let (put, _) = with_retry(path.as_ref(), attempts, || {
+                store.put(&path, payload.clone())
+            })
+            .await;
             put?;
-            let (del, _) = with_retry(path.as_ref(), || store.delete(&path)).await;
+            let (del, _) = with_retry(path.as_ref(), attempts, || store.delete(&path)).await;
             del
-        })?;
-        res.map_err(|source| BlocksError::StorageUnreachable {
-            url: self.url.clone(),
-            source,
-        })
+        };
+        let timeout = Duration::from_millis(PROBE_TIMEOUT_MS);
+        // The timer must be created inside the runtime.
+        match self.block_on(async move { tokio::time::timeout(timeout, probe).await })? {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(source)) => Err(BlocksError::unreachable(&self.url, source)),
+            Err(_elapsed) => Err(BlocksError::StorageTimeout {
+                url: self.url.clone(),
+                timeout_ms: PROBE_TIMEOUT_MS,
+            }),
+        }
+    }
+
+    /// Lists every block object in the store with its size and age (for
+    /// `fsctl gc` and `fsck`). Objects whose names are not block keys are
+    /// left out.
+    pub fn list_objects(&self) -> Result<Vec<StoredObject>> {
+        let store = self.store.clone();
+        let url = self.url.clone();
+        let metas: Vec<object_store::ObjectMeta> = self
+            .block_on(async move {
+                let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
+                store.list(Some(&prefix)).try_collect().await
+            })?
+            .map_err(|source| BlocksError::unreachable(&url, source))?;
+        Ok(metas
+            .iter()
+            .filter_map(|m| {
+                let key = ObjectKey::parse(m.location.as_ref()).ok()?;
+                let secs = u64::try_from(m.last_modified.timestamp()).unwrap_or(0);
+                Some(StoredObject {
+                    key,
+                    size_bytes: m.size,
+                    last_modified: std::time::UNIX_EPOCH + Duration::from_secs(secs),
+                })
+            })
+            .collect())
     }
 
     /// Lists every block object key currently in the store (for garbage
@@ -283,7 +397,7 @@ impl BlockStore {
                 let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
                 store.list(Some(&prefix)).try_collect().await
             })?
-            .map_err(|source| BlocksError::StorageUnreachable { url, source })?;
+            .map_err(|source| BlocksError::unreachable(&url, source))?;
         Ok(metas
             .iter()
             .filter_map(|m| ObjectKey::parse(m.location.as_ref()).ok())
@@ -302,17 +416,33 @@ impl Drop for BlockStore {
 
 async fn put_one(
     store: Arc<dyn ObjectStore>,
+    codec: Option<Arc<Codec>>,
+    attempt_count_max: u32,
     ino: u64,
     index: u64,
     data: Bytes,
 ) -> Result<ObjectKey> {
     let key = ObjectKey::generate(ino, index);
     let path = key.to_path();
-    let payload = PutPayload::from_bytes(data);
-    let (res, attempt_count) =
-        with_retry(path.as_ref(), || store.put(&path, payload.clone())).await;
+    let data = match &codec {
+        Some(codec) => Bytes::from(codec.encode(path.as_ref(), &data)?),
+        None => data,
+    };
+    let (res, attempt_count) = if data.len() >= MULTIPART_THRESHOLD_BYTES {
+        with_retry(path.as_ref(), attempt_count_max, || {
+            put_in_parts(store.as_ref(), &path, data.clone())
+        })
+        .await
+    } else {
+        let payload = PutPayload::from_bytes(data);
+        let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || {
+            store.put(&path, payload.clone())
+        })
+        .await;
+        (res.map(|_| ()), attempt_count)
+    };
     match res {
-        Ok(_) => Ok(key),
+        Ok(()) => Ok(key),
         Err(source) => Err(BlocksError::Put {
             key: key.to_string(),
             attempt_count,
@@ -321,14 +451,44 @@ async fn put_one(
     }
 }
 
+/// Multipart upload of one large block: [`MULTIPART_PART_BYTES`] parts, at
+/// most [`MULTIPART_PARALLEL_MAX`] in flight; aborted on failure, so no
+/// parts are left behind (the key is fresh, nothing else is affected).
+async fn put_in_parts(
+    store: &dyn ObjectStore,
+    path: &object_store::path::Path,
+    data: Bytes,
+) -> Result<(), object_store::Error> {
+    let upload = store.put_multipart(path).await?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART_BYTES);
+    let mut offset = 0;
+    while offset < data.len() {
+        if let Err(err) = writer.wait_for_capacity(MULTIPART_PARALLEL_MAX).await {
+            let _ = writer.abort().await;
+            return Err(err);
+        }
+        let end = (offset + MULTIPART_PART_BYTES).min(data.len());
+        writer.put(data.slice(offset..end));
+        offset = end;
+    }
+    writer.finish().await.map(|_| ())
+}
+
 async fn get_range(
     store: Arc<dyn ObjectStore>,
+    codec: Option<Arc<Codec>>,
+    attempt_count_max: u32,
     key: ObjectKey,
     range: Range<u64>,
 ) -> Result<Bytes> {
     let path = key.to_path();
-    let (res, attempt_count) =
-        with_retry(path.as_ref(), || store.get_range(&path, range.clone())).await;
+    if let Some(codec) = codec {
+        return get_decoded(store, &codec, attempt_count_max, key, range).await;
+    }
+    let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || {
+        store.get_range(&path, range.clone())
+    })
+    .await;
     let expected_bytes = range.end - range.start;
     match res {
         Ok(bytes) if bytes.len() as u64 == expected_bytes => Ok(bytes),
@@ -346,6 +506,53 @@ async fn get_range(
             end: range.end,
             attempt_count,
             source,
+        }),
+    }
+}
+
+/// Reads a whole encoded object, decodes it and returns `range` of the
+/// block (encoded objects have no byte-range correspondence).
+async fn get_decoded(
+    store: Arc<dyn ObjectStore>,
+    codec: &Codec,
+    attempt_count_max: u32,
+    key: ObjectKey,
+    range: Range<u64>,
+) -> Result<Bytes> {
+    let path = key.to_path();
+    let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || async {
+        store.get(&path).await?.bytes().await
+    })
+    .await;
+    let stored = match res {
+        Ok(bytes) => bytes,
+        Err(object_store::Error::NotFound { .. }) => {
+            return Err(BlocksError::ObjectMissing {
+                key: key.to_string(),
+            })
+        }
+        Err(source) => {
+            return Err(BlocksError::Get {
+                key: key.to_string(),
+                start: range.start,
+                end: range.end,
+                attempt_count,
+                source,
+            })
+        }
+    };
+    let block = codec.decode(path.as_ref(), &stored)?;
+    let expected_bytes = range.end - range.start;
+    match usize::try_from(range.start)
+        .ok()
+        .zip(usize::try_from(range.end).ok())
+        .and_then(|(start, end)| block.get(start..end))
+    {
+        Some(bytes) => Ok(Bytes::copy_from_slice(bytes)),
+        None => Err(BlocksError::ShortObject {
+            key: key.to_string(),
+            expected_bytes,
+            got_bytes: (block.len() as u64).saturating_sub(range.start),
         }),
     }
 }

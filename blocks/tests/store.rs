@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_blocks::{
-    store_from_url, BlockStore, BlocksError, ObjectKey, RETRY_ATTEMPT_COUNT_MAX,
-    UPLOAD_PARALLEL_MAX,
+    store_from_url, BlockStore, BlocksError, ObjectKey, MULTIPART_PART_BYTES,
+    MULTIPART_THRESHOLD_BYTES, RETRY_ATTEMPT_COUNT_MAX, UPLOAD_PARALLEL_MAX,
 };
 use bytes::Bytes;
 use common::{file_url, pattern, Instrumented};
@@ -152,9 +152,13 @@ fn delete_is_best_effort_and_counts_missing_as_deleted() {
 
 #[test]
 fn unsupported_and_invalid_urls_are_clear_errors() {
-    let err = store_from_url("s3://bucket/prefix").unwrap_err();
+    let err = store_from_url("gs://bucket/prefix").unwrap_err();
     assert!(matches!(err, BlocksError::UnsupportedScheme { .. }));
     assert!(err.to_string().contains("unsupported scheme"), "{err}");
+    assert!(matches!(
+        store_from_url("s3://Not_A_Bucket/prefix"),
+        Err(BlocksError::InvalidUrl { .. })
+    ));
     assert!(matches!(
         store_from_url("file://relative/dir"),
         Err(BlocksError::InvalidUrl { .. })
@@ -203,4 +207,73 @@ fn reachable_store_passes_the_probe_and_leaves_no_probe_object() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(leftovers, 0);
+}
+
+#[test]
+fn blocks_past_the_multipart_threshold_upload_in_parts_and_read_back_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    // Not a multiple of the part size: the last part is short.
+    let len = MULTIPART_THRESHOLD_BYTES + MULTIPART_PART_BYTES / 2 + 7;
+    let data = pattern(len, 9);
+    let key = store.put_block(3, 1, Bytes::from(data.clone())).unwrap();
+    let mid = MULTIPART_PART_BYTES as u64 - 5..MULTIPART_PART_BYTES as u64 + 5;
+    assert_eq!(
+        &store.get_range(&key, mid.clone()).unwrap()[..],
+        &data[mid.start as usize..mid.end as usize]
+    );
+    assert_eq!(
+        std::fs::read(root.path().join(key.to_string())).unwrap(),
+        data
+    );
+    assert_eq!(store.list_keys().unwrap(), vec![key]);
+}
+
+#[test]
+fn an_encrypted_compressed_store_round_trips_and_hides_the_bytes() {
+    use baton_blocks::{key_check, CodecSpec};
+    let root = tempfile::tempdir().unwrap();
+    let key = [42u8; 32];
+    let spec = CodecSpec {
+        compress: true,
+        key_check: Some(key_check(&key)),
+    };
+    let url = spec.add_to_url(&file_url(root.path()));
+    let store = BlockStore::open_with_key(&url, Some(&key)).unwrap();
+    store.check_reachable().unwrap();
+    let mut data = b"PLAINTEXT-MARKER ".repeat(4000);
+    data.extend(pattern(10_000, 5));
+    let k = store.put_block(9, 0, Bytes::from(data.clone())).unwrap();
+    assert_eq!(
+        &store.get_range(&k, 0..17).unwrap()[..],
+        b"PLAINTEXT-MARKER "
+    );
+    assert_eq!(
+        &store.get_range(&k, 60_000..78_000).unwrap()[..],
+        &data[60_000..78_000]
+    );
+    let on_disk = std::fs::read(root.path().join(k.to_string())).unwrap();
+    assert!(on_disk.len() < data.len() / 2, "compressed before sealing");
+    assert!(!on_disk.windows(16).any(|w| w == b"PLAINTEXT-MARKER"));
+    // A range past the block is a short object, not garbage bytes.
+    assert!(matches!(
+        store.get_range(&k, 0..data.len() as u64 + 1),
+        Err(BlocksError::ShortObject { .. })
+    ));
+    // Large blocks go through multipart and the codec alike.
+    let big = pattern(baton_blocks::MULTIPART_THRESHOLD_BYTES + 3, 1);
+    let kb = store.put_block(9, 1, Bytes::from(big.clone())).unwrap();
+    assert_eq!(
+        &store.get_range(&kb, 0..big.len() as u64).unwrap()[..],
+        &big[..]
+    );
+
+    let none = BlockStore::open(&url).unwrap_err();
+    assert!(matches!(none, BlocksError::KeyNeeded { .. }), "{none}");
+    let wrong = BlockStore::open_with_key(&url, Some(&[1u8; 32])).unwrap_err();
+    assert!(matches!(wrong, BlocksError::WrongKey { .. }), "{wrong}");
+    // Listing and deleting work without the key.
+    let raw = BlockStore::open_undecoded(&url).unwrap();
+    assert_eq!(raw.list_keys().unwrap().len(), 2);
+    assert_eq!(raw.delete(&[k]), 1);
 }

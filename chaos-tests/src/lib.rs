@@ -8,6 +8,7 @@
 //!   mount (run as `baton-testfs rw-workload`), for kill and OOM tests.
 //! - [`chaos`]: the `baton-chaos` fault-injection suite (scenarios,
 //!   faults, workload processes, verdict).
+//! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
 
@@ -18,4 +19,5 @@ pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;
 pub mod rw_workload;
+pub mod s3_server;
 pub mod workload;

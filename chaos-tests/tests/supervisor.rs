@@ -337,9 +337,10 @@ impl App {
         let deadline = Instant::now() + DEADLINE;
         while matches!(child.try_wait(), Ok(None)) {
             if Instant::now() > deadline {
+                let stacks = process_tree_stacks(child.id());
                 self.child = Some(child);
                 panic!(
-                    "the application did not finish within {DEADLINE:?}\n{}",
+                    "the application did not finish within {DEADLINE:?}\n--- where it waits ---\n{stacks}\n{}",
                     logs()
                 );
             }
@@ -1468,10 +1469,14 @@ fn a_rollback_with_a_journaled_request_still_answers_it_once() {
         "mkdir across the rollback: {out}{err}\n{}",
         fx.logs()
     );
-    let status = fx.wait_serving(0);
-    assert_eq!(
-        status["restarts"]["exit"], 1,
-        "the old generation exits for a clean one: {status}"
+    let restarted = wait_until(DEADLINE, || {
+        let status = fx.status();
+        status["restarts"]["exit"] == 1 && status["state"] == "serving"
+    });
+    assert!(
+        restarted,
+        "the old generation should exit for a clean one: {}",
+        fx.status()
     );
     let (ok, out, _) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
     assert!(ok && out == "d\n", "the tree after the rollback: {out}");
@@ -1512,4 +1517,44 @@ fn held_and_awaited_locks_cross_a_planned_upgrade() {
         ok && out == "got\n",
         "B never got the lock after A released it: {out}{err}"
     );
+}
+
+/// The kernel stacks of `pid` and its descendants (what a stuck
+/// application waits on), for failure messages.
+fn process_tree_stacks(pid: u32) -> String {
+    let mut out = String::new();
+    let mut pending = vec![pid];
+    while let Some(pid) = pending.pop() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        out.push_str(&format!("pid {pid} ({}):\n", comm.trim()));
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for task in tasks {
+            let stack = std::fs::read_to_string(task.join("stack")).unwrap_or_default();
+            let syscall = std::fs::read_to_string(task.join("syscall")).unwrap_or_default();
+            out.push_str(&format!(
+                "  task {} (syscall {}):\n{stack}",
+                task.display(),
+                syscall.trim()
+            ));
+            let children = std::fs::read_to_string(task.join("children")).unwrap_or_default();
+            pending.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    if let Ok(conns) = std::fs::read_dir("/sys/fs/fuse/connections") {
+        for conn in conns.flatten() {
+            let waiting = std::fs::read_to_string(conn.path().join("waiting")).unwrap_or_default();
+            out.push_str(&format!(
+                "fuse connection {}: waiting {}\n",
+                conn.path().display(),
+                waiting.trim()
+            ));
+        }
+    }
+    out
 }

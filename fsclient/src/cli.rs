@@ -8,6 +8,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR, DEFAULT_CACHE_SIZE_BYTES};
 
+/// Environment variable naming the key file when `--key-file` is absent.
+pub const KEY_FILE_ENV: &str = "BATON_KEY_FILE";
+
 /// Worker threads by default.
 pub const DEFAULT_THREADS: usize = 4;
 
@@ -70,6 +73,15 @@ pub struct VolumeArgs {
     /// Where named volumes live.
     #[arg(long, default_value = DEFAULT_BASE_DIR)]
     pub base_dir: PathBuf,
+    /// S3 endpoint to use instead of the one the volume records.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// S3 region to use instead of the one the volume records.
+    #[arg(long)]
+    pub s3_region: Option<String>,
+    /// Key file of an encrypted volume [default: $BATON_KEY_FILE].
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
     /// How long the kernel caches entries and attributes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub attr_ttl_ms: u64,
@@ -82,6 +94,13 @@ impl VolumeArgs {
             cache_dir: self.cache_dir.clone(),
             cache_size_bytes: self.cache_size,
             staging_dir: self.staging_dir.clone(),
+            s3_endpoint: self.s3_endpoint.clone(),
+            s3_region: self.s3_region.clone(),
+            // Generations started by fs-supervisor inherit its environment.
+            key_file: self
+                .key_file
+                .clone()
+                .or_else(|| std::env::var_os(KEY_FILE_ENV).map(PathBuf::from)),
         }
     }
 

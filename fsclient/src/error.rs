@@ -77,6 +77,15 @@ pub enum Error {
         /// The OS error.
         cause: std::io::Error,
     },
+    /// The volume's objects are encrypted and the key is missing, wrong or
+    /// unreadable.
+    #[error("volume {volume}: {cause}")]
+    StorageKey {
+        /// The volume.
+        volume: String,
+        /// The data layer's error (it says which key to give).
+        cause: Box<baton_blocks::BlocksError>,
+    },
     /// The storage named by the volume record does not answer.
     #[error("storage {url} of volume {volume} does not answer: {cause}")]
     StorageUnreachable {

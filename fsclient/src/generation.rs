@@ -9,10 +9,11 @@
 //!
 //! Handing over (`Handover` from the supervisor), in this order:
 //! 1. stop reading; requests being handled get [`QUIESCE_BOUND`] to finish;
-//! 2. seal the channel (later replies are dropped) and fence the filesystem
-//!    (no metadata commit, no staging write), so nothing still running
-//!    here can act after the successor took over;
-//! 3. copy the requests still running into the journal, write the state;
+//! 2. copy the requests still running (the journal), then seal the channel
+//!    (later replies are dropped) and fence the filesystem (no metadata
+//!    commit, no staging write), so nothing still running here can act
+//!    after the successor took over;
+//! 3. write the journal and the state;
 //! 4. answer `HandedOver` and wait: `Exit` ends the process at once (no
 //!    flush: the successor owns the volume), `Resume` (the successor
 //!    failed) lifts seal and fence and serves again; if requests were
@@ -291,13 +292,20 @@ impl Generation {
         };
         let all_done = stopper.stop_within(QUIESCE_BOUND);
         let stopped_reading_ns = monotonic_ns();
-        self.channel.seal();
-        self.fs.fence();
+        // Copy the running requests BEFORE sealing: no worker reads any
+        // more, so every request whose reply the seal can drop is in this
+        // copy. (Sealing first lost a request that finished, had its reply
+        // dropped and was withdrawn between the seal and the copy.) One
+        // that replies between the copy and the seal is answered twice; the
+        // kernel drops the second answer, and a mutation's second run is
+        // answered from its exactly-once record.
         let inflight = if all_done {
             Vec::new()
         } else {
             stopper.inflight()
         };
+        self.channel.seal();
+        self.fs.fence();
         let (held, parked) = self.fs.export_locks();
         // Requests being handled first, then parked lock requests: both go
         // to the successor; only the first kind still runs here.

@@ -59,7 +59,14 @@
 //! use fsclient::volume::{LockMode, Volume, VolumeOptions, VolumePaths};
 //!
 //! let paths = VolumePaths::resolve("vol", Path::new("/var/lib/baton"))?;
-//! let options = VolumeOptions { cache_dir: None, cache_size_bytes: 1 << 30, staging_dir: None };
+//! let options = VolumeOptions {
+//!     cache_dir: None,
+//!     cache_size_bytes: 1 << 30,
+//!     staging_dir: None,
+//!     s3_endpoint: None,
+//!     s3_region: None,
+//!     key_file: None,
+//! };
 //! let volume = Volume::open(&paths, &options, LockMode::Exclusive)?;
 //! let (fs, _lock) = BatonFs::from_volume(volume, FsConfig::default());
 //! fs.recover(true)?; // commit what a dead process left staged

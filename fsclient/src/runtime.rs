@@ -56,16 +56,26 @@ fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<Ba
     let paths = VolumePaths::resolve(volume, &options.base_dir)?;
     let opened = Volume::open(&paths, &options.volume_options(), mode)?;
     let name = opened.name.clone();
+    let shared = opened.shared;
     let config = FsConfig {
         attr_ttl: options.attr_ttl(),
     };
     let (fs, lock) = BatonFs::from_volume(opened, config);
-    Ok((Arc::new(fs), Volume2 { name, _lock: lock }))
+    Ok((
+        Arc::new(fs),
+        Volume2 {
+            name,
+            shared,
+            _lock: lock,
+        },
+    ))
 }
 
 /// What stays alive with the server besides the filesystem.
 struct Volume2 {
     name: String,
+    /// Other hosts may serve the volume (their open orphans are not ours).
+    shared: bool,
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
@@ -77,7 +87,7 @@ fn mount(
 ) -> Result<ExitCode> {
     check_mountpoint(mountpoint)?;
     let (fs, held) = open_fs(volume, options, LockMode::Exclusive)?;
-    fs.recover(true)?;
+    fs.recover(!held.shared)?;
     let mount_options = fuse_wire::MountOptions {
         source: held.name.clone(),
         subtype: "baton".into(),
@@ -86,7 +96,13 @@ fn mount(
     };
     let fd = fuse_wire::mount_fuse(mountpoint, &mount_options)?;
     let channel = Arc::new(Channel::new(fd));
-    let params = match fuse_wire::initialize(&channel, &InitConfig::baton()) {
+    let mut init = InitConfig::baton();
+    if held.shared {
+        // With a writeback cache the kernel owns size and mtime of cached
+        // files and ignores other hosts' changes: no close-to-open.
+        init.flags &= !fuse_wire::abi::init_flags::WRITEBACK_CACHE;
+    }
+    let params = match fuse_wire::initialize(&channel, &init) {
         Ok(params) => params,
         Err(err) => {
             let _ = fuse_wire::unmount(mountpoint);

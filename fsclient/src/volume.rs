@@ -13,7 +13,7 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_blocks::{BlockCache, BlockStore, Staging};
+use baton_blocks::{BlockCache, BlockStore, BlocksError, Staging};
 use baton_meta::{Location, MetaError, MetaStore};
 use nix::fcntl::{Flock, FlockArg};
 
@@ -33,18 +33,35 @@ pub struct VolumePaths {
     pub meta_url: String,
     /// The metadata database file.
     pub meta_path: PathBuf,
-    /// The directory holding the metadata (defaults are relative to it).
+    /// The directory holding the metadata (defaults are relative to it);
+    /// for a PostgreSQL volume, this host's local state of the mount.
     pub dir: PathBuf,
+    /// The metadata is on a server other hosts may mount too (PostgreSQL).
+    pub shared: bool,
 }
 
 impl VolumePaths {
     /// Resolves `volume`: a name (`BASE/NAME/meta.db`) or a metadata URL
-    /// (`sqlite:///path/meta.db`).
+    /// (`sqlite:///path/meta.db`, or `postgres://user@host:port/db`, whose
+    /// local state — lock, staging, cache — is `BASE/pg-DB`).
     pub fn resolve(volume: &str, base_dir: &Path) -> Result<VolumePaths> {
         let bad = |reason| Error::BadVolume {
-            volume: volume.to_string(),
+            volume: baton_meta::postgres::redact_url(volume),
             reason,
         };
+        if baton_meta::postgres::is_postgres_url(volume) {
+            let db = baton_meta::postgres::database_name(volume).ok_or_else(|| {
+                bad("a PostgreSQL URL names its database: postgres://user@host:port/DB")
+            })?;
+            let dir = base_dir.join(format!("pg-{db}"));
+            return Ok(VolumePaths {
+                display: baton_meta::postgres::redact_url(volume),
+                meta_url: volume.to_string(),
+                meta_path: dir.join("meta.db"),
+                dir,
+                shared: true,
+            });
+        }
         if volume.contains("://") || volume.starts_with("sqlite:") {
             let Location::Sqlite(path) = Location::parse(volume)
                 .map_err(|_| bad("only sqlite:///absolute/path URLs are supported"))?;
@@ -57,6 +74,7 @@ impl VolumePaths {
                 meta_url: volume.to_string(),
                 meta_path: path,
                 dir,
+                shared: false,
             });
         }
         if volume.is_empty() || volume.contains('/') || volume == "." || volume == ".." {
@@ -69,11 +87,16 @@ impl VolumePaths {
             meta_url: meta_path.display().to_string(),
             meta_path,
             dir,
+            shared: false,
         })
     }
 
-    /// The lock file next to the metadata.
+    /// The lock file next to the metadata (for a shared volume: in this
+    /// host's local state directory, one mount per directory).
     pub fn lock_path(&self) -> PathBuf {
+        if self.shared {
+            return self.dir.join("mount.lock");
+        }
         let mut name = self.meta_path.as_os_str().to_owned();
         name.push(".lock");
         PathBuf::from(name)
@@ -89,6 +112,13 @@ pub struct VolumeOptions {
     pub cache_size_bytes: u64,
     /// Staging directory (default: `DIR/staging`).
     pub staging_dir: Option<PathBuf>,
+    /// S3 endpoint replacing the one the volume records (this host reaches
+    /// the server under another address).
+    pub s3_endpoint: Option<String>,
+    /// S3 region replacing the one the volume records.
+    pub s3_region: Option<String>,
+    /// Key file of an encrypted volume.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Who else may hold the volume lock.
@@ -115,6 +145,9 @@ pub struct Volume {
     pub staging: Staging,
     /// Block size of the volume.
     pub block_size_bytes: u64,
+    /// Other hosts may serve the volume too (PostgreSQL metadata): orphans
+    /// are not reclaimed at start (another host may have them open).
+    pub shared: bool,
     /// The flock on `meta.db.lock`; released when the process exits.
     pub lock: Flock<File>,
 }
@@ -158,7 +191,13 @@ impl Volume {
     /// when a check fails.
     pub fn open(paths: &VolumePaths, options: &VolumeOptions, mode: LockMode) -> Result<Volume> {
         let display = paths.display.clone();
-        if !paths.meta_path.exists() {
+        if paths.shared {
+            std::fs::create_dir_all(&paths.dir).map_err(|cause| Error::Lock {
+                volume: display.clone(),
+                path: paths.dir.clone(),
+                cause,
+            })?;
+        } else if !paths.meta_path.exists() {
             return Err(Error::NotFormatted {
                 volume: display,
                 path: paths.meta_path.clone(),
@@ -175,7 +214,17 @@ impl Volume {
             },
         })?;
         let record = meta.volume();
-        let store = open_store(&display, &record.storage_url)?;
+        let storage_url = baton_blocks::with_s3_settings(
+            &record.storage_url,
+            options.s3_endpoint.as_deref(),
+            options.s3_region.as_deref(),
+        )
+        .map_err(|source| Error::StorageUnreachable {
+            volume: display.clone(),
+            url: record.storage_url.clone(),
+            cause: Box::new(source),
+        })?;
+        let store = open_store(&display, &storage_url, options.key_file.as_deref())?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
         let block_size_bytes = u64::from(record.block_size_bytes);
@@ -192,7 +241,7 @@ impl Volume {
         let cache = BlockCache::open(&cache_dir, options.cache_size_bytes, Arc::clone(&store))?;
         tracing::info!(
             volume = %record.name,
-            storage = %record.storage_url,
+            storage = %storage_url,
             block_size_bytes,
             staging = %staging_dir.display(),
             cache = %cache_dir.display(),
@@ -200,23 +249,35 @@ impl Volume {
         );
         Ok(Volume {
             name: record.name,
-            meta: Arc::new(meta) as Arc<dyn MetaStore>,
+            meta: Arc::from(meta),
             store,
             cache,
             staging,
             block_size_bytes,
+            shared: paths.shared,
             lock,
         })
     }
 }
 
-fn open_store(volume: &str, url: &str) -> Result<Arc<BlockStore>> {
+fn open_store(volume: &str, url: &str, key_file: Option<&Path>) -> Result<Arc<BlockStore>> {
     let unreachable = |source| Error::StorageUnreachable {
         volume: volume.to_string(),
         url: url.to_string(),
         cause: Box::new(source),
     };
-    let store = BlockStore::open(url).map_err(unreachable)?;
+    let key_error = |source| Error::StorageKey {
+        volume: volume.to_string(),
+        cause: Box::new(source),
+    };
+    let key = key_file
+        .map(baton_blocks::read_key_file)
+        .transpose()
+        .map_err(key_error)?;
+    let store = BlockStore::open_with_key(url, key.as_ref()).map_err(|source| match source {
+        BlocksError::KeyNeeded { .. } | BlocksError::WrongKey { .. } => key_error(source),
+        other => unreachable(other),
+    })?;
     store.check_reachable().map_err(unreachable)?;
     Ok(Arc::new(store))
 }
@@ -290,11 +351,24 @@ mod tests {
         let u = VolumePaths::resolve("sqlite:///x/y/meta.db", Path::new("/b")).unwrap();
         assert_eq!(u.meta_path, PathBuf::from("/x/y/meta.db"));
         assert_eq!(u.dir, PathBuf::from("/x/y"));
+        let pg = VolumePaths::resolve("postgres://u:pw@h:5432/vol_1", Path::new("/b")).unwrap();
+        assert_eq!(pg.dir, PathBuf::from("/b/pg-vol_1"));
+        assert_eq!(pg.lock_path(), PathBuf::from("/b/pg-vol_1/mount.lock"));
+        assert_eq!(pg.display, "postgres://u:***@h:5432/vol_1");
+        assert!(pg.shared);
     }
 
     #[test]
     fn bad_volume_arguments_are_refused() {
-        for bad in ["", "a/b", "..", "postgres://h/db", "sqlite://rel/x.db"] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "postgres://h",
+            "postgres://h/",
+            "mysql://h/db",
+            "sqlite://rel/x.db",
+        ] {
             let err = VolumePaths::resolve(bad, Path::new("/b")).unwrap_err();
             assert!(matches!(err, Error::BadVolume { .. }), "{bad}: {err}");
         }

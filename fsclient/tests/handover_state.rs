@@ -36,7 +36,7 @@ fn adopt_with(
     number: u64,
 ) -> Result<Serving, (bool, String)> {
     let socket = vol.path(&format!("gen{number}.sock"));
-    let listener = listen_seqpacket(&socket).unwrap();
+    let listener = listen_seqpacket(&socket, 0o600).unwrap();
     let mut child = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_fsclient"))
             .args([

@@ -41,7 +41,7 @@ struct Generation {
 
 fn spawn_generation(vol: &Volume, number: u64) -> Generation {
     let socket = vol.path(&format!("gen{number}.sock"));
-    let listener = listen_seqpacket(&socket).unwrap();
+    let listener = listen_seqpacket(&socket, 0o600).unwrap();
     let child = ChildGuard(
         Command::new(env!("CARGO_BIN_EXE_fsclient"))
             .args([

@@ -294,8 +294,11 @@ impl Stopper {
     }
 
     /// Raw copies of the requests workers are handling right now (for the
-    /// in-flight journal). Seal the channel first, so none of them is
-    /// answered after being copied.
+    /// in-flight journal). Copy after the workers stopped reading and
+    /// BEFORE sealing the channel: then every request whose reply the seal
+    /// drops is in the copy (one that finishes in between is answered, and
+    /// may be answered again by the next generation: the kernel drops the
+    /// second answer).
     pub fn inflight(&self) -> Vec<Vec<u8>> {
         self.shared
             .workers

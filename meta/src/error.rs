@@ -209,6 +209,16 @@ pub enum MetaError {
         #[source]
         source: rusqlite::Error,
     },
+    /// A PostgreSQL call failed (`EIO`).
+    #[error("metadata store error in {op}: PostgreSQL: {message}; check that the server runs and accepts this client, and its log")]
+    Postgres {
+        /// The operation that failed.
+        op: &'static str,
+        /// SQLSTATE, when the server sent one (`40001`: serialization failure).
+        code: Option<String>,
+        /// What the server or client library said.
+        message: String,
+    },
     /// A file-system call on the database path failed (`EIO`).
     #[error("I/O error on {path}: {source}")]
     Io {
@@ -262,6 +272,7 @@ impl MetaError {
             | MetaError::Fenced { .. }
             | MetaError::Corrupt { .. }
             | MetaError::Store { .. }
+            | MetaError::Postgres { .. }
             | MetaError::Io { .. } => libc::EIO,
         }
     }
@@ -270,6 +281,11 @@ impl MetaError {
     pub(crate) fn in_op(self, op: &'static str) -> MetaError {
         match self {
             MetaError::Store { op: "", source } => MetaError::Store { op, source },
+            MetaError::Postgres {
+                op: "",
+                code,
+                message,
+            } => MetaError::Postgres { op, code, message },
             other => other,
         }
     }

@@ -11,6 +11,8 @@
 //!   calls from many worker threads; every mutation is one transaction.
 //! - [`SqliteMeta`]: the embedded SQLite engine (WAL, `synchronous=FULL`),
 //!   created by [`format`] (`fsctl format`) and opened by [`open`].
+//! - [`PostgresMeta`]: the same operations on a PostgreSQL server, for
+//!   volumes mounted by several hosts (`postgres://` URLs).
 //! - [`Attr`], [`CreateArgs`], [`SetAttr`], [`CommitBlocks`], ...: values in
 //!   and out, in [`types`]. [`MetaError`] with [`MetaError::errno`].
 //! - [`record::Recorded`]: the byte encoding of mutation results kept for
@@ -33,9 +35,8 @@
 //! This crate knows nothing of FUSE, generations or object storage.
 //!
 //! # Design choice
-//! A PostgreSQL engine is planned, so callers hold a `dyn MetaStore` (or a
-//! generic) rather than a SQLite connection; engine-specific code stays in
-//! [`sqlite`]-private modules. The exactly-once record is written inside the
+//! Callers hold a `dyn MetaStore` rather than a connection; engine-specific
+//! code stays in [`sqlite`]- and [`postgres`]-private modules. The exactly-once record is written inside the
 //! mutation's transaction (an optional [`RequestKey`] argument on each
 //! mutating method), so a result is recorded if and only if its mutation
 //! committed.
@@ -71,12 +72,14 @@
 
 pub mod error;
 pub mod limits;
+pub mod postgres;
 pub mod record;
 pub mod sqlite;
 pub mod store;
 pub mod types;
 
 pub use error::{MetaError, Result};
+pub use postgres::PostgresMeta;
 pub use record::Recorded;
 pub use sqlite::{SqliteMeta, ANSWERED_QUEUE_MAX, ANSWERED_RECORD_KEEP};
 pub use store::{Location, MetaStore};
@@ -85,14 +88,22 @@ pub use types::*;
 /// Metadata format version written by this build and the newest it opens.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// Creates a new volume's metadata database at `url_or_path`
-/// (`sqlite:///abs/path/meta.db` or a plain path) and opens it.
-/// See [`SqliteMeta::format`].
-pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<SqliteMeta> {
-    SqliteMeta::format(url_or_path, config)
+/// Creates a new volume's metadata at `url_or_path` and opens it:
+/// `postgres://user@host:port/db` (an empty database) or
+/// `sqlite:///abs/path/meta.db` / a plain path. See [`SqliteMeta::format`]
+/// and [`PostgresMeta::format`].
+pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<Box<dyn MetaStore>> {
+    if postgres::is_postgres_url(url_or_path) {
+        return Ok(Box::new(PostgresMeta::format(url_or_path, config)?));
+    }
+    Ok(Box::new(SqliteMeta::format(url_or_path, config)?))
 }
 
-/// Opens an existing volume's metadata database. See [`SqliteMeta::open`].
-pub fn open(url_or_path: &str) -> Result<SqliteMeta> {
-    SqliteMeta::open(url_or_path)
+/// Opens an existing volume's metadata (a `postgres://` URL, a `sqlite://`
+/// URL or a path). See [`SqliteMeta::open`] and [`PostgresMeta::open`].
+pub fn open(url_or_path: &str) -> Result<Box<dyn MetaStore>> {
+    if postgres::is_postgres_url(url_or_path) {
+        return Ok(Box::new(PostgresMeta::open(url_or_path)?));
+    }
+    Ok(Box::new(SqliteMeta::open(url_or_path)?))
 }

@@ -23,7 +23,7 @@ use crate::types::{
 
 /// The metadata operations of a Baton volume. Implementations are shared by
 /// the FUSE worker threads, hence `Send + Sync`.
-pub trait MetaStore: Send + Sync {
+pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// The volume record written by `format`.
     fn volume(&self) -> VolumeRecord;
 
@@ -123,6 +123,12 @@ pub trait MetaStore: Send + Sync {
     /// Block-map rows of a regular file with `first_index <= index <
     /// first_index + count`, ascending; a missing index is a hole.
     fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>>;
+
+    /// Block-map rows of the whole volume strictly after `(ino, index)`
+    /// (from the start for `None`), ordered by `(ino, index)`, at most
+    /// `limit` (capped at `BLOCKS_QUERY_COUNT_MAX`): every object the
+    /// metadata refers to, page by page (storage checks and gc).
+    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>>;
 
     /// THE DURABILITY POINT OF A WRITE. Once this returns `Ok`, the written
     /// blocks are part of the file and survive a crash (SQLite `synchronous =

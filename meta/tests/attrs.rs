@@ -6,7 +6,7 @@ mod common;
 
 use baton_meta::limits::{XATTR_COUNT_PER_INODE_MAX, XATTR_NAME_LEN_MAX, XATTR_VALUE_LEN_MAX};
 use baton_meta::{
-    CreateArgs, FileKind, MetaError, MetaStore, SetAttr, TimeOrNow, Timespec, XattrFlags, ROOT_INO,
+    CreateArgs, FileKind, MetaError, SetAttr, TimeOrNow, Timespec, XattrFlags, ROOT_INO,
 };
 use common::*;
 
@@ -22,7 +22,7 @@ const REPLACE: XattrFlags = XattrFlags {
 #[test]
 fn setattr_changes_mode_and_times_and_always_ctime() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let t1 = Timespec { sec: 100, nsec: 1 };
     let t2 = Timespec { sec: -100, nsec: 2 };
@@ -53,7 +53,7 @@ fn setattr_changes_mode_and_times_and_always_ctime() {
 #[test]
 fn chown_clears_setuid_and_setgid_with_group_exec() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = m
         .create(
             ROOT_INO,
@@ -120,7 +120,7 @@ fn chown_clears_setuid_and_setgid_with_group_exec() {
 #[test]
 fn xattr_set_get_list_remove() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     m.setxattr(f.ino, n("user.b"), b"2", XattrFlags::default(), None)
         .unwrap();
@@ -153,7 +153,7 @@ fn xattr_set_get_list_remove() {
 #[test]
 fn xattr_create_and_replace_flags() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let e = m
         .setxattr(f.ino, n("user.k"), b"v", REPLACE, None)
@@ -181,7 +181,7 @@ fn xattr_create_and_replace_flags() {
 #[test]
 fn xattr_limits() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let flags = XattrFlags::default();
     let big = vec![7u8; XATTR_VALUE_LEN_MAX];
@@ -223,7 +223,7 @@ fn xattr_limits() {
 #[test]
 fn xattr_changes_set_ctime() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let old = Timespec { sec: 1, nsec: 0 };
     let set = SetAttr {

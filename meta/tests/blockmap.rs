@@ -37,7 +37,7 @@ const B: u64 = BS as u64;
 #[test]
 fn commit_sets_rows_size_and_times() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let t = Timespec { sec: 1000, nsec: 5 };
     let c = CommitBlocks {
@@ -65,7 +65,7 @@ fn commit_sets_rows_size_and_times() {
 #[test]
 fn replacing_and_punching_release_only_unreferenced_objects() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let g = file(m, ROOT_INO, "g");
     write(
@@ -98,7 +98,7 @@ fn replacing_and_punching_release_only_unreferenced_objects() {
 #[test]
 fn truncate_drops_whole_blocks_and_reports_the_partial_one() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     write(
         m,
@@ -159,7 +159,7 @@ fn truncate_drops_whole_blocks_and_reports_the_partial_one() {
 #[test]
 fn commit_with_smaller_size_truncates_first() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     write(
         m,
@@ -175,7 +175,7 @@ fn commit_with_smaller_size_truncates_first() {
 #[test]
 fn commit_refuses_rows_past_the_size_and_bad_lengths() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let past = CommitBlocks {
         blocks: vec![blk(0, "a", 10)],
@@ -220,7 +220,7 @@ fn commit_refuses_rows_past_the_size_and_bad_lengths() {
 #[test]
 fn block_operations_need_a_regular_file() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let d = dir(m, ROOT_INO, "d");
     let c = CommitBlocks::default();
     assert_eq!(
@@ -253,7 +253,7 @@ fn block_operations_need_a_regular_file() {
 #[test]
 fn row_limits_are_enforced() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let rows = |from: u64, count: u64| -> Vec<BlockRef> {
         (from..from + count)
@@ -275,4 +275,43 @@ fn row_limits_are_enforced() {
     let got = m.blocks(f.ino, 0, u32::MAX).unwrap();
     assert_eq!(got.len(), BLOCKS_QUERY_COUNT_MAX as usize);
     assert_eq!(m.blocks(f.ino, max, 100).unwrap().len(), 10);
+}
+
+#[test]
+fn scan_blocks_pages_through_every_row_of_the_volume_in_order() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let a = file(m, ROOT_INO, "a").ino;
+    let b = file(m, ROOT_INO, "b").ino;
+    write(
+        m,
+        a,
+        3 * B,
+        vec![blk(0, "a0", BS), blk(1, "a1", BS), blk(2, "a2", BS)],
+    );
+    write(m, b, B + 1, vec![blk(0, "b0", BS), blk(1, "b1", 1)]);
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = m.scan_blocks(after, 2).unwrap();
+        assert!(page.len() <= 2, "the limit holds");
+        let Some((ino, last)) = page.last() else {
+            break;
+        };
+        after = Some((*ino, last.index));
+        seen.extend(
+            page.into_iter()
+                .map(|(ino, r)| (ino, r.index, r.object_key, r.len)),
+        );
+    }
+    let want = vec![
+        (a, 0, "a0".to_string(), BS),
+        (a, 1, "a1".to_string(), BS),
+        (a, 2, "a2".to_string(), BS),
+        (b, 0, "b0".to_string(), BS),
+        (b, 1, "b1".to_string(), 1),
+    ];
+    assert_eq!(seen, want);
+    assert!(m.scan_blocks(Some((b, 1)), 10).unwrap().is_empty());
+    assert_eq!(m.scan_blocks(None, u32::MAX).unwrap().len(), 5);
 }

@@ -12,7 +12,7 @@ use common::*;
 fn concurrent_creates_and_reads_are_all_consistent() {
     let v = fresh();
     let dir = v.dir;
-    let meta: Arc<dyn MetaStore> = Arc::new(v.meta);
+    let meta: Arc<dyn MetaStore> = Arc::from(v.meta);
     let threads = 4;
     let per_thread = 25;
     let handles: Vec<_> = (0..threads)

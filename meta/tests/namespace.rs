@@ -5,13 +5,13 @@
 mod common;
 
 use baton_meta::limits::{NAME_LEN_MAX, NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
-use baton_meta::{CreateArgs, FileKind, MetaError, MetaStore, ROOT_INO};
+use baton_meta::{CreateArgs, FileKind, MetaError, ROOT_INO};
 use common::*;
 
 #[test]
 fn create_every_kind_and_look_it_up() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let kinds = [
         FileKind::Regular,
         FileKind::Directory,
@@ -64,7 +64,7 @@ fn create_updates_parent_times() {
     let v = fresh();
     let before = v.meta.getattr(ROOT_INO).unwrap();
     std::thread::sleep(std::time::Duration::from_millis(5));
-    file(&v.meta, ROOT_INO, "f");
+    file(v.meta.as_ref(), ROOT_INO, "f");
     let after = v.meta.getattr(ROOT_INO).unwrap();
     assert!(after.mtime > before.mtime && after.ctime > before.ctime);
 }
@@ -72,7 +72,7 @@ fn create_updates_parent_times() {
 #[test]
 fn create_errors() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let args = CreateArgs::new(FileKind::Regular, 0o644);
     let e = m.create(ROOT_INO, n("f"), &args, None).unwrap_err();
@@ -102,7 +102,7 @@ fn create_errors() {
 #[test]
 fn symlink_target_rules_and_readlink() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let mut args = CreateArgs::new(FileKind::Symlink, 0o777);
     let e = m.create(ROOT_INO, n("s"), &args, None).unwrap_err();
     assert_eq!(e.errno(), libc::EINVAL);
@@ -129,7 +129,7 @@ fn symlink_target_rules_and_readlink() {
 #[test]
 fn setgid_directory_passes_its_group_and_bit_to_new_directories() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let mut args = CreateArgs::new(FileKind::Directory, 0o2775);
     args.gid = 50;
     let shared = m.create(ROOT_INO, n("shared"), &args, None).unwrap();
@@ -150,7 +150,7 @@ fn setgid_directory_passes_its_group_and_bit_to_new_directories() {
 #[test]
 fn lookup_dot_dotdot_and_missing() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let d = dir(m, ROOT_INO, "d");
     assert_eq!(m.lookup(d.ino, n(".")).unwrap().ino, d.ino);
     assert_eq!(m.lookup(d.ino, n("..")).unwrap().ino, ROOT_INO);
@@ -167,7 +167,7 @@ fn lookup_dot_dotdot_and_missing() {
 #[test]
 fn link_adds_a_name_and_refuses_directories() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let d = dir(m, ROOT_INO, "d");
     let a = m.link(f.ino, d.ino, n("g"), None).unwrap();
@@ -195,13 +195,12 @@ fn link_adds_a_name_and_refuses_directories() {
 #[test]
 fn link_stops_at_nlink_max() {
     let v = fresh();
-    let f = file(&v.meta, ROOT_INO, "f");
-    raw(&v)
-        .execute(
-            "UPDATE inodes SET nlink = ?1 WHERE ino = ?2",
-            (NLINK_MAX, f.ino),
-        )
-        .unwrap();
+    let f = file(v.meta.as_ref(), ROOT_INO, "f");
+    raw_exec(
+        &v,
+        "UPDATE inodes SET nlink = ?1 WHERE ino = ?2",
+        &[i64::from(NLINK_MAX), f.ino as i64],
+    );
     let e = v.meta.link(f.ino, ROOT_INO, n("g"), None).unwrap_err();
     assert!(
         matches!(e, MetaError::TooManyLinks { .. }) && e.errno() == libc::EMLINK,
@@ -212,7 +211,7 @@ fn link_stops_at_nlink_max() {
 #[test]
 fn unlink_last_name_makes_an_orphan_until_reclaim() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     m.link(f.ino, ROOT_INO, n("g"), None).unwrap();
     let u = m.unlink(ROOT_INO, n("f"), None).unwrap();
@@ -258,7 +257,7 @@ fn unlink_last_name_makes_an_orphan_until_reclaim() {
 #[test]
 fn unlink_errors() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     dir(m, ROOT_INO, "d");
     let e = m.unlink(ROOT_INO, n("d"), None).unwrap_err();
     assert!(matches!(e, MetaError::IsDirectory { .. }), "{e}");
@@ -275,7 +274,7 @@ fn unlink_errors() {
 #[test]
 fn rmdir_removes_empty_directories_only() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let d = dir(m, ROOT_INO, "d");
     let sub = dir(m, d.ino, "sub");
     file(m, ROOT_INO, "f");
@@ -330,7 +329,7 @@ fn root_cannot_be_reclaimed() {
 #[test]
 fn inode_numbers_are_never_reused() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = file(m, ROOT_INO, "a");
     let b = file(m, ROOT_INO, "b");
     m.unlink(ROOT_INO, n("b"), None).unwrap();
@@ -338,6 +337,6 @@ fn inode_numbers_are_never_reused() {
     let c = file(m, ROOT_INO, "c");
     assert!(a.ino < b.ino && b.ino < c.ino);
     let v = v.reopen();
-    let d = file(&v.meta, ROOT_INO, "d");
+    let d = file(v.meta.as_ref(), ROOT_INO, "d");
     assert!(d.ino > c.ino);
 }

@@ -5,13 +5,13 @@
 mod common;
 
 use baton_meta::limits::READDIR_ENTRIES_MAX;
-use baton_meta::{FileKind, MetaStore, ROOT_INO};
+use baton_meta::{FileKind, ROOT_INO};
 use common::*;
 
 #[test]
 fn dot_entries_come_first_with_offsets_one_and_two() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let d = dir(m, ROOT_INO, "d");
     let f = file(m, d.ino, "f");
     let s = mk(m, d.ino, "s", FileKind::Symlink);
@@ -48,7 +48,7 @@ fn dot_entries_come_first_with_offsets_one_and_two() {
 #[test]
 fn cookies_stay_valid_when_entries_are_removed_mid_listing() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     for i in 0..10 {
         file(m, ROOT_INO, &format!("f{i}"));
     }
@@ -72,7 +72,7 @@ fn cookies_stay_valid_when_entries_are_removed_mid_listing() {
 #[test]
 fn rename_moves_an_entry_to_the_end_of_its_new_listing() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     file(m, ROOT_INO, "a");
     file(m, ROOT_INO, "b");
     m.rename(ROOT_INO, n("a"), ROOT_INO, n("c"), Default::default(), None)
@@ -85,24 +85,7 @@ fn limit_is_clamped_to_readdir_entries_max() {
     let v = fresh();
     // Bulk-load entries in one transaction: thousands of fsynced creates
     // would only slow the test down.
-    let mut c = raw(&v);
-    let tx = c.transaction().unwrap();
-    for i in 0..READDIR_ENTRIES_MAX + 10 {
-        tx.execute(
-            "INSERT INTO inodes (generation, kind, mode, nlink, uid, gid, rdev, size,
-               atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec)
-             VALUES (1, 1, 420, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)",
-            [],
-        )
-        .unwrap();
-        let ino = tx.last_insert_rowid();
-        tx.execute(
-            "INSERT INTO dentries (parent, name, ino) VALUES (1, ?1, ?2)",
-            (format!("e{i}").into_bytes(), ino),
-        )
-        .unwrap();
-    }
-    tx.commit().unwrap();
+    raw_bulk_files(&v, READDIR_ENTRIES_MAX + 10);
     let got = v.meta.readdir(ROOT_INO, 0, u32::MAX).unwrap();
     assert_eq!(got.len(), READDIR_ENTRIES_MAX as usize);
     let rest = v

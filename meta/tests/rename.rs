@@ -28,7 +28,7 @@ fn nlink(m: &dyn MetaStore, ino: u64) -> u32 {
 #[test]
 fn rename_file_within_and_across_directories() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let d = dir(m, ROOT_INO, "d");
     let f = file(m, ROOT_INO, "f");
     let r = m
@@ -54,7 +54,7 @@ fn rename_file_within_and_across_directories() {
 #[test]
 fn rename_directory_fixes_dotdot_link_counts() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = dir(m, ROOT_INO, "a");
     let b = dir(m, ROOT_INO, "b");
     let c = dir(m, a.ino, "c");
@@ -69,7 +69,7 @@ fn rename_directory_fixes_dotdot_link_counts() {
 #[test]
 fn rename_replaces_a_file_and_orphans_it() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let g = file(m, ROOT_INO, "g");
     let r = m
@@ -88,7 +88,7 @@ fn rename_replaces_a_file_and_orphans_it() {
 #[test]
 fn rename_replacing_a_hard_linked_file_keeps_it() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     file(m, ROOT_INO, "f");
     let g = file(m, ROOT_INO, "g");
     m.link(g.ino, ROOT_INO, n("g2"), None).unwrap();
@@ -104,7 +104,7 @@ fn rename_replacing_a_hard_linked_file_keeps_it() {
 #[test]
 fn rename_directory_over_empty_directory() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = dir(m, ROOT_INO, "a");
     let b = dir(m, ROOT_INO, "b");
     let c = dir(m, a.ino, "c");
@@ -127,7 +127,7 @@ fn rename_directory_over_empty_directory() {
 #[test]
 fn rename_type_mismatches_and_non_empty_target() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     dir(m, ROOT_INO, "d");
     let full = dir(m, ROOT_INO, "full");
     file(m, full.ino, "x");
@@ -152,7 +152,7 @@ fn rename_type_mismatches_and_non_empty_target() {
 #[test]
 fn rename_noreplace_refuses_existing_target() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     file(m, ROOT_INO, "f");
     file(m, ROOT_INO, "g");
     let e = m
@@ -175,7 +175,7 @@ fn rename_noreplace_refuses_existing_target() {
 #[test]
 fn rename_exchange_swaps_entries_and_fixes_dotdot() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = dir(m, ROOT_INO, "a");
     let b = dir(m, ROOT_INO, "b");
     let sub = dir(m, a.ino, "sub");
@@ -207,7 +207,7 @@ fn rename_exchange_swaps_entries_and_fixes_dotdot() {
 #[test]
 fn rename_directory_into_its_own_subtree_is_invalid() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = dir(m, ROOT_INO, "a");
     let b = dir(m, a.ino, "b");
     let c = dir(m, b.ino, "c");
@@ -235,7 +235,7 @@ fn rename_directory_into_its_own_subtree_is_invalid() {
 #[test]
 fn rename_between_names_of_the_same_inode_does_nothing() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     m.link(f.ino, ROOT_INO, n("g"), None).unwrap();
     for flags in [PLAIN, EXCHANGE] {
@@ -255,7 +255,7 @@ fn rename_between_names_of_the_same_inode_does_nothing() {
 #[test]
 fn rename_errors_for_missing_and_dot_names() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     let e = m
         .rename(ROOT_INO, n("nope"), ROOT_INO, n("x"), PLAIN, None)
@@ -283,17 +283,16 @@ fn rename_errors_for_missing_and_dot_names() {
 #[test]
 fn corrupt_parent_cycle_is_reported_not_looped() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = dir(m, ROOT_INO, "a");
     let b = dir(m, a.ino, "b");
     let d = dir(m, ROOT_INO, "d");
     // Corrupt: a's parent is b, b's parent is a (a cycle not reaching root).
-    raw(&v)
-        .execute(
-            "UPDATE inodes SET parent = ?1 WHERE ino = ?2",
-            (b.ino, a.ino),
-        )
-        .unwrap();
+    raw_exec(
+        &v,
+        "UPDATE inodes SET parent = ?1 WHERE ino = ?2",
+        &[b.ino as i64, a.ino as i64],
+    );
     let e = m
         .rename(ROOT_INO, n("d"), b.ino, n("d"), PLAIN, None)
         .unwrap_err();

@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, SystemTime};
 
 use baton_meta::{
-    BlockRef, CommitBlocks, CreateArgs, FileKind, MetaError, MetaStore, Recorded, RequestKey,
-    SetAttr, ROOT_INO,
+    BlockRef, CommitBlocks, CreateArgs, FileKind, MetaError, Recorded, RequestKey, SetAttr,
+    ROOT_INO,
 };
 use common::*;
 
@@ -19,7 +19,7 @@ fn args() -> CreateArgs {
 #[test]
 fn recorded_result_decodes_to_what_the_call_returned() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = m
         .create(
             ROOT_INO,
@@ -74,7 +74,7 @@ fn recorded_result_decodes_to_what_the_call_returned() {
 #[test]
 fn failed_mutation_records_nothing() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     file(m, ROOT_INO, "f");
     let e = m
         .create(ROOT_INO, n("f"), &args(), Some(RequestKey::new(7, 1)))
@@ -93,7 +93,7 @@ fn failed_mutation_records_nothing() {
 #[test]
 fn duplicate_record_rolls_back_its_mutation() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let a = m
         .create(ROOT_INO, n("f"), &args(), Some(RequestKey::new(7, 7)))
         .unwrap();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use baton_meta::{FileKind, MetaError, MetaStore, ROOT_INO};
+use baton_meta::{FileKind, MetaError, ROOT_INO};
 use common::*;
 
 #[test]
@@ -34,7 +34,7 @@ fn two_volumes_get_different_uuids() {
 
 #[test]
 fn format_refuses_an_existing_file() {
-    let v = fresh();
+    let v = fresh_sqlite();
     let e = baton_meta::format(v.path().to_str().unwrap(), &config()).unwrap_err();
     assert!(
         matches!(e, MetaError::AlreadyFormatted { ref path } if *path == v.path()),
@@ -64,7 +64,7 @@ fn format_accepts_sqlite_urls_and_refuses_bad_configs() {
     let mut unnamed = config();
     unnamed.name.clear();
     assert!(baton_meta::format(p.to_str().unwrap(), &unnamed).is_err());
-    let e = baton_meta::format("postgres://db/meta", &config()).unwrap_err();
+    let e = baton_meta::format("mysql://db/meta", &config()).unwrap_err();
     assert!(matches!(e, MetaError::UnsupportedUrl { .. }), "{e}");
 }
 
@@ -116,7 +116,7 @@ fn open_of_other_sqlite_database_is_foreign_and_not_converted_to_wal() {
 
 #[test]
 fn open_of_newer_format_version_is_refused() {
-    let v = fresh();
+    let v = fresh_sqlite();
     let path = v.path();
     drop(v.meta);
     let c = rusqlite::Connection::open(&path).unwrap();
@@ -139,7 +139,7 @@ fn open_of_newer_format_version_is_refused() {
 #[test]
 fn reopen_after_close_keeps_everything() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let vol = m.volume();
     let d = dir(m, ROOT_INO, "d");
     let f = file(m, d.ino, "f");
@@ -169,7 +169,7 @@ fn reopen_after_close_keeps_everything() {
     m.unlink(ROOT_INO, n("gone"), None).unwrap();
 
     let v = v.reopen();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     assert_eq!(m.volume(), vol);
     assert_eq!(m.lookup(d.ino, n("f")).unwrap().size, 5000);
     assert_eq!(m.readlink(s.ino).unwrap(), "../elsewhere");
@@ -184,7 +184,7 @@ fn reopen_after_close_keeps_everything() {
 #[test]
 fn statfs_counts_inodes_and_block_bytes() {
     let v = fresh();
-    let m = &v.meta;
+    let m = v.meta.as_ref();
     let f = file(m, ROOT_INO, "f");
     dir(m, ROOT_INO, "d");
     let commit = baton_meta::CommitBlocks {

@@ -11,7 +11,6 @@
 //! deadline) for the reply.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -60,13 +59,10 @@ pub fn bind(path: &Path) -> Result<OwnedFd, Error> {
         }
         std::fs::remove_file(path).map_err(Error::io("removing stale socket", path))?;
     }
-    let listener = listen_seqpacket(path).map_err(|source| Error::Protocol {
+    listen_seqpacket(path, 0o600).map_err(|source| Error::Protocol {
         path: path.to_path_buf(),
         source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(Error::io("chmod 0600", path))?;
-    Ok(listener)
+    })
 }
 
 /// Accepts connections on `listener` in a thread of its own.

@@ -3,6 +3,7 @@
 //! refused by SO_PEERCRED with a message saying why.
 
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 
 use upgrade_protocol::{encode, StatusReport};
 

@@ -7,9 +7,10 @@
 //! hands them to the mount's executor.
 //!
 //! Shutdown (SIGTERM/SIGINT): every mount is unmounted as by `fsctl
-//! umount`, then the loop ends. A supervisor killed outright leaves the
-//! serving generations running (they hold the fd) but nothing restarts
-//! them; re-adopting mounts after a supervisor restart is not implemented.
+//! umount`, then the loop ends; with `--keep-mounts-on-exit` (the systemd
+//! unit) it exits at once and the generations keep serving. At start, the
+//! mounts of the state directory are restored (`restore.rs`: adopted with
+//! the fds systemd kept, or mounted again if persistent), then READY=1.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
@@ -31,10 +32,17 @@ use crate::cgroup;
 use crate::control;
 use crate::executor::{Env, Job, Mount, NewMount};
 use crate::lifecycle::mount::{Cause, Death, Event, Policy, Role};
+use crate::metrics;
+use crate::mount_events;
 use crate::mounting::{self, invalid};
 use crate::preflight;
+use crate::reexec;
 use crate::state_file::StateDir;
+use crate::systemd::{self, Notifier};
 use crate::Error;
+
+#[path = "restore.rs"]
+pub mod restore;
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
@@ -64,6 +72,22 @@ pub struct Config {
     pub cgroup_root: PathBuf,
     /// Where the FUSE sysctls are.
     pub sysctl_dir: PathBuf,
+    /// On SIGTERM/SIGINT, exit without unmounting: generations keep
+    /// serving and the next supervisor adopts the mounts (systemd fd store).
+    pub keep_mounts_on_exit: bool,
+    /// Serve /metrics and the status page here (loopback only).
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Publish Kubernetes Events and a status ConfigMap (feature
+    /// `kubernetes`; an error without it).
+    pub kubernetes: bool,
+}
+
+/// How `Daemon::mount` makes a mount.
+struct MountHow<'a> {
+    /// `fsctl mount --persist`.
+    persist: bool,
+    /// Made again at start from this persistent record.
+    restored: Option<&'a upgrade_protocol::MountRecord>,
 }
 
 /// What the socket threads and helpers send to the loop.
@@ -118,13 +142,30 @@ struct Daemon {
     rx: Receiver<Command>,
     signals: SignalFd,
     shutting_down: bool,
+    systemd: Notifier,
+    keep_mounts_on_exit: bool,
+    metrics: metrics::Snapshot,
+    previous: Vec<upgrade_protocol::MountStatus>,
+    /// When this executable started (status).
+    started_unix_ms: u64,
+    #[cfg(feature = "kubernetes")]
+    kubernetes: Option<crate::kubernetes::client::Publisher>,
 }
 
 /// Runs the supervisor until SIGTERM/SIGINT.
 pub fn run(config: Config) -> Result<(), Error> {
+    // Before any thread exists: both read and unset environment variables.
+    // The passed fds first, before anything else opens an fd: if one of
+    // them is missing, its number must not be taken by our own socket.
+    let stored_fds = systemd::take_listen_fds().unwrap_or_else(|err| {
+        tracing::error!(%err, "ignoring the fds systemd passed");
+        Default::default()
+    });
+    let notifier = Notifier::from_env();
+    // After the environment is read: this starts threads.
+    reexec::reap_inherited_children();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
-    warn_about_leftovers(&state);
     let cgroups = setup_cgroups(&config)?;
     let signals = shutdown_signals()?;
     let eventfd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
@@ -133,6 +174,31 @@ pub fn run(config: Config) -> Result<(), Error> {
     let waker = Waker {
         tx,
         eventfd: Arc::new(eventfd),
+    };
+    let snapshot = metrics::Snapshot::default();
+    if let Some(addr) = config.metrics_listen {
+        metrics::serve(addr, snapshot.clone()).map_err(|source| Error::Io {
+            op: "serving metrics on (--metrics-listen)",
+            path: PathBuf::from(addr.to_string()),
+            source,
+        })?;
+    }
+    #[cfg(not(feature = "kubernetes"))]
+    if config.kubernetes {
+        return Err(Error::Kubernetes(
+            "this fs-supervisor was built without the `kubernetes` feature; build it with `cargo build -p supervisor --features kubernetes`".into(),
+        ));
+    }
+    #[cfg(feature = "kubernetes")]
+    let kubernetes = match config.kubernetes {
+        true => {
+            let node = crate::kubernetes::Node::from_env().map_err(Error::Kubernetes)?;
+            tracing::info!(node = node.name, namespace = node.namespace, "kubernetes");
+            let publisher = crate::kubernetes::client::start(node)
+                .map_err(|err| Error::Kubernetes(format!("cannot start its thread: {err}")))?;
+            Some(publisher)
+        }
+        false => None,
     };
     let listener = control::bind(&config.socket)?;
     let forward = waker.clone();
@@ -165,8 +231,22 @@ pub fn run(config: Config) -> Result<(), Error> {
         rx,
         signals,
         shutting_down: false,
+        systemd: notifier,
+        keep_mounts_on_exit: config.keep_mounts_on_exit,
+        metrics: snapshot,
+        previous: Vec::new(),
+        started_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        #[cfg(feature = "kubernetes")]
+        kubernetes,
     };
+    daemon.restore_mounts(stored_fds);
+    let status = status_line(&daemon.statuses());
+    daemon.systemd.ready(&status);
     let result = daemon.run_loop();
+    daemon.systemd.stopping();
     let _ = std::fs::remove_file(&config.socket);
     if let Some(parent) = &daemon.env.cgroups {
         // Best effort: another supervisor may still use it.
@@ -175,20 +255,19 @@ pub fn run(config: Config) -> Result<(), Error> {
     result
 }
 
-fn warn_about_leftovers(state: &StateDir) {
-    for (path, record) in state.leftover_records() {
-        match record {
-            Ok(r) => tracing::warn!(
-                record = %path.display(),
-                mountpoint = %r.mountpoint.display(),
-                pid = r.pid,
-                "a previous supervisor left this mount; re-adoption is not implemented: it stays served by that pid (if alive) until you unmount it; remove the record afterwards"
-            ),
-            Err(err) => {
-                tracing::warn!(record = %path.display(), err, "unreadable leftover state record")
-            }
-        }
-    }
+/// One line for systemd's STATUS=: mounts by state and restarts. Pure.
+fn status_line(statuses: &[upgrade_protocol::MountStatus]) -> String {
+    let serving = statuses.iter().filter(|m| m.state == "serving").count();
+    let gave_up = statuses.iter().filter(|m| m.gave_up).count();
+    let restarts: u64 = statuses
+        .iter()
+        .map(|m| m.restarts.exit + m.restarts.signal + m.restarts.oom)
+        .sum();
+    format!(
+        "{} mounts: {serving} serving, {} recovering or starting, {gave_up} gave up; {restarts} generation restarts",
+        statuses.len(),
+        statuses.len() - serving - gave_up
+    )
 }
 
 /// Blocks SIGTERM/SIGINT (before any thread exists, so every thread
@@ -265,11 +344,19 @@ impl Daemon {
                 tracing::info!("every mount is unmounted; exiting");
                 return Ok(());
             }
+            if self.shutting_down && self.keep_mounts_on_exit {
+                tracing::info!(
+                    mounts = self.mounts.len(),
+                    "exiting without unmounting (--keep-mounts-on-exit): generations keep serving until the next fs-supervisor adopts them"
+                );
+                return Ok(());
+            }
             let ready = self.wait()?;
             for token in ready {
                 self.on_ready(token);
             }
             self.fire_timers();
+            self.publish();
         }
     }
 
@@ -297,6 +384,7 @@ impl Daemon {
             .mounts
             .iter()
             .filter_map(Mount::next_deadline)
+            .chain(self.systemd.next_deadline())
             .min()
             .map(|at| at.saturating_duration_since(now).as_millis() as u64 + 1)
             .unwrap_or(IDLE_POLL_MS)
@@ -348,7 +436,7 @@ impl Daemon {
             );
             self.shutting_down = true;
         }
-        if self.shutting_down {
+        if self.shutting_down && !self.keep_mounts_on_exit {
             for index in 0..self.mounts.len() {
                 self.with_mount(index, Event::UmountRequested);
             }
@@ -506,8 +594,33 @@ impl Daemon {
         }
     }
 
+    fn statuses(&self) -> Vec<upgrade_protocol::MountStatus> {
+        self.mounts.iter().map(Mount::status).collect()
+    }
+
+    /// After each turn: systemd's STATUS= line, the metrics snapshot, and
+    /// the mount events since the last turn (logged; Kubernetes Events).
+    fn publish(&mut self) {
+        let statuses = self.statuses();
+        self.systemd.status(&status_line(&statuses));
+        let events = mount_events::diff(&self.previous, &statuses);
+        for event in &events {
+            tracing::info!(mount = %event.mount_id, generation = event.generation, reason = event.kind.reason(), "{}", event.message);
+        }
+        #[cfg(feature = "kubernetes")]
+        if let Some(kubernetes) = &self.kubernetes {
+            kubernetes.events(events);
+            kubernetes.status(statuses.clone());
+        }
+        #[cfg(not(feature = "kubernetes"))]
+        drop(events);
+        self.metrics.publish(statuses.clone());
+        self.previous = statuses;
+    }
+
     fn fire_timers(&mut self) {
         let now = Instant::now();
+        self.systemd.tick(now);
         for index in 0..self.mounts.len() {
             while let Some(timer) = self.mounts[index].take_due_timer(now) {
                 self.with_mount(index, Event::Timer(timer));
@@ -537,6 +650,7 @@ impl Daemon {
                 if let Some(index) = self.mounts.iter().position(|m| m.id == mount_id) {
                     let mut mount = self.mounts.remove(index);
                     mount.close(&self.env, outcome);
+                    self.systemd.remove_fd(&mount_id);
                 }
             }
         }
@@ -547,6 +661,12 @@ impl Daemon {
         match request {
             Request::Status => {
                 let report = StatusReport {
+                    supervisor: Some(upgrade_protocol::SupervisorInfo {
+                        pid: std::process::id(),
+                        binary: std::env::current_exe().unwrap_or_default(),
+                        version: env!("CARGO_PKG_VERSION").to_string(),
+                        started_unix_ms: self.started_unix_ms,
+                    }),
                     mounts: self.mounts.iter().map(Mount::status).collect(),
                 };
                 let _ = reply.send(Reply::Status { report });
@@ -572,17 +692,23 @@ impl Daemon {
                 binary,
                 timeout_ms,
             } => self.upgrade(&mountpoint, binary, timeout_ms, reply),
+            Request::UpgradeSupervisor { binary } => self.upgrade_supervisor(&binary, reply),
             Request::Mount {
                 volume,
                 mountpoint,
                 base_dir,
                 options,
+                persist,
             } => {
                 if self.shutting_down {
                     let _ = reply.send(shutting_down_reply());
                     return;
                 }
-                match self.mount(volume, &mountpoint, base_dir, options, reply.clone()) {
+                let how = MountHow {
+                    persist,
+                    restored: None,
+                };
+                match self.mount(volume, &mountpoint, base_dir, options, reply.clone(), how) {
                     Ok(()) => {}
                     Err(refusal) => {
                         let _ = reply.send(refusal);
@@ -590,6 +716,51 @@ impl Daemon {
                 }
             }
         }
+    }
+
+    /// `fsctl upgrade-supervisor` (see `reexec.rs`): returns only if it was
+    /// refused; otherwise this image is replaced.
+    fn upgrade_supervisor(&mut self, binary: &Path, reply: Sender<Reply>) {
+        if self.shutting_down {
+            let _ = reply.send(shutting_down_reply());
+            return;
+        }
+        if let Some(busy) = self.mounts.iter().find(|m| m.upgrade.is_some()) {
+            let _ = reply.send(Reply::Error {
+                kind: ErrorKind::Failed,
+                message: format!(
+                    "mount {} is being upgraded; retry fsctl upgrade-supervisor when it is done",
+                    busy.mountpoint.display()
+                ),
+            });
+            return;
+        }
+        let version = match reexec::preflight(binary) {
+            Ok(version) => version,
+            Err(problem) => {
+                let _ = reply.send(invalid(problem));
+                return;
+            }
+        };
+        for mount in &self.mounts {
+            mount.write_record(&self.env);
+        }
+        let fds: Vec<(String, BorrowedFd<'_>)> = self
+            .mounts
+            .iter()
+            .filter_map(|m| m.channel.as_ref().map(|c| (m.id.clone(), c.fd())))
+            .collect();
+        let _ = reply.send(Reply::SupervisorRestarting {
+            pid: std::process::id(),
+            binary: binary.to_path_buf(),
+            mounts: fds.len() as u32,
+        });
+        // Let the control thread write that answer before the image goes.
+        std::thread::sleep(Duration::from_millis(100));
+        tracing::info!(binary = %binary.display(), version, mounts = fds.len(), "re-executing as a new fs-supervisor");
+        let err = reexec::exec(binary, &fds, self.systemd.inherited_env());
+        tracing::error!(binary = %binary.display(), %err, "re-executing failed after the fds were moved; exiting so a restart restores the mounts from the generations");
+        std::process::exit(1);
     }
 
     fn upgrade(
@@ -630,6 +801,7 @@ impl Daemon {
         base_dir: PathBuf,
         options: upgrade_protocol::ClientOptions,
         reply: Sender<Reply>,
+        how: MountHow<'_>,
     ) -> Result<(), Reply> {
         let mountpoint = self.validate(&volume, mountpoint, &base_dir)?;
         let id = mounting::mount_id(&mountpoint);
@@ -639,7 +811,7 @@ impl Daemon {
         };
         let socket_path = self.env.state.socket_path(&id);
         let _ = std::fs::remove_file(&socket_path);
-        let listener = listen_seqpacket(&socket_path).map_err(|err| {
+        let listener = listen_seqpacket(&socket_path, 0o600).map_err(|err| {
             failed(format!(
                 "cannot create the generation socket {}: {err}",
                 socket_path.display()
@@ -686,12 +858,21 @@ impl Daemon {
             socket_path,
             log,
         };
-        let mount = Mount::new(parts, reply);
+        let mut mount = Mount::new(parts, reply);
+        mount.persistent = how.persist;
         mount.write_record(&self.env);
+        if let Some(channel) = &mount.channel {
+            self.systemd.store_fd(&mount.id, channel.fd());
+        }
         self.mounts.push(mount);
         let index = self.mounts.len() - 1;
         let start_job = job_starter(self.waker.clone());
-        self.mounts[index].start(&self.env, &start_job);
+        match how.restored {
+            // A persistent mount made again at start: a failing generation
+            // backs off and retries instead of removing mount and record.
+            Some(record) => self.mounts[index].resume(&self.env, record, &start_job),
+            None => self.mounts[index].start(&self.env, &start_job),
+        }
         Ok(())
     }
 
@@ -743,5 +924,6 @@ pub fn command_timeout(request: &Request) -> Duration {
         Request::Upgrade { timeout_ms, .. } => {
             Duration::from_millis(*timeout_ms) + Duration::from_secs(30)
         }
+        Request::UpgradeSupervisor { .. } => reexec::PREFLIGHT_TIMEOUT + Duration::from_secs(10),
     }
 }

@@ -17,6 +17,9 @@ pub enum Error {
         /// Its value in seconds.
         value_s: u64,
     },
+    /// `--kubernetes` cannot run (not built in, or no node name).
+    #[error("--kubernetes: {0}")]
+    Kubernetes(String),
     /// A file or directory operation failed.
     #[error("{op} {path}: {source}")]
     Io {

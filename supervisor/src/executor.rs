@@ -137,6 +137,8 @@ pub struct Mount {
     pub umount_waiters: Vec<Sender<Reply>>,
     /// Why generation 1 failed, for `fsctl mount`.
     mount_failure: Option<String>,
+    /// `fsctl mount --persist` (kept in the state record).
+    pub persistent: bool,
 }
 
 fn unix_ms(time: SystemTime) -> u64 {
@@ -216,7 +218,27 @@ impl Mount {
             mount_waiters: vec![waiter],
             umount_waiters: Vec::new(),
             mount_failure: None,
+            persistent: false,
         }
+    }
+
+    /// Starts the machine on a mount adopted from a previous supervisor
+    /// (restored at start): generations continue after `last_generation`,
+    /// and the first one sends RESEND, since requests of the previous
+    /// generation (killed and reaped before this) may be unanswered.
+    pub fn resume(&mut self, env: &Env, record: &MountRecord, start_job: StartJob<'_>) {
+        let last_generation = record.generation;
+        self.created_unix_ms = record.created_unix_ms;
+        self.persistent = record.persistent;
+        self.last_generation = last_generation;
+        self.next_generation = last_generation + 1;
+        let (state, actions) = mount::resume();
+        self.transition(state, "start");
+        let mut queue = VecDeque::new();
+        for action in actions {
+            self.execute(env, action, &mut queue, start_job);
+        }
+        self.drain(env, queue, start_job);
     }
 
     /// Starts the machine.
@@ -691,12 +713,14 @@ impl Mount {
             options: self.options.clone(),
             connection_id: self.connection_id,
             connection: self.connection,
+            client_binary: Some(self.client_binary.clone()),
             init: self.init,
             has_resend: self.init.flags & fuse_wire::abi::init_flags::HAS_RESEND != 0,
             supervisor_pid: std::process::id(),
             generation: self.active_generation(),
             pid: self.active.as_ref().filter(|p| p.adopted).map(|p| p.pid),
             created_unix_ms: self.created_unix_ms,
+            persistent: self.persistent,
         };
         if let Err(err) = env.state.write_record(&record) {
             tracing::warn!(mount = %self.id, %err, "cannot write the mount's state record");

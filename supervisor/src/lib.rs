@@ -15,8 +15,15 @@
 //!   client side.
 //! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
 //!   a mount during a handover.
-//! - [`state_file`]: the per-mount JSON record in the state directory.
+//! - [`state_file`]: the per-mount JSON record in the state directory;
+//!   [`daemon::restore`]: mounts restored from it at start.
+//! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
+//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
+//!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
+//!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
+//! - [`reexec`]: `fsctl upgrade-supervisor` (re-execute in place).
 //! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
+//! - [`storage_check`]: `fsctl fsck` / `fsctl gc` (block map vs storage).
 //!
 //! # Invariants
 //! This crate never depends on `fsclient`: it starts the `fsclient` binary
@@ -30,11 +37,18 @@ pub mod daemon;
 pub mod error;
 pub mod executor;
 pub mod generation;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 pub mod lifecycle;
+pub mod metrics;
+pub mod mount_events;
 pub mod mounting;
 pub mod preflight;
+pub mod reexec;
 pub mod size;
 pub mod state_file;
+pub mod storage_check;
+pub mod systemd;
 pub mod volume;
 
 pub use error::Error;

@@ -87,7 +87,20 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Reply> {
 
 /// Checks that the volume exists: `BASE/NAME/meta.db`, or the file of a
 /// `sqlite://` URL.
+///
+/// A `postgres://` volume is checked by its first generation (which opens it
+/// before serving); its identity here is this host's local state directory
+/// (`BASE/pg-DB`), so it can be mounted once per base directory.
 pub fn check_volume(volume: &str, base_dir: &Path) -> Result<PathBuf, Reply> {
+    if baton_meta::postgres::is_postgres_url(volume) {
+        let db = baton_meta::postgres::database_name(volume).ok_or_else(|| {
+            invalid(format!(
+                "volume {} names no database: use postgres://user@host:port/DB",
+                baton_meta::postgres::redact_url(volume)
+            ))
+        })?;
+        return Ok(base_dir.join(format!("pg-{db}")));
+    }
     let meta = match volume.strip_prefix("sqlite://") {
         Some(path) => PathBuf::from(path),
         None => {
@@ -126,13 +139,21 @@ pub fn to_record(p: &InitParams) -> NegotiatedInit {
 }
 
 /// mount(2) at `mountpoint` and answer INIT. On an INIT failure the mount
-/// is removed again.
+/// is removed again. A volume other hosts may serve (PostgreSQL metadata)
+/// gets no writeback cache: with it the kernel keeps its own size and mtime
+/// of cached files and never sees other hosts' changes.
 pub fn mount_and_init(
     mountpoint: &Path,
-    source: &str,
+    volume: &str,
 ) -> Result<(Channel, NegotiatedInit, u32), fuse_wire::Error> {
+    let shared = baton_meta::postgres::is_postgres_url(volume);
+    // The mount source is world-readable in /proc/mounts: no URL there.
+    let source = match baton_meta::postgres::database_name(volume) {
+        Some(db) if shared => db.to_string(),
+        _ => volume.to_string(),
+    };
     let options = MountOptions {
-        source: source.to_string(),
+        source,
         subtype: "baton".into(),
         allow_other: true,
         default_permissions: true,
@@ -147,7 +168,11 @@ pub fn mount_and_init(
         }
     };
     let channel = Channel::new(fd);
-    match fuse_wire::initialize(&channel, &InitConfig::baton()) {
+    let mut config = InitConfig::baton();
+    if shared {
+        config.flags &= !fuse_wire::abi::init_flags::WRITEBACK_CACHE;
+    }
+    match fuse_wire::initialize(&channel, &config) {
         Ok(params) => Ok((channel, to_record(&params), connection_id)),
         Err(err) => {
             let _ = fuse_wire::unmount(mountpoint);

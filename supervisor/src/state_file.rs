@@ -168,6 +168,7 @@ mod tests {
             options: ClientOptions::default(),
             connection_id: 40,
             connection: 9,
+            client_binary: None,
             init: NegotiatedInit {
                 major: 7,
                 minor: 45,
@@ -185,6 +186,7 @@ mod tests {
             generation: 1,
             pid: None,
             created_unix_ms: 0,
+            persistent: true,
         };
         state.write_record(&record).unwrap();
         let left = state.leftover_records();

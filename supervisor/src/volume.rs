@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use baton_meta::{MetaStore, VolumeConfig};
+use baton_meta::VolumeConfig;
 
 /// Where Baton keeps volumes, the supervisor state and caches by default.
 pub const DEFAULT_BASE_DIR: &str = "/var/lib/baton";
@@ -81,8 +81,16 @@ pub struct FormatRequest {
     pub meta_url: Option<String>,
     /// Storage URL; default `file:///BASE/NAME/data`.
     pub storage_url: Option<String>,
+    /// S3 endpoint recorded in an `s3://` storage URL (custom servers).
+    pub s3_endpoint: Option<String>,
+    /// S3 region recorded in an `s3://` storage URL.
+    pub s3_region: Option<String>,
     /// Block size in bytes.
     pub block_size_bytes: u32,
+    /// Compress objects with LZ4.
+    pub compression: bool,
+    /// Encrypt objects with the key in this file (32 bytes, raw or hex).
+    pub key_file: Option<PathBuf>,
 }
 
 /// What was created.
@@ -95,25 +103,49 @@ pub struct Formatted {
 }
 
 /// Creates a volume: checks the storage answers (creating a local data
-/// directory), then writes the metadata. Refuses an existing volume.
+/// directory; an S3 bucket must exist and accept the credentials), then
+/// writes the metadata. Refuses an existing volume. Nothing is written to
+/// the metadata when the storage check fails.
 pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
     let defaults = VolumePaths::new(&request.base_dir, &request.name)?;
     let meta_url = request.meta_url.clone().unwrap_or(defaults.meta_url);
-    let storage_url = request.storage_url.clone().unwrap_or(defaults.storage_url);
+    let storage_url = baton_blocks::with_s3_settings(
+        request
+            .storage_url
+            .as_deref()
+            .unwrap_or(&defaults.storage_url),
+        request.s3_endpoint.as_deref(),
+        request.s3_region.as_deref(),
+    )?;
     if let Some(meta_path) = meta_url.strip_prefix("sqlite://") {
         create_dir(Path::new(meta_path).parent().unwrap_or(Path::new("/")))?;
     }
     if let Some(data_dir) = storage_url.strip_prefix("file://") {
         create_dir(Path::new(data_dir))?;
     }
-    baton_blocks::BlockStore::open(&storage_url)?.check_reachable()?;
+    let key = request
+        .key_file
+        .as_deref()
+        .map(baton_blocks::read_key_file)
+        .transpose()?;
+    let codec = baton_blocks::CodecSpec {
+        compress: request.compression,
+        key_check: key.as_ref().map(baton_blocks::key_check),
+    };
+    let storage_url = codec.add_to_url(&storage_url);
+    baton_blocks::BlockStore::open_with_key(&storage_url, key.as_ref())?.check_reachable()?;
     let config = VolumeConfig {
         name: request.name.clone(),
         storage_url: storage_url.clone(),
         block_size_bytes: request.block_size_bytes,
     };
     let meta = baton_meta::format(&meta_url, &config)?;
-    tracing::info!(volume = %meta.volume().name, %meta_url, %storage_url, "volume formatted");
+    tracing::info!(
+        volume = %meta.volume().name,
+        meta_url = %baton_meta::postgres::redact_url(&meta_url),
+        %storage_url,
+        "volume formatted"
+    );
     Ok(Formatted {
         meta_url,
         storage_url,

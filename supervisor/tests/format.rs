@@ -9,7 +9,11 @@ fn request(base: &std::path::Path, name: &str) -> FormatRequest {
         base_dir: base.into(),
         meta_url: None,
         storage_url: None,
+        s3_endpoint: None,
+        s3_region: None,
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+        compression: false,
+        key_file: None,
     }
 }
 
@@ -24,7 +28,6 @@ fn format_creates_metadata_and_data_dir_once() {
     assert!(base.path().join("vol1/meta.db").is_file());
     assert!(base.path().join("vol1/data").is_dir());
     let meta = baton_meta::open(&formatted.meta_url).unwrap();
-    use baton_meta::MetaStore;
     assert_eq!(meta.volume().name, "vol1");
     assert_eq!(meta.volume().block_size_bytes, DEFAULT_BLOCK_SIZE_BYTES);
 

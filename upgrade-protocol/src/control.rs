@@ -43,6 +43,10 @@ pub enum Request {
         base_dir: PathBuf,
         /// Forwarded to every generation.
         options: ClientOptions,
+        /// Mount it again when the supervisor starts after a reboot
+        /// (omitted when false, so older peers read the same bytes).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        persist: bool,
     },
     /// Report every mount.
     Status,
@@ -50,6 +54,14 @@ pub enum Request {
     Umount {
         /// The mountpoint as given to `Mount` (absolute).
         mountpoint: PathBuf,
+    },
+    /// Replace fs-supervisor itself by `binary`: it re-executes in place
+    /// (same pid, so generations stay its children) with every mount's fd
+    /// passed as systemd-style LISTEN_FDS, and restores the mounts from its
+    /// state directory.
+    UpgradeSupervisor {
+        /// The new fs-supervisor binary (absolute).
+        binary: PathBuf,
     },
     /// Replace the generation serving `mountpoint` by one running `binary`
     /// (planned handover); roll back if it fails within `timeout_ms`.
@@ -71,6 +83,7 @@ impl Request {
             Request::Status => "status",
             Request::Umount { .. } => "umount",
             Request::Upgrade { .. } => "upgrade",
+            Request::UpgradeSupervisor { .. } => "upgrade_supervisor",
         }
     }
 }
@@ -109,6 +122,15 @@ pub enum Reply {
     Unmounted {
         /// The mountpoint.
         mountpoint: PathBuf,
+    },
+    /// fs-supervisor re-executes as `binary` now; poll `Status` for it.
+    SupervisorRestarting {
+        /// Its pid (the same after the re-exec).
+        pid: u32,
+        /// The binary it becomes.
+        binary: PathBuf,
+        /// Mounts it hands to itself.
+        mounts: u32,
     },
     /// An upgrade ended (successfully or rolled back: see `report.ok`).
     Upgraded {
@@ -157,6 +179,22 @@ pub struct UpgradeReport {
 pub struct StatusReport {
     /// One entry per mount, in mount order.
     pub mounts: Vec<MountStatus>,
+    /// The supervisor answering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor: Option<SupervisorInfo>,
+}
+
+/// Which fs-supervisor answered a status request.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SupervisorInfo {
+    /// Its pid (unchanged by `fsctl upgrade-supervisor`, which re-executes).
+    pub pid: u32,
+    /// The executable running.
+    pub binary: PathBuf,
+    /// Its version.
+    pub version: String,
+    /// When this executable started (Unix time, ms).
+    pub started_unix_ms: u64,
 }
 
 /// Generation deaths by cause (each one caused a restart or a takeover).
@@ -258,6 +296,9 @@ pub struct MountRecord {
     /// The random identity of the connection (see `Message::Adopt`).
     #[serde(default)]
     pub connection: u64,
+    /// The fsclient binary its generations run (changed by upgrades).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_binary: Option<PathBuf>,
     /// The INIT result.
     pub init: NegotiatedInit,
     /// Whether FUSE_HAS_RESEND was granted (also in `init.flags`; spelled
@@ -271,6 +312,10 @@ pub struct MountRecord {
     pub pid: Option<u32>,
     /// When the mount was made (Unix time, ms).
     pub created_unix_ms: u64,
+    /// `fsctl mount --persist`: mounted again at start after a reboot;
+    /// without it a record with no live mount is removed at start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
 }
 
 /// Serializes a state record (pretty JSON). Pure.

@@ -42,7 +42,7 @@ mod socket;
 
 pub use control::{
     decode_record, encode_record, ClientOptions, ErrorKind, MountRecord, MountStatus, Recovery,
-    Reply, Request, Restarts, StatusReport, UpgradeReport, RECORD_FORMAT_VERSION,
+    Reply, Request, Restarts, StatusReport, SupervisorInfo, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 pub use error::ProtocolError;
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};

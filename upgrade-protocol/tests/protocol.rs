@@ -175,6 +175,7 @@ fn mount_request() -> Message {
                 staging_dir: Some("/var/lib/baton/staging".into()),
                 threads: Some(4),
             },
+            persist: false,
         },
     }
 }
@@ -182,6 +183,12 @@ fn mount_request() -> Message {
 #[test]
 fn control_frames_are_pinned_and_round_trip() {
     let status = StatusReport {
+        supervisor: Some(upgrade_protocol::SupervisorInfo {
+            pid: 77,
+            binary: "/usr/local/bin/fs-supervisor".into(),
+            version: "0.1.0".into(),
+            started_unix_ms: 1_795_000_000_000,
+        }),
         mounts: vec![MountStatus {
             mount_id: "0123456789abcdef".into(),
             mountpoint: "/mnt/baton".into(),
@@ -319,12 +326,14 @@ fn state_record_round_trips_and_newer_formats_are_refused() {
         options: ClientOptions::default(),
         connection_id: 43,
         connection: 0xfeed,
+        client_binary: Some("/usr/local/bin/fsclient".into()),
         init: init(),
         has_resend: true,
         supervisor_pid: 1,
         generation: 3,
         pid: Some(99),
         created_unix_ms: 5,
+        persistent: false,
     };
     let bytes = encode_record(&record).unwrap();
     assert_eq!(decode_record(&bytes).unwrap(), record);

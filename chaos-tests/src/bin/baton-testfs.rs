@@ -229,7 +229,7 @@ fn serve(
     let stopper = workers.stopper();
     if let Some(path) = handoff {
         let listener =
-            listen_seqpacket(path).with_context(|| format!("binding {}", path.display()))?;
+            listen_seqpacket(path, 0o600).with_context(|| format!("binding {}", path.display()))?;
         let stopper = stopper.clone();
         let channel = Arc::clone(&channel);
         std::thread::spawn(move || {
@@ -281,7 +281,7 @@ fn hold(
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
     let (channel, params) = mount_and_init(mount)?;
-    let listener = listen_seqpacket(socket_path)
+    let listener = listen_seqpacket(socket_path, 0o600)
         .with_context(|| format!("binding {}", socket_path.display()))?;
     let generation = Arc::new(AtomicU64::new(1));
     std::thread::spawn(move || {

@@ -210,8 +210,18 @@ impl BatonFs {
             None => attr.size.max(staged_end),
         };
         let (empty, full): (Vec<_>, Vec<_>) = set.blocks.iter().partition(|b| b.data.is_empty());
-        let mut uploads: Vec<(u64, Bytes)> =
-            full.iter().map(|b| (b.index, b.data.clone())).collect();
+        // A staged block can reach past the staged size only when the
+        // process died between writing the block and recording the size:
+        // those bytes were never acknowledged (the kernel resends the
+        // WRITE), so they are cut, as reads already cut them.
+        let mut uploads: Vec<(u64, Bytes)> = full
+            .iter()
+            .filter(|b| b.index * bs < size)
+            .map(|b| {
+                let keep = (size - b.index * bs).min(b.data.len() as u64) as usize;
+                (b.index, b.data.slice(..keep))
+            })
+            .collect();
         punched.extend(empty.iter().map(|b| b.index));
         let staged: BTreeSet<u64> = set.blocks.iter().map(|b| b.index).collect();
         if let Some(floor) = set.floor_bytes.filter(|f| *f < attr.size) {

@@ -20,6 +20,7 @@ mod orphan;
 mod readdir;
 mod rename;
 mod requests;
+mod scan;
 mod schema;
 mod setattr;
 mod xattr;
@@ -427,6 +428,10 @@ impl MetaStore for SqliteMeta {
 
     fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
         self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
+    }
+
+    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
+        self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
     }
 
     fn commit_blocks(

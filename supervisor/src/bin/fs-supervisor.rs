@@ -2,7 +2,7 @@
 //! generation (`fsclient serve`) serving each one (see the `daemon` module).
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT: every mount is
-//! unmounted first), 1 when it cannot start or its loop fails (the message
+//! unmounted first, unless `--keep-mounts-on-exit`), 1 when it cannot start or its loop fails (the message
 //! says why), 2 bad usage.
 
 use std::path::PathBuf;
@@ -16,6 +16,7 @@ use supervisor::size::parse_size;
 #[derive(Parser)]
 #[command(
     name = "fs-supervisor",
+    version,
     about = "Hold Baton mounts' /dev/fuse fds and keep a generation serving each"
 )]
 struct Cli {
@@ -43,6 +44,20 @@ struct Cli {
     /// Name of the parent cgroup generations' cgroups are created in.
     #[arg(long, default_value = "baton")]
     cgroup_parent: String,
+    /// On SIGTERM/SIGINT, exit without unmounting: generations keep
+    /// serving and the next fs-supervisor adopts the mounts through
+    /// systemd's fd store (the systemd unit sets this).
+    #[arg(long)]
+    keep_mounts_on_exit: bool,
+    /// Serve Prometheus metrics (/metrics) and a status page (/) on this
+    /// loopback address, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Publish Kubernetes Events on pods using a mount and a per-node
+    /// status ConfigMap; needs NODE_NAME (downward API) and the
+    /// `kubernetes` cargo feature.
+    #[arg(long)]
+    kubernetes: bool,
 }
 
 fn main() -> ExitCode {
@@ -73,6 +88,9 @@ fn run() -> anyhow::Result<ExitCode> {
         cgroup_parent: cli.cgroup_parent,
         cgroup_root: PathBuf::from(supervisor::cgroup::CGROUP_FS_ROOT),
         sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
+        keep_mounts_on_exit: cli.keep_mounts_on_exit,
+        metrics_listen: cli.metrics_listen,
+        kubernetes: cli.kubernetes,
     };
     supervisor::daemon::run(config)?;
     Ok(ExitCode::SUCCESS)

@@ -14,11 +14,15 @@
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use supervisor::control::DEFAULT_SOCKET;
 use supervisor::size::parse_size;
+use supervisor::storage_check::{
+    collectable, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
+};
 use supervisor::volume::{
     format, FormatRequest, VolumePaths, DEFAULT_BASE_DIR, DEFAULT_BLOCK_SIZE_BYTES,
 };
@@ -44,9 +48,26 @@ enum Command {
         /// Metadata URL (default sqlite:///BASE/NAME/meta.db).
         #[arg(long)]
         meta: Option<String>,
-        /// Storage URL (default file:///BASE/NAME/data).
+        /// Storage URL: file:///DIR (default file:///BASE/NAME/data) or
+        /// s3://BUCKET/PREFIX (credentials from AWS_ACCESS_KEY_ID,
+        /// AWS_SECRET_ACCESS_KEY and the other usual AWS_* variables).
         #[arg(long)]
         storage: Option<String>,
+        /// S3-compatible endpoint, e.g. http://127.0.0.1:9000 (recorded in
+        /// the volume; path-style requests).
+        #[arg(long)]
+        s3_endpoint: Option<String>,
+        /// S3 region (recorded in the volume) [default: AWS_REGION or us-east-1].
+        #[arg(long)]
+        s3_region: Option<String>,
+        /// Compress block objects at rest: none or lz4.
+        #[arg(long, default_value = "none", value_parser = ["none", "lz4"])]
+        compression: String,
+        /// Encrypt block objects at rest (ChaCha20-Poly1305) with the key in
+        /// FILE: 32 raw bytes or 64 hex digits (`head -c 32 /dev/urandom >
+        /// FILE`). Mounts need the same file (--key-file or BATON_KEY_FILE).
+        #[arg(long, value_name = "FILE")]
+        encryption_key_file: Option<PathBuf>,
         /// Block size, e.g. 4M.
         #[arg(long, default_value = "4M", value_parser = parse_block_size)]
         block_size: u32,
@@ -90,8 +111,40 @@ enum Command {
         /// FUSE worker threads per generation [default: fsclient's].
         #[arg(long)]
         threads: Option<u32>,
+        /// Record the mount so fs-supervisor mounts it again after a
+        /// reboot (a restarted supervisor re-adopts every live mount
+        /// whose fd systemd kept, persistent or not).
+        #[arg(long)]
+        persist: bool,
         #[command(flatten)]
         socket: SocketArg,
+    },
+    /// Check VOLUME's metadata against its storage: referenced objects
+    /// missing or short (exit 1: data is lost) and objects nothing refers
+    /// to (garbage; `fsctl gc` deletes it).
+    Fsck {
+        /// A volume name (under --base-dir) or sqlite:///path/meta.db.
+        volume: String,
+        /// Base directory for volumes.
+        #[arg(long, default_value = DEFAULT_BASE_DIR)]
+        base_dir: PathBuf,
+    },
+    /// Delete objects of VOLUME that no metadata refers to (leftovers of
+    /// crashes), if older than --min-age-secs. Refused while the volume is
+    /// mounted on this host.
+    Gc {
+        /// A volume name (under --base-dir) or sqlite:///path/meta.db.
+        volume: String,
+        /// Only list what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep unreferenced objects younger than this (an upload may be
+        /// waiting for its commit on another host).
+        #[arg(long, default_value_t = GC_MIN_AGE_SECS_DEFAULT)]
+        min_age_secs: u64,
+        /// Base directory for volumes.
+        #[arg(long, default_value = DEFAULT_BASE_DIR)]
+        base_dir: PathBuf,
     },
     /// Show every mount of fs-supervisor: generation, pids, restarts.
     Status {
@@ -126,6 +179,21 @@ enum Command {
         /// Print the reports as JSON.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+    /// Replace fs-supervisor itself by a new binary without unmounting
+    /// anything: it re-executes in place, hands every mount's fd to its new
+    /// image, which restores the mounts (each generation is replaced as
+    /// after a crash: applications see a stall, no error). Returns once
+    /// every mount serves again under the new binary.
+    UpgradeSupervisor {
+        /// The new fs-supervisor binary.
+        #[arg(long)]
+        binary: PathBuf,
+        /// How long to wait for every mount to serve again (e.g. 60s).
+        #[arg(long, default_value = "60s", value_parser = parse_duration_ms)]
+        timeout: u64,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -165,6 +233,84 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
     }
 }
 
+fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(volume, base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.display.as_str();
+    let report = checked.check()?;
+    print_report(volume, &report);
+    for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
+        let what = match bad.stored_bytes {
+            None => "is missing".to_string(),
+            Some(size) => format!("has {size} bytes, {} needed", bad.len_bytes),
+        };
+        println!(
+            "  inode {} block {}: object {} {what}",
+            bad.ino, bad.index, bad.key
+        );
+    }
+    if report.is_consistent() {
+        println!("volume {volume}: consistent");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
+            report.bad_blocks.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+fn print_report(volume: &str, report: &CheckReport) {
+    let garbage_bytes: u64 = report.unreferenced.iter().map(|o| o.size_bytes).sum();
+    println!(
+        "volume {volume}: {} referenced block(s), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
+        report.referenced_count,
+        report.stored_count,
+        report.stored_bytes,
+        report.unreferenced.len(),
+        report.bad_blocks.len(),
+        report.orphan_count,
+    );
+}
+
+fn gc(
+    volume: &str,
+    base_dir: &std::path::Path,
+    dry_run: bool,
+    min_age: Duration,
+) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(volume, base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.display.as_str();
+    // Held until gc returns: no mount of this volume starts on this host.
+    let _lock = if dry_run { None } else { checked.lock()? };
+    let report = checked.check()?;
+    print_report(volume, &report);
+    let keys = collectable(&report.unreferenced, min_age, SystemTime::now());
+    let young_count = report.unreferenced.len() - keys.len();
+    if young_count > 0 {
+        println!(
+            "keeping {young_count} unreferenced object(s) younger than {} s (--min-age-secs)",
+            min_age.as_secs()
+        );
+    }
+    if dry_run {
+        for key in &keys {
+            println!("would delete {key}");
+        }
+        println!("dry run: {} object(s) would be deleted", keys.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deleted_count = checked.store.delete(&keys);
+    println!("deleted {deleted_count} of {} object(s)", keys.len());
+    if deleted_count < keys.len() {
+        eprintln!("fsctl: some deletes failed (see the log above); run `fsctl gc` again");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn parse_block_size(text: &str) -> Result<u32, String> {
     let bytes = parse_size(text)?;
     u32::try_from(bytes).map_err(|_| format!("block size {text} is too large"))
@@ -200,6 +346,10 @@ fn run() -> anyhow::Result<ExitCode> {
             name,
             meta,
             storage,
+            s3_endpoint,
+            s3_region,
+            compression,
+            encryption_key_file,
             block_size,
             base_dir,
         } => {
@@ -208,16 +358,18 @@ fn run() -> anyhow::Result<ExitCode> {
                 base_dir,
                 meta_url: meta,
                 storage_url: storage,
+                s3_endpoint,
+                s3_region,
                 block_size_bytes: block_size,
+                compression: compression == "lz4",
+                key_file: encryption_key_file,
             })?;
+            let meta_url = baton_meta::postgres::redact_url(&formatted.meta_url);
             println!(
-                "formatted volume {name}: metadata {}, data {}",
-                formatted.meta_url, formatted.storage_url
+                "formatted volume {name}: metadata {meta_url}, data {}",
+                formatted.storage_url
             );
-            println!(
-                "mount it with: fsclient mount {} MOUNTPOINT",
-                formatted.meta_url
-            );
+            println!("mount it with: fsclient mount {meta_url} MOUNTPOINT");
             Ok(ExitCode::SUCCESS)
         }
         Command::Up {
@@ -226,6 +378,18 @@ fn run() -> anyhow::Result<ExitCode> {
             base_dir,
             socket,
         } => up(&name, &mountpoint, base_dir, &socket.socket),
+        Command::Fsck { volume, base_dir } => fsck(&volume, &base_dir),
+        Command::Gc {
+            volume,
+            dry_run,
+            min_age_secs,
+            base_dir,
+        } => gc(
+            &volume,
+            &base_dir,
+            dry_run,
+            Duration::from_secs(min_age_secs),
+        ),
         Command::Mount {
             volume,
             mountpoint,
@@ -233,6 +397,7 @@ fn run() -> anyhow::Result<ExitCode> {
             cache_dir,
             staging_dir,
             threads,
+            persist,
             socket,
         } => {
             let request = Request::Mount {
@@ -244,6 +409,7 @@ fn run() -> anyhow::Result<ExitCode> {
                     staging_dir: staging_dir.as_deref().map(absolute).transpose()?,
                     threads,
                 },
+                persist,
             };
             mount(&socket.socket, &request)
         }
@@ -252,6 +418,11 @@ fn run() -> anyhow::Result<ExitCode> {
             let mountpoint = absolute(&mountpoint)?;
             umount(&socket.socket, &Request::Umount { mountpoint })
         }
+        Command::UpgradeSupervisor {
+            binary,
+            timeout,
+            socket,
+        } => upgrade_supervisor(&socket.socket, &absolute(&binary)?, timeout),
         Command::Upgrade {
             mountpoints,
             all,
@@ -272,6 +443,95 @@ fn run() -> anyhow::Result<ExitCode> {
             },
         ),
     }
+}
+
+/// `fsctl upgrade-supervisor`: asks for the re-exec, then waits until the
+/// new image answers and every mount serves.
+fn upgrade_supervisor(
+    socket: &std::path::Path,
+    binary: &std::path::Path,
+    timeout_ms: u64,
+) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let before = match call(socket, &Request::Status)? {
+        Reply::Status { report } => report.supervisor,
+        other => return refused(other),
+    };
+    let request = Request::UpgradeSupervisor {
+        binary: binary.to_path_buf(),
+    };
+    match supervisor::control::request(
+        socket,
+        &request,
+        supervisor::daemon::command_timeout(&request),
+    ) {
+        Ok(Reply::SupervisorRestarting { pid, mounts, .. }) => {
+            println!(
+                "fs-supervisor (pid {pid}) re-executes as {} with {mounts} mount(s)",
+                binary.display()
+            );
+        }
+        Ok(other) => return refused(other),
+        // The image may go before its answer is read: look at the result.
+        Err(err) => {
+            println!("fs-supervisor went away before answering ({err}); checking it came back")
+        }
+    }
+    let deadline = started + std::time::Duration::from_millis(timeout_ms);
+    let mut last = String::from("no answer yet");
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let report = match supervisor::control::request(
+            socket,
+            &Request::Status,
+            std::time::Duration::from_secs(5),
+        ) {
+            Ok(Reply::Status { report }) => report,
+            Ok(other) => {
+                last = format!("{other:?}");
+                continue;
+            }
+            Err(err) => {
+                last = err.to_string();
+                continue;
+            }
+        };
+        let Some(now) = &report.supervisor else {
+            last = "the supervisor does not report itself".into();
+            continue;
+        };
+        let restarted = before
+            .as_ref()
+            .is_none_or(|b| now.started_unix_ms > b.started_unix_ms || now.binary != b.binary);
+        let serving = report.mounts.iter().all(|m| m.state == "serving");
+        if restarted && now.binary == binary && serving {
+            println!(
+                "fs-supervisor is {} ({}, pid {}); {} mount(s) serving again after {} ms",
+                now.binary.display(),
+                now.version,
+                now.pid,
+                report.mounts.len(),
+                started.elapsed().as_millis()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        last = format!(
+            "supervisor {} started at {}, mounts: {}",
+            now.binary.display(),
+            now.started_unix_ms,
+            report
+                .mounts
+                .iter()
+                .map(|m| format!("{} {}", m.mountpoint.display(), m.state))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    eprintln!(
+        "fsctl: fs-supervisor did not come back as {} with every mount serving within {timeout_ms} ms (last seen: {last}); see its log",
+        binary.display()
+    );
+    Ok(ExitCode::from(1))
 }
 
 struct UpgradePlan {
@@ -549,7 +809,11 @@ fn up(
             base_dir: base_dir.clone(),
             meta_url: None,
             storage_url: None,
+            s3_endpoint: None,
+            s3_region: None,
             block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+            compression: false,
+            key_file: None,
         };
         let formatted = format(&request)?;
         println!("formatted volume {name} ({})", formatted.meta_url);
@@ -566,6 +830,7 @@ fn up(
             staging_dir: None,
             threads: None,
         },
+        persist: false,
     };
     let code = mount(socket, &request)?;
     let s = socket.display();

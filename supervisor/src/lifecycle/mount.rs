@@ -12,6 +12,7 @@
 //! state        event                    next state / actions
 //! ----------   ----------------------   -------------------------------------------------
 //! (start)                               Launching{First}: SpawnActive, arm StartDeadline
+//! (resume)                              Launching{Restart}: SpawnActive, arm StartDeadline
 //! Launching    ActiveConnected          Adopting: SendAdopt{resend: attempt == Restart}
 //! Launching    StartDeadline            same: KillActive (its death follows)
 //! Adopting     ActiveServing            Serving: AnnounceServing, arm Stable, plan standby
@@ -378,6 +379,20 @@ pub fn start() -> (State, Vec<Action>) {
                 after_ms: START_DEADLINE_MS,
             },
         ],
+    )
+}
+
+/// The first state of a mount adopted from a previous supervisor (its fd
+/// came back from systemd's fd store) and its actions: a restart, so the
+/// first generation sends RESEND and a failure backs off instead of failing
+/// the mount.
+pub fn resume() -> (State, Vec<Action>) {
+    (
+        State::Launching {
+            attempt: Attempt::Restart,
+            failures: 0,
+        },
+        spawn_active(),
     )
 }
 

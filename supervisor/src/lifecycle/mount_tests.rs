@@ -413,3 +413,24 @@ fn umount_terminates_the_generation_kills_the_standby_and_unmounts_last() {
     assert_eq!(state, State::Unmounted);
     assert_eq!(actions.last(), Some(&Action::Unmount));
 }
+
+#[test]
+fn a_resumed_mount_resends_and_backs_off_instead_of_failing() {
+    let (state, actions) = resume();
+    assert_eq!(
+        state,
+        State::Launching {
+            attempt: Attempt::Restart,
+            failures: 0
+        }
+    );
+    assert_eq!(actions[0], Action::SpawnActive);
+    let (_, actions) = step(state, Event::ActiveConnected, &POLICY);
+    assert_eq!(actions, vec![Action::SendAdopt { resend: true }]);
+    let (next, actions) = step(state, Event::ActiveExited(death(Cause::Exit(1))), &POLICY);
+    assert!(
+        matches!(next, State::BackingOff { failures: 1 }),
+        "{next:?}"
+    );
+    assert!(!actions.iter().any(|a| matches!(a, Action::FailMount(_))));
+}

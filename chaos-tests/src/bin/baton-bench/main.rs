@@ -73,6 +73,26 @@ enum Bench {
         #[arg(long, default_value = "/var/tmp")]
         dir: std::path::PathBuf,
     },
+    /// The Baton workload on each storage/metadata backend: embedded
+    /// (SQLite + directory), S3 (local moto server), PostgreSQL metadata.
+    Backends {
+        /// Size of the large file, MiB.
+        #[arg(long, default_value_t = 256)]
+        size_mib: u64,
+        /// Number of small files.
+        #[arg(long, default_value_t = 2_000)]
+        files: usize,
+        /// Seconds per random-read run.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Where to put the data.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+        /// Admin URL of a PostgreSQL server to create a scratch database on
+        /// [default: $BATON_TEST_POSTGRES_URL; without it, no PostgreSQL row].
+        #[arg(long)]
+        postgres_url: Option<String>,
+    },
     /// Throughput and metadata rates: plain directory vs bindfs vs Baton.
     Fsclient {
         /// Size of the large file, MiB.
@@ -133,6 +153,21 @@ fn run() -> anyhow::Result<()> {
             interval_ms,
             dir,
         } => upgrade_stall::run(&dir, upgrades, Duration::from_millis(interval_ms)),
+        Bench::Backends {
+            size_mib,
+            files,
+            seconds,
+            dir,
+            postgres_url,
+        } => backends::run(
+            &dir,
+            size_mib,
+            files,
+            Duration::from_secs_f64(seconds),
+            postgres_url
+                .or_else(|| std::env::var("BATON_TEST_POSTGRES_URL").ok())
+                .as_deref(),
+        ),
         Bench::Fsclient {
             size_mib,
             files,
@@ -149,6 +184,7 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
+mod backends;
 mod fsclient_bench;
 mod stall;
 mod upgrade_stall;

@@ -1,0 +1,294 @@
+//! Volumes whose metadata is in PostgreSQL (a real server: `.ci/run`
+//! starts one and exports `BATON_TEST_POSTGRES_URL`): the exerciser across
+//! a remount, and two mounts of one volume on this machine (two fsclient
+//! processes, two mountpoints, separate local state, one database and one
+//! data directory) reading each other's files with close-to-open
+//! consistency, one of them killed with -9 while holding staged writes.
+//!
+//! Skips loudly without a server unless `BATON_REQUIRE_POSTGRES=1` (CI).
+
+#![allow(clippy::unwrap_used)] // Test code: a failed setup step should stop the test.
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chaos_tests::fsx::{run, FsxConfig};
+use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+
+const URL_ENV: &str = "BATON_TEST_POSTGRES_URL";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn server(test: &str) -> Option<String> {
+    match std::env::var(URL_ENV) {
+        Ok(url) => Some(url),
+        Err(_) => {
+            let required = std::env::var("BATON_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
+            assert!(
+                !required,
+                "{test}: {URL_ENV} is not set but BATON_REQUIRE_POSTGRES=1"
+            );
+            eprintln!("\n!!!!! SKIPPED {test}: {URL_ENV} is not set; start a server with .ci/start-postgres DIR PORT (CI sets BATON_REQUIRE_POSTGRES=1 and fails instead) !!!!!\n");
+            None
+        }
+    }
+}
+
+fn psql(url: &str, sql: &str) {
+    let out = Command::new("psql")
+        .args(["-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
+        .output()
+        .expect("psql (postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A database and a data directory formatted as one volume; the database
+/// is dropped at the end.
+struct PgVolume {
+    dir: tempfile::TempDir,
+    admin: String,
+    db: String,
+    url: String,
+}
+
+impl PgVolume {
+    fn format(admin: &str, block_size: &str) -> PgVolume {
+        let db = format!(
+            "baton_m_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        );
+        psql(admin, &format!("CREATE DATABASE {db}"));
+        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let out = Command::new(workspace_binary("fsctl"))
+            .args(["format", "vol", "--meta", &url, "--block-size", block_size])
+            .arg("--storage")
+            .arg(format!("file://{}", data.display()))
+            .arg("--base-dir")
+            .arg(dir.path())
+            .output()
+            .expect("run fsctl (build the workspace first)");
+        assert!(
+            out.status.success(),
+            "fsctl format on PostgreSQL failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PgVolume {
+            dir,
+            admin: admin.to_string(),
+            db,
+            url,
+        }
+    }
+
+    /// Mount `host` (its own mountpoint and local state directory).
+    fn mount(&self, host: &str) -> Mounted {
+        let mnt = self.dir.path().join(format!("mnt-{host}"));
+        fs::create_dir_all(&mnt).unwrap();
+        let mut child = ChildGuard(
+            Command::new(workspace_binary("fsclient"))
+                .args(["mount", &self.url])
+                .arg(&mnt)
+                .arg("--base-dir")
+                .arg(self.dir.path().join(format!("host-{host}")))
+                .args(["--attr-ttl-ms", "0"])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("spawn fsclient"),
+        );
+        let up = wait_until(DEADLINE, || {
+            if let Ok(Some(status)) = child.0.try_wait() {
+                panic!("fsclient {host} exited before mounting: {status}");
+            }
+            fuse_wire::connection_id(&mnt).is_ok()
+        });
+        assert!(up, "fsclient {host} did not mount");
+        let guard = MountGuard::new(&mnt);
+        Mounted { guard, child, mnt }
+    }
+
+    fn staging(&self, host: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("host-{host}/pg-{}/staging", self.db))
+    }
+}
+
+impl Drop for PgVolume {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                "-q",
+                &self.admin,
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db),
+            ])
+            .output();
+    }
+}
+
+struct Mounted {
+    guard: MountGuard,
+    child: ChildGuard,
+    mnt: PathBuf,
+}
+
+impl Mounted {
+    fn p(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    fn stop(mut self) {
+        nix::sys::signal::kill(self.child.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.child.wait_timeout(DEADLINE).expect("fsclient exits");
+        assert!(status.success(), "fsclient exit status {status}");
+        drop(self.guard);
+    }
+
+    fn kill9(mut self) {
+        self.child.0.kill().unwrap();
+        self.child.0.wait().unwrap();
+        fuse_wire::unmount(&self.mnt).unwrap();
+        drop(self.guard);
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 10) as u8)
+        .collect()
+}
+
+fn staged_inodes(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn two_mounts_of_one_volume_see_each_others_closed_files_and_survive_a_kill_9() {
+    let Some(admin) = server("postgres two mounts") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let a = vol.mount("a");
+    let b = vol.mount("b");
+
+    // Close-to-open both ways, on files both have already looked at.
+    let big = pattern(700_001, 1);
+    fs::write(a.p("shared"), &big).unwrap();
+    assert!(fs::read(b.p("shared")).unwrap() == big, "b sees a's file");
+    fs::write(b.p("shared"), b"rewritten by b").unwrap();
+    assert_eq!(fs::read(a.p("shared")).unwrap(), b"rewritten by b");
+    let f = OpenOptions::new().append(true).open(a.p("shared")).unwrap();
+    f.write_all_at(b", appended by a", 14).unwrap();
+    drop(f);
+    assert_eq!(
+        fs::read(b.p("shared")).unwrap(),
+        b"rewritten by b, appended by a"
+    );
+    fs::create_dir(b.p("dir")).unwrap();
+    fs::rename(a.p("shared"), a.p("dir/moved")).unwrap();
+    assert!(fs::metadata(b.p("shared")).is_err(), "the rename is seen");
+    assert_eq!(
+        fs::read(b.p("dir/moved")).unwrap(),
+        b"rewritten by b, appended by a"
+    );
+
+    // kill -9 of a with an acknowledged write only staged on a's host.
+    let direct = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(a.p("staged"))
+        .unwrap();
+    let staged = pattern(200_000, 7);
+    direct.write_all_at(&staged, 0).unwrap();
+    assert!(staged_inodes(&vol.staging("a")) >= 1, "a's write is staged");
+    a.kill9();
+    drop(direct);
+
+    // b carries on alone.
+    fs::write(b.p("while a was down"), b"b kept working").unwrap();
+    assert_eq!(
+        fs::read(b.p("dir/moved")).unwrap(),
+        b"rewritten by b, appended by a"
+    );
+
+    // a comes back: its staged data is committed and b sees it.
+    let a = vol.mount("a");
+    assert_eq!(
+        staged_inodes(&vol.staging("a")),
+        0,
+        "a recovered its staging"
+    );
+    assert!(
+        fs::read(b.p("staged")).unwrap() == staged,
+        "b sees a's recovered write"
+    );
+    assert_eq!(
+        fs::read(a.p("while a was down")).unwrap(),
+        b"b kept working"
+    );
+    a.stop();
+    b.stop();
+
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(["fsck", &vol.url])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fsck: {said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(" 0 missing or short"), "{said}");
+}
+
+#[test]
+fn exerciser_agrees_with_a_plain_directory_on_postgres_across_a_remount() {
+    let Some(admin) = server("postgres exerciser") else {
+        return;
+    };
+    let ops = std::env::var("BATON_PG_FSX_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_500);
+    let vol = PgVolume::format(&admin, "64K");
+    let reference = tempfile::tempdir().unwrap();
+    let mut mounted = Some(vol.mount("a"));
+    let mnt = mounted.as_ref().unwrap().mnt.clone();
+    let mut remount = || {
+        let m = mounted.take().ok_or("not mounted")?;
+        m.stop();
+        mounted = Some(vol.mount("a"));
+        Ok(())
+    };
+    let config = FsxConfig {
+        seed: 0x9e_b470,
+        ops,
+        file_len_max: 2 << 20,
+        io_len_max: 200 << 10,
+        remount_at: Some(ops / 2),
+        fallocate: true,
+    };
+    if let Err(failure) = run(&config, &mnt, reference.path(), &mut remount) {
+        panic!("{failure}");
+    }
+    if let Some(m) = mounted.take() {
+        m.stop();
+    }
+}

@@ -1,0 +1,235 @@
+//! The block map of regular files: reading ranges, committing writes,
+//! truncating, and finding which replaced objects are no longer referenced.
+//!
+//! Invariant kept by every mutation: each row lies within the file, i.e.
+//! `idx * block_size + len <= size`, and `1 <= len <= block_size`.
+
+use std::collections::BTreeSet;
+
+use super::db::{params, Connection, OptionalExtension};
+
+use super::inode;
+use crate::error::{MetaError, Result};
+use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
+use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, Timespec};
+
+/// Rows of `ino` in `[first_index, first_index + count)`, ascending.
+pub(crate) fn blocks(
+    c: &Connection,
+    ino: u64,
+    first_index: u64,
+    count: u32,
+) -> Result<Vec<BlockRef>> {
+    regular(&inode::attr(c, ino)?)?;
+    let count = u64::from(count.min(BLOCKS_QUERY_COUNT_MAX));
+    let Ok(first) = i64::try_from(first_index) else {
+        return Ok(Vec::new());
+    };
+    let end = i64::try_from(first_index.saturating_add(count)).unwrap_or(i64::MAX);
+    let mut stmt = c.prepare_cached(
+        "SELECT idx, object_key, len FROM blocks
+         WHERE ino = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
+    )?;
+    let rows = stmt.query_map(params![ino, first, end], |r| {
+        Ok(BlockRef {
+            index: r.get(0)?,
+            object_key: r.get(1)?,
+            len: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<super::db::RowResult<Vec<_>>>()?)
+}
+
+/// `Ok` for a regular file; `IsDirectory` or `InvalidArgument` otherwise.
+pub(crate) fn regular(a: &Attr) -> Result<()> {
+    match a.kind {
+        FileKind::Regular => Ok(()),
+        FileKind::Directory => Err(MetaError::IsDirectory {
+            ino: a.ino,
+            name: None,
+        }),
+        _ => Err(MetaError::invalid(a.ino, "not a regular file")),
+    }
+}
+
+/// Applies one write: truncate (if `new_size` shrinks), punch, then write
+/// rows; sets size, mtime and ctime. Returns the new attributes and the
+/// objects no row references any more.
+pub(crate) fn commit(
+    c: &Connection,
+    ino: u64,
+    commit: &CommitBlocks,
+    block_size: u32,
+) -> Result<(Attr, Vec<ObjectRef>)> {
+    let mut a = inode::attr(c, ino)?;
+    regular(&a)?;
+    check_commit(ino, commit, block_size)?;
+    let mut removed = BTreeSet::new();
+    let size = commit.new_size.unwrap_or(a.size);
+    if size < a.size {
+        removed.extend(truncate(c, ino, size, block_size)?.0);
+    }
+    for &index in &commit.punched {
+        removed.extend(delete_row(c, ino, index)?);
+    }
+    removed.extend(replace_rows(c, ino, &commit.blocks)?);
+    check_rows_within(c, ino, size, block_size)?;
+    let now = Timespec::now();
+    a.size = size;
+    if let Some(m) = commit.mtime {
+        a.mtime = m.resolve(now);
+    }
+    a.ctime = now;
+    inode::save(c, &a)?;
+    Ok((a, unreferenced(c, removed)?))
+}
+
+fn check_commit(ino: u64, commit: &CommitBlocks, block_size: u32) -> Result<()> {
+    if commit.blocks.len() + commit.punched.len() > COMMIT_BLOCKS_ROWS_MAX {
+        return Err(MetaError::invalid(
+            ino,
+            format!("commit changes more than {COMMIT_BLOCKS_ROWS_MAX} block rows; split it"),
+        ));
+    }
+    if let Some(size) = commit.new_size.filter(|s| *s > FILE_SIZE_BYTES_MAX) {
+        return Err(MetaError::FileTooLarge {
+            ino,
+            size_bytes: size,
+        });
+    }
+    for b in &commit.blocks {
+        if b.len == 0 || b.len > block_size {
+            return Err(MetaError::invalid(
+                ino,
+                format!(
+                    "block {} length {} outside 1..={block_size}",
+                    b.index, b.len
+                ),
+            ));
+        }
+        block_end(ino, b.index, b.len, block_size)?;
+    }
+    Ok(())
+}
+
+/// End offset of a block row; `FileTooLarge` past [`FILE_SIZE_BYTES_MAX`].
+fn block_end(ino: u64, index: u64, len: u32, block_size: u32) -> Result<u64> {
+    index
+        .checked_mul(u64::from(block_size))
+        .and_then(|s| s.checked_add(u64::from(len)))
+        .filter(|e| *e <= FILE_SIZE_BYTES_MAX)
+        .ok_or(MetaError::FileTooLarge {
+            ino,
+            size_bytes: u64::MAX,
+        })
+}
+
+/// `InvalidArgument` if the last row of `ino` ends past `size`.
+fn check_rows_within(c: &Connection, ino: u64, size: u64, block_size: u32) -> Result<()> {
+    let last: Option<(u64, u32)> = c
+        .prepare_cached("SELECT idx, len FROM blocks WHERE ino = ?1 ORDER BY idx DESC LIMIT 1")?
+        .query_row([ino], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    if let Some((index, len)) = last {
+        let end = block_end(ino, index, len, block_size)?;
+        if end > size {
+            return Err(MetaError::invalid(
+                ino,
+                format!(
+                    "block {index} ends at byte {end}, past the file size {size}; pass new_size"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `rows` of `ino` over whatever rows had their indices, in two
+/// statements whatever their number (the SQLite engine's per-row loop would
+/// cost a round trip each); a later row wins over an earlier one with the
+/// same index. Returns the replaced rows' object keys.
+fn replace_rows(c: &Connection, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<String>> {
+    let mut last = std::collections::BTreeMap::new();
+    for b in rows {
+        last.insert(b.index, b);
+    }
+    if last.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let to_i64 =
+        |v: u64| i64::try_from(v).map_err(|_| MetaError::FileTooLarge { ino, size_bytes: v });
+    let indices = last
+        .keys()
+        .map(|&i| to_i64(i))
+        .collect::<Result<Vec<i64>>>()?;
+    let keys: Vec<String> = last.values().map(|b| b.object_key.clone()).collect();
+    let lens: Vec<i64> = last.values().map(|b| i64::from(b.len)).collect();
+    let replaced = c
+        .prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ANY(?2) RETURNING object_key")?
+        .query_map(params![ino, indices], |r| r.get(0))?
+        .collect::<super::db::RowResult<BTreeSet<String>>>()?;
+    c.prepare_cached(
+        "INSERT INTO blocks (ino, idx, object_key, len)
+         SELECT ?1, idx, object_key, len FROM unnest(?2::BIGINT[], ?3::TEXT[], ?4::BIGINT[])
+             AS new(idx, object_key, len)",
+    )?
+    .execute(params![ino, indices, keys, lens])?;
+    Ok(replaced)
+}
+
+/// Deletes row `index` of `ino`; returns its object key if it existed.
+fn delete_row(c: &Connection, ino: u64, index: u64) -> Result<Option<String>> {
+    Ok(
+        c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ?2 RETURNING object_key")?
+            .query_row(params![ino, index], |r| r.get(0))
+            .optional()?,
+    )
+}
+
+/// Drops the rows wholly at or past `new_size` and clamps the row that
+/// straddles it. Returns the dropped rows' keys and the straddling index.
+pub(crate) fn truncate(
+    c: &Connection,
+    ino: u64,
+    new_size: u64,
+    block_size: u32,
+) -> Result<(BTreeSet<String>, Option<u64>)> {
+    let bs = u64::from(block_size);
+    let first_dropped =
+        i64::try_from(new_size.div_ceil(bs)).map_err(|_| MetaError::FileTooLarge {
+            ino,
+            size_bytes: new_size,
+        })?;
+    let mut stmt =
+        c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2 RETURNING object_key")?;
+    let keys = stmt
+        .query_map(params![ino, first_dropped], |r| r.get(0))?
+        .collect::<super::db::RowResult<BTreeSet<String>>>()?;
+    let within = new_size % bs;
+    if within == 0 {
+        return Ok((keys, None));
+    }
+    let index = new_size / bs;
+    let n = c
+        .prepare_cached("UPDATE blocks SET len = ?3 WHERE ino = ?1 AND idx = ?2 AND len > ?3")?
+        .execute(params![ino, index, within])?;
+    Ok((keys, (n > 0).then_some(index)))
+}
+
+/// Those of `candidates` that no block row references, sorted (one
+/// statement for all of them).
+pub(crate) fn unreferenced(c: &Connection, candidates: BTreeSet<String>) -> Result<Vec<ObjectRef>> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let all: Vec<String> = candidates.iter().cloned().collect();
+    let used = c
+        .prepare_cached("SELECT DISTINCT object_key FROM blocks WHERE object_key = ANY(?1)")?
+        .query_map(params![all], |r| r.get(0))?
+        .collect::<super::db::RowResult<BTreeSet<String>>>()?;
+    Ok(candidates
+        .into_iter()
+        .filter(|key| !used.contains(key))
+        .map(|key| ObjectRef { key })
+        .collect())
+}

@@ -1,0 +1,252 @@
+//! Inode rows: loading and saving [`Attr`], allocation, directory-entry
+//! lookups and the name checks shared by the namespace operations.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use super::db::{params, Connection, OptionalExtension, Row};
+
+use crate::error::{MetaError, Result};
+use crate::limits::{NAME_LEN_MAX, NLINK_MAX};
+use crate::types::{Attr, FileKind, StatFs, Timespec};
+
+const ATTR_COLUMNS: &str = "ino, kind, mode, nlink, uid, gid, rdev, size, atime_sec, atime_nsec,
+    mtime_sec, mtime_nsec, ctime_sec, ctime_nsec, generation";
+
+fn row_attr(r: &Row<'_>) -> super::db::RowResult<Attr> {
+    let time = |s, n| -> super::db::RowResult<Timespec> {
+        Ok(Timespec {
+            sec: r.get(s)?,
+            nsec: r.get(n)?,
+        })
+    };
+    Ok(Attr {
+        ino: r.get(0)?,
+        kind: r.get(1)?,
+        mode: r.get(2)?,
+        nlink: r.get(3)?,
+        uid: r.get(4)?,
+        gid: r.get(5)?,
+        rdev: r.get(6)?,
+        size: r.get(7)?,
+        atime: time(8, 9)?,
+        mtime: time(10, 11)?,
+        ctime: time(12, 13)?,
+        generation: r.get(14)?,
+    })
+}
+
+/// Attributes of `ino`, or `None` if no such inode.
+pub(crate) fn try_attr(c: &Connection, ino: u64) -> Result<Option<Attr>> {
+    let sql = format!("SELECT {ATTR_COLUMNS} FROM inodes WHERE ino = ?1");
+    Ok(c.prepare_cached(&sql)?
+        .query_row([ino], row_attr)
+        .optional()?)
+}
+
+/// Attributes of `ino`; [`MetaError::NotFound`] if no such inode.
+pub(crate) fn attr(c: &Connection, ino: u64) -> Result<Attr> {
+    try_attr(c, ino)?.ok_or(MetaError::NotFound { ino, name: None })
+}
+
+/// Attributes of a live directory (nlink > 0): `NotFound`, `NotDirectory`.
+pub(crate) fn live_dir(c: &Connection, ino: u64) -> Result<Attr> {
+    let a = attr(c, ino)?;
+    if a.kind != FileKind::Directory {
+        return Err(MetaError::NotDirectory { ino, name: None });
+    }
+    if a.nlink == 0 {
+        return Err(MetaError::NotFound { ino, name: None });
+    }
+    Ok(a)
+}
+
+/// Writes every mutable column of `a` back to its row.
+pub(crate) fn save(c: &Connection, a: &Attr) -> Result<()> {
+    let n = c
+        .prepare_cached(
+            "UPDATE inodes SET mode = ?2, nlink = ?3, uid = ?4, gid = ?5, rdev = ?6, size = ?7,
+             atime_sec = ?8, atime_nsec = ?9, mtime_sec = ?10, mtime_nsec = ?11,
+             ctime_sec = ?12, ctime_nsec = ?13 WHERE ino = ?1",
+        )?
+        .execute(params![
+            a.ino,
+            a.mode,
+            a.nlink,
+            a.uid,
+            a.gid,
+            a.rdev,
+            a.size,
+            a.atime.sec,
+            a.atime.nsec,
+            a.mtime.sec,
+            a.mtime.nsec,
+            a.ctime.sec,
+            a.ctime.nsec
+        ])?;
+    // Invariant: callers save only inodes they loaded in this transaction.
+    debug_assert_eq!(n, 1, "saved inode {} must exist", a.ino);
+    Ok(())
+}
+
+/// Inserts a new inode with a fresh number (AUTOINCREMENT: never reused).
+/// `a.ino` is ignored; returns the new number.
+pub(crate) fn insert(c: &Connection, a: &Attr, dir_parent: Option<u64>) -> Result<u64> {
+    let ino: i64 = c
+        .prepare_cached(
+            "INSERT INTO inodes (generation, kind, mode, nlink, uid, gid, rdev, size,
+             atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec, parent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)
+         RETURNING ino",
+        )?
+        .query_row(
+            params![
+                a.generation,
+                a.kind,
+                a.mode,
+                a.nlink,
+                a.uid,
+                a.gid,
+                a.rdev,
+                a.size,
+                a.atime.sec,
+                a.atime.nsec,
+                a.mtime.sec,
+                a.mtime.nsec,
+                a.ctime.sec,
+                a.ctime.nsec,
+                dir_parent
+            ],
+            |r| r.get(0),
+        )?;
+    u64::try_from(ino).map_err(|_| MetaError::corrupt("negative inode number allocated"))
+}
+
+/// Adds `delta` to the link count of `ino` (a directory gaining or losing a
+/// subdirectory), and sets its mtime and ctime to `now`.
+pub(crate) fn adjust_dir(c: &Connection, ino: u64, delta: i64, now: Timespec) -> Result<()> {
+    let mut a = attr(c, ino)?;
+    let nlink = i64::from(a.nlink) + delta;
+    if nlink > i64::from(NLINK_MAX) {
+        return Err(MetaError::TooManyLinks {
+            ino,
+            max: NLINK_MAX,
+        });
+    }
+    a.nlink = u32::try_from(nlink)
+        .ok()
+        .filter(|n| *n >= 2)
+        .ok_or_else(|| MetaError::corrupt(format!("directory {ino} link count below 2")))?;
+    a.mtime = now;
+    a.ctime = now;
+    save(c, &a)
+}
+
+/// The directory whose entry names directory `ino` (root: itself).
+pub(crate) fn dir_parent(c: &Connection, ino: u64) -> Result<u64> {
+    let parent: Option<u64> = c
+        .prepare_cached("SELECT parent FROM inodes WHERE ino = ?1")?
+        .query_row([ino], |r| r.get(0))
+        .optional()?
+        .ok_or(MetaError::NotFound { ino, name: None })?;
+    parent.ok_or_else(|| MetaError::corrupt(format!("directory {ino} has no parent")))
+}
+
+/// Records the directory holding directory `ino`'s entry.
+pub(crate) fn set_dir_parent(c: &Connection, ino: u64, parent: u64) -> Result<()> {
+    c.prepare_cached("UPDATE inodes SET parent = ?2 WHERE ino = ?1")?
+        .execute([ino, parent])?;
+    Ok(())
+}
+
+/// A directory entry: its readdir cookie and the inode it names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Entry {
+    pub(crate) cookie: i64,
+    pub(crate) ino: u64,
+}
+
+/// The entry `name` in `parent`, if any.
+pub(crate) fn find_entry(c: &Connection, parent: u64, name: &[u8]) -> Result<Option<Entry>> {
+    Ok(
+        c.prepare_cached("SELECT cookie, ino FROM dentries WHERE parent = ?1 AND name = ?2")?
+            .query_row(params![parent, name], |r| {
+                Ok(Entry {
+                    cookie: r.get(0)?,
+                    ino: r.get(1)?,
+                })
+            })
+            .optional()?,
+    )
+}
+
+/// Adds entry `name` in `parent` for `ino` with a fresh cookie.
+pub(crate) fn insert_entry(c: &Connection, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+    c.prepare_cached("INSERT INTO dentries (parent, name, ino) VALUES (?1, ?2, ?3)")?
+        .execute(params![parent, name, ino])?;
+    Ok(())
+}
+
+/// Removes the entry with this cookie.
+pub(crate) fn delete_entry(c: &Connection, cookie: i64) -> Result<()> {
+    c.prepare_cached("DELETE FROM dentries WHERE cookie = ?1")?
+        .execute([cookie])?;
+    Ok(())
+}
+
+/// Whether directory `ino` has any entry.
+pub(crate) fn has_entries(c: &Connection, ino: u64) -> Result<bool> {
+    Ok(
+        c.prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = ?1)")?
+            .query_row([ino], |r| r.get(0))?,
+    )
+}
+
+/// Records `ino` (now at nlink 0) as an orphan awaiting reclaim.
+pub(crate) fn add_orphan(c: &Connection, ino: u64, now: Timespec) -> Result<()> {
+    c.prepare_cached(
+        "INSERT INTO orphans (ino, since_sec) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+    )?
+    .execute(params![ino, now.sec])?;
+    Ok(())
+}
+
+/// Checks an entry name: non-empty, no `/` or NUL, at most
+/// [`NAME_LEN_MAX`] bytes. Returns its bytes.
+pub(crate) fn check_name(parent: u64, name: &OsStr) -> Result<&[u8]> {
+    let b = name.as_bytes();
+    if b.len() > NAME_LEN_MAX {
+        return Err(MetaError::NameTooLong {
+            parent,
+            len_bytes: b.len(),
+            max: NAME_LEN_MAX,
+        });
+    }
+    if b.is_empty() || b.contains(&b'/') || b.contains(&0) {
+        return Err(MetaError::invalid(
+            parent,
+            format!("entry name {name:?} is empty or contains '/' or NUL"),
+        ));
+    }
+    Ok(b)
+}
+
+/// Whether `name` is `.` or `..`.
+pub(crate) fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+/// Usage numbers of the whole volume.
+pub(crate) fn statfs(c: &Connection, block_size_bytes: u32) -> Result<StatFs> {
+    let inodes_used: u64 = c.query_row("SELECT COUNT(*) FROM inodes", params![], |r| r.get(0))?;
+    let bytes_used: u64 = c.query_row(
+        "SELECT COALESCE(SUM(len), 0)::BIGINT FROM blocks",
+        params![],
+        |r| r.get(0),
+    )?;
+    Ok(StatFs {
+        inodes_used,
+        bytes_used,
+        block_size_bytes,
+    })
+}

@@ -1,0 +1,645 @@
+//! [`PostgresMeta`]: a PostgreSQL server behind [`MetaStore`], so that
+//! mounts on several hosts can share one volume.
+//!
+//! The operations are the SQLite engine's, run through [`db`], a statement
+//! layer with rusqlite's shape over a PostgreSQL transaction; the schema
+//! and its migrations are in [`schema`].
+//!
+//! Transactions: every mutation (with its exactly-once record, when it has
+//! a request key) is one SERIALIZABLE transaction, retried from the start
+//! on a serialization failure or deadlock (SQLSTATE 40001 / 40P01) up to
+//! [`WRITE_ATTEMPT_COUNT_MAX`] times, so concurrent hosts see the same
+//! one-writer-at-a-time semantics SQLite's `BEGIN IMMEDIATE` gives; reads
+//! run in REPEATABLE READ READ ONLY transactions (one snapshot per call).
+//! Connections: a pool of [`PG_CONNECTIONS_MAX`] clients; a closed client
+//! (server restart) is reconnected before its next use. No TLS: reach a
+//! remote server over a trusted network or a local TLS tunnel.
+
+mod blockmap;
+pub(crate) mod db;
+mod inode;
+mod namespace;
+mod orphan;
+mod readdir;
+mod rename;
+mod requests;
+mod scan;
+mod schema;
+mod setattr;
+mod xattr;
+
+use std::ffi::{OsStr, OsString};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use ::postgres::{Client, IsolationLevel, NoTls};
+
+use self::db::{Connection, DbError, StatementCache};
+use crate::error::{MetaError, Result};
+use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
+use crate::record::Recorded;
+use crate::store::MetaStore;
+use crate::types::{
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
+    RequestKey, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord,
+    XattrFlags,
+};
+use crate::FORMAT_VERSION;
+
+/// Client connections per opened volume.
+pub const PG_CONNECTIONS_MAX: usize = 4;
+/// Attempts of one mutation when PostgreSQL reports a serialization
+/// failure or a deadlock (first try included).
+pub const WRITE_ATTEMPT_COUNT_MAX: u32 = 16;
+/// First backoff between attempts; doubles up to [`WRITE_BACKOFF_MS_MAX`].
+pub const WRITE_BACKOFF_MS_INITIAL: u64 = 1;
+/// Upper bound of one backoff sleep.
+pub const WRITE_BACKOFF_MS_MAX: u64 = 100;
+/// Time to establish a connection to the server.
+pub const PG_CONNECT_TIMEOUT_MS: u64 = 5_000;
+
+/// Whether `url` names a PostgreSQL database.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// The database a `postgres://` URL names (`postgres://u@h:p/DB?opts`),
+/// if it is a plain name (letters, digits, `_`, `-`, `.`). Pure.
+pub fn database_name(url: &str) -> Option<&str> {
+    let path = url.split('?').next().unwrap_or(url);
+    let (_, rest) = path.split_once("://")?;
+    let (_, db) = rest.split_once('/')?;
+    let plain = !db.is_empty()
+        && !db.starts_with('.')
+        && db
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    plain.then_some(db)
+}
+
+/// `url` without its password, for messages. Pure.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => authority.to_string(),
+    };
+    if tail.is_empty() && !rest.contains('/') {
+        format!("{scheme}://{authority}")
+    } else {
+        format!("{scheme}://{authority}/{tail}")
+    }
+}
+
+struct PgConn {
+    client: Client,
+    cache: StatementCache,
+}
+
+/// A Baton volume's metadata in a PostgreSQL database (its current schema).
+pub struct PostgresMeta {
+    url: String,
+    volume: VolumeRecord,
+    pool: Vec<Mutex<PgConn>>,
+    next: AtomicUsize,
+    /// Answered request keys (and when) whose records a later write deletes.
+    answered: Mutex<std::collections::VecDeque<(std::time::Instant, RequestKey)>>,
+    /// `true` once fenced. Writes hold the read side for their whole
+    /// transaction; `fence` takes the write side, so it waits for them.
+    fenced: std::sync::RwLock<bool>,
+}
+
+impl std::fmt::Debug for PostgresMeta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresMeta")
+            .field("url", &redact_url(&self.url))
+            .field("volume", &self.volume.name)
+            .finish()
+    }
+}
+
+fn connect(url: &str) -> Result<Client> {
+    let mut config: ::postgres::Config =
+        url.parse()
+            .map_err(|e: ::postgres::Error| MetaError::Postgres {
+                op: "connect",
+                code: None,
+                message: format!("{} is not a valid PostgreSQL URL: {e}", redact_url(url)),
+            })?;
+    config.connect_timeout(Duration::from_millis(PG_CONNECT_TIMEOUT_MS));
+    config.connect(NoTls).map_err(|e| MetaError::Postgres {
+        op: "connect",
+        code: e.code().map(|c| c.code().to_string()),
+        message: format!("cannot connect to {}: {e}", redact_url(url)),
+    })
+}
+
+fn is_retryable(e: &MetaError) -> bool {
+    matches!(e, MetaError::Postgres { code: Some(code), .. } if code == "40001" || code == "40P01")
+}
+
+impl PostgresMeta {
+    /// Creates the schema, the volume record and the root directory in the
+    /// (empty) database `url`, and opens it. Refuses with
+    /// [`MetaError::AlreadyFormatted`] if the database holds a volume.
+    pub fn format(url: &str, config: &VolumeConfig) -> Result<PostgresMeta> {
+        Self::format_at_version(url, config, schema::latest_version())
+    }
+
+    /// [`PostgresMeta::format`] with only the first `version` migrations:
+    /// a volume as an older Baton made it (tests of migrations).
+    #[doc(hidden)]
+    pub fn format_at_version(
+        url: &str,
+        config: &VolumeConfig,
+        version: i64,
+    ) -> Result<PostgresMeta> {
+        check_config(config)?;
+        let volume = VolumeRecord {
+            name: config.name.clone(),
+            uuid: random_u128()?,
+            storage_url: config.storage_url.clone(),
+            block_size_bytes: config.block_size_bytes,
+            format_version: FORMAT_VERSION,
+            created: Timespec::now(),
+        };
+        let mut client = connect(url)?;
+        let mut cache = StatementCache::new();
+        let version = version.clamp(1, schema::latest_version());
+        schema::create(&mut client, &mut cache, &volume, version, &redact_url(url))
+            .map_err(|e| e.in_op("format"))?;
+        if version < schema::latest_version() {
+            // An older layout: do not open (that would migrate it).
+            return Self::without_migration(url, volume, client);
+        }
+        Self::with_first_client(url, volume, PgConn { client, cache })
+    }
+
+    fn without_migration(url: &str, volume: VolumeRecord, client: Client) -> Result<PostgresMeta> {
+        Self::with_first_client(
+            url,
+            volume,
+            PgConn {
+                client,
+                cache: StatementCache::new(),
+            },
+        )
+    }
+
+    /// Opens the volume in database `url`: checks it is Baton's and not
+    /// newer than this build, and runs the migrations it lacks.
+    pub fn open(url: &str) -> Result<PostgresMeta> {
+        let mut client = connect(url)?;
+        let mut cache = StatementCache::new();
+        let volume =
+            schema::open(&mut client, &mut cache, &redact_url(url)).map_err(|e| e.in_op("open"))?;
+        Self::with_first_client(url, volume, PgConn { client, cache })
+    }
+
+    fn with_first_client(url: &str, volume: VolumeRecord, first: PgConn) -> Result<PostgresMeta> {
+        let mut pool = Vec::with_capacity(PG_CONNECTIONS_MAX);
+        pool.push(Mutex::new(first));
+        for _ in 1..PG_CONNECTIONS_MAX {
+            pool.push(Mutex::new(PgConn {
+                client: connect(url)?,
+                cache: StatementCache::new(),
+            }));
+        }
+        tracing::debug!(url = %redact_url(url), volume = %volume.name, "metadata opened");
+        Ok(PostgresMeta {
+            url: url.to_string(),
+            volume,
+            pool,
+            next: AtomicUsize::new(0),
+            answered: Mutex::new(std::collections::VecDeque::new()),
+            fenced: std::sync::RwLock::new(false),
+        })
+    }
+
+    /// The schema version recorded in the database.
+    pub fn schema_version(&self) -> Result<i64> {
+        let mut conn = self.conn()?;
+        schema::version(&mut conn.client)
+    }
+
+    /// The schema version this build creates.
+    pub fn latest_schema_version() -> i64 {
+        schema::latest_version()
+    }
+
+    /// A free pool client if there is one, else waits for one; reconnects
+    /// a client whose connection closed.
+    fn conn(&self) -> Result<MutexGuard<'_, PgConn>> {
+        let count = self.pool.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+        let mut guard = (0..count)
+            .find_map(|i| self.pool[(start + i) % count].try_lock().ok())
+            .unwrap_or_else(|| {
+                self.pool[start]
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            });
+        if guard.client.is_closed() {
+            tracing::warn!(url = %redact_url(&self.url), "metadata connection closed; reconnecting");
+            guard.client = connect(&self.url)?;
+            guard.cache.clear();
+        }
+        Ok(guard)
+    }
+
+    /// Runs `f` in one SERIALIZABLE transaction; with a request key, also
+    /// records `encode(result)` in it. Retried on serialization failures.
+    fn write<T>(
+        &self,
+        op: &'static str,
+        req: Option<RequestKey>,
+        f: impl Fn(&Connection<'_>) -> Result<T>,
+        encode: impl Fn(&T) -> Recorded,
+    ) -> Result<T> {
+        let fence = self
+            .fenced
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *fence {
+            return Err(MetaError::Fenced { op });
+        }
+        let answered = match req {
+            Some(_) => self.take_answered(crate::ANSWERED_RECORD_KEEP),
+            None => Vec::new(),
+        };
+        let mut guard = self.conn().map_err(|e| e.in_op(op))?;
+        let mut attempt_count = 0;
+        let result = loop {
+            attempt_count += 1;
+            let PgConn { client, cache } = &mut *guard;
+            let mut run = || -> Result<T> {
+                let tx = client
+                    .build_transaction()
+                    .isolation_level(IsolationLevel::Serializable)
+                    .start()
+                    .map_err(DbError::from)?;
+                let c = Connection::new(tx, cache);
+                let out = f(&c)?;
+                if let Some(key) = req {
+                    requests::record(&c, key, &encode(&out).encode())?;
+                    requests::forget(&c, &answered)?;
+                }
+                c.commit()?;
+                Ok(out)
+            };
+            match run() {
+                Err(e) if is_retryable(&e) && attempt_count < WRITE_ATTEMPT_COUNT_MAX => {
+                    let shift = (attempt_count - 1).min(16);
+                    let ms = (WRITE_BACKOFF_MS_INITIAL << shift).min(WRITE_BACKOFF_MS_MAX);
+                    tracing::debug!(op, attempt_count, "serialization conflict, retrying");
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                other => break other.map_err(|e| log_store_error(e.in_op(op))),
+            }
+        };
+        if result.is_err() && !answered.is_empty() {
+            // Rolled back: keep the keys for a later write.
+            let long_ago = std::time::Instant::now() - crate::ANSWERED_RECORD_KEEP;
+            self.lock_answered()
+                .extend(answered.into_iter().map(|k| (long_ago, k)));
+        }
+        result
+    }
+
+    fn lock_answered(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(std::time::Instant, RequestKey)>>
+    {
+        self.answered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes the answered keys queued at least `age` ago.
+    fn take_answered(&self, age: Duration) -> Vec<RequestKey> {
+        let mut queue = self.lock_answered();
+        let mut keys = Vec::new();
+        while let Some((at, key)) = queue.front() {
+            if at.elapsed() < age {
+                break;
+            }
+            keys.push(*key);
+            queue.pop_front();
+        }
+        keys
+    }
+
+    /// Runs `f` in a REPEATABLE READ, READ ONLY transaction.
+    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection<'_>) -> Result<T>) -> Result<T> {
+        let mut guard = self.conn().map_err(|e| e.in_op(op))?;
+        let PgConn { client, cache } = &mut *guard;
+        let run = || -> Result<T> {
+            let tx = client
+                .build_transaction()
+                .isolation_level(IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .map_err(DbError::from)?;
+            let c = Connection::new(tx, cache);
+            let out = f(&c)?;
+            c.commit()?;
+            Ok(out)
+        };
+        run().map_err(|e| log_store_error(e.in_op(op)))
+    }
+}
+
+fn log_store_error(e: MetaError) -> MetaError {
+    if let MetaError::Postgres { op, message, .. } = &e {
+        tracing::warn!(op, error = %message, "metadata store error");
+    }
+    e
+}
+
+fn check_config(config: &VolumeConfig) -> Result<()> {
+    let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
+    if config.name.is_empty() {
+        return bad("volume name is empty".into());
+    }
+    let bs = config.block_size_bytes;
+    if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
+        return bad(format!(
+            "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
+        ));
+    }
+    Ok(())
+}
+
+fn random_u128() -> Result<u128> {
+    use std::io::Read;
+    let mut buf = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|source| MetaError::Io {
+            path: "/dev/urandom".into(),
+            source,
+        })?;
+    Ok(u128::from_be_bytes(buf))
+}
+
+impl MetaStore for PostgresMeta {
+    fn volume(&self) -> VolumeRecord {
+        self.volume.clone()
+    }
+
+    fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        self.read("lookup", |c| namespace::lookup(c, parent, name))
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.read("getattr", |c| inode::attr(c, ino))
+    }
+
+    fn setattr(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, TruncatedBlocks)> {
+        let bs = self.volume.block_size_bytes;
+        self.write(
+            "setattr",
+            req,
+            |c| setattr::setattr(c, ino, set, bs),
+            |(a, t)| Recorded::SetAttr(a.clone(), t.clone()),
+        )
+    }
+
+    fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        args: &CreateArgs,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "create",
+            req,
+            |c| namespace::create(c, parent, name, args),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
+    fn link(
+        &self,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "link",
+            req,
+            |c| namespace::link(c, ino, new_parent, new_name),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
+    fn unlink(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
+        self.write(
+            "unlink",
+            req,
+            |c| namespace::unlink(c, parent, name),
+            |u| Recorded::Unlinked(*u),
+        )
+    }
+
+    fn rmdir(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
+        self.write(
+            "rmdir",
+            req,
+            |c| namespace::rmdir(c, parent, name),
+            |u| Recorded::Unlinked(*u),
+        )
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        req: Option<RequestKey>,
+    ) -> Result<Renamed> {
+        self.write(
+            "rename",
+            req,
+            |c| rename::rename(c, (parent, name), (new_parent, new_name), flags),
+            |r| Recorded::Renamed(*r),
+        )
+    }
+
+    fn reclaim(&self, ino: u64, req: Option<RequestKey>) -> Result<Vec<ObjectRef>> {
+        self.write(
+            "reclaim",
+            req,
+            |c| orphan::reclaim(c, ino),
+            |v| Recorded::Released(v.clone()),
+        )
+    }
+
+    fn orphans(&self) -> Result<Vec<u64>> {
+        self.read("orphans", orphan::list)
+    }
+
+    fn readlink(&self, ino: u64) -> Result<OsString> {
+        self.read("readlink", |c| namespace::readlink(c, ino))
+    }
+
+    fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
+        self.read("readdir", |c| readdir::readdir(c, ino, offset, limit))
+    }
+
+    fn setxattr(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: XattrFlags,
+        req: Option<RequestKey>,
+    ) -> Result<()> {
+        self.write(
+            "setxattr",
+            req,
+            |c| xattr::set(c, ino, name, value, flags),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+        self.read("getxattr", |c| xattr::get(c, ino, name))
+    }
+
+    fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {
+        self.read("listxattr", |c| xattr::list(c, ino))
+    }
+
+    fn removexattr(&self, ino: u64, name: &OsStr, req: Option<RequestKey>) -> Result<()> {
+        self.write(
+            "removexattr",
+            req,
+            |c| xattr::remove(c, ino, name),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn statfs(&self) -> Result<StatFs> {
+        let bs = self.volume.block_size_bytes;
+        self.read("statfs", |c| inode::statfs(c, bs))
+    }
+
+    fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
+        self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
+    }
+
+    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
+        self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
+    }
+
+    fn commit_blocks(
+        &self,
+        ino: u64,
+        commit: &CommitBlocks,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, Vec<ObjectRef>)> {
+        let bs = self.volume.block_size_bytes;
+        self.write(
+            "commit_blocks",
+            req,
+            |c| blockmap::commit(c, ino, commit, bs),
+            |(a, v)| Recorded::Committed(a.clone(), v.clone()),
+        )
+    }
+
+    fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>> {
+        self.read("completed_request", |c| requests::get(c, key))
+    }
+
+    fn prune_completed(&self, older_than: SystemTime) -> Result<u64> {
+        let before = Timespec::from_system_time(older_than);
+        self.write(
+            "prune_completed",
+            None,
+            |c| requests::prune(c, before),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn request_answered(&self, key: RequestKey) {
+        let full = {
+            let mut answered = self.lock_answered();
+            answered.push_back((std::time::Instant::now(), key));
+            answered.len() >= crate::ANSWERED_QUEUE_MAX
+        };
+        if full {
+            let keys = self.take_answered(crate::ANSWERED_RECORD_KEEP);
+            if keys.is_empty() {
+                return;
+            }
+            let forgotten = self.write(
+                "forget answered requests",
+                None,
+                |c| requests::forget(c, &keys),
+                |_| Recorded::Unit,
+            );
+            if let Err(e) = forgotten {
+                // Harmless: prune_completed removes them later.
+                tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
+            }
+        }
+    }
+
+    fn fence(&self) {
+        *self
+            .fenced
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+    }
+
+    fn unfence(&self) {
+        *self
+            .fenced
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        assert_eq!(
+            redact_url("postgres://baton:s3cret@db.example:5432/vol"),
+            "postgres://baton:***@db.example:5432/vol"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1:5/db"),
+            "postgres://postgres@127.0.0.1:5/db"
+        );
+        assert_eq!(redact_url("postgresql://h"), "postgresql://h");
+        assert!(is_postgres_url("postgresql://h/db") && !is_postgres_url("sqlite:///x"));
+        assert_eq!(
+            database_name("postgres://u:p@h:1/vol_1?sslmode=disable"),
+            Some("vol_1")
+        );
+        assert_eq!(database_name("postgres://h"), None);
+        assert_eq!(database_name("postgres://h/"), None);
+        assert_eq!(database_name("postgres://h/a/b"), None);
+    }
+}

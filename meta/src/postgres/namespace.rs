@@ -1,0 +1,266 @@
+//! Name operations: lookup, create (all kinds), link, unlink, rmdir and
+//! readlink. Rename lives in `rename.rs`.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use super::db::{params, Connection, OptionalExtension};
+
+use super::inode::{self, check_name, is_dot};
+use crate::error::{MetaError, Result};
+use crate::limits::{NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
+use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSION_MASK, S_ISGID};
+
+/// Resolves `name` in directory `parent`; `.` and `..` included.
+pub(crate) fn lookup(c: &Connection, parent: u64, name: &OsStr) -> Result<Attr> {
+    let b = check_name(parent, name)?;
+    let dir = inode::attr(c, parent)?;
+    if dir.kind != FileKind::Directory {
+        return Err(MetaError::NotDirectory {
+            ino: parent,
+            name: None,
+        });
+    }
+    match b {
+        b"." => return Ok(dir),
+        b".." => return inode::attr(c, inode::dir_parent(c, parent)?),
+        _ => {}
+    }
+    let entry = inode::find_entry(c, parent, b)?.ok_or_else(|| MetaError::NotFound {
+        ino: parent,
+        name: Some(name.to_owned()),
+    })?;
+    inode::attr(c, entry.ino)
+}
+
+/// Creates an inode of any kind and its entry `name` in `parent`.
+pub(crate) fn create(c: &Connection, parent: u64, name: &OsStr, args: &CreateArgs) -> Result<Attr> {
+    let b = check_name(parent, name)?;
+    let dir = inode::live_dir(c, parent)?;
+    if is_dot(b) || inode::find_entry(c, parent, b)?.is_some() {
+        return Err(MetaError::Exists {
+            ino: parent,
+            name: Some(name.to_owned()),
+        });
+    }
+    let target = check_target(parent, args)?;
+    let now = Timespec::now();
+    let new = new_attr(&dir, args, target.map_or(0, <[u8]>::len), now);
+    let is_dir = args.kind == FileKind::Directory;
+    let ino = inode::insert(c, &new, is_dir.then_some(parent))?;
+    inode::insert_entry(c, parent, b, ino)?;
+    if let Some(t) = target {
+        c.prepare_cached("INSERT INTO symlinks (ino, target) VALUES (?1, ?2)")?
+            .execute(params![ino, t])?;
+    }
+    inode::adjust_dir(c, parent, i64::from(is_dir), now)?;
+    inode::attr(c, ino)
+}
+
+/// The symlink target bytes if `args` needs one; checks presence and length.
+fn check_target(parent: u64, args: &CreateArgs) -> Result<Option<&[u8]>> {
+    match (args.kind, &args.symlink_target) {
+        (FileKind::Symlink, Some(t)) => {
+            let t = t.as_bytes();
+            if t.is_empty() || t.len() > SYMLINK_TARGET_LEN_MAX || t.contains(&0) {
+                return Err(MetaError::invalid(
+                    parent,
+                    format!(
+                        "symlink target of {} bytes: must be 1..={SYMLINK_TARGET_LEN_MAX} bytes without NUL",
+                        t.len()
+                    ),
+                ));
+            }
+            Ok(Some(t))
+        }
+        (FileKind::Symlink, None) => Err(MetaError::invalid(parent, "symlink without a target")),
+        (_, Some(_)) => Err(MetaError::invalid(
+            parent,
+            "a target given for a non-symlink",
+        )),
+        (_, None) => Ok(None),
+    }
+}
+
+/// Attributes of a new inode created in `dir` (ino is assigned on insert).
+fn new_attr(dir: &Attr, args: &CreateArgs, target_len: usize, now: Timespec) -> Attr {
+    let mut mode = args.mode & !args.umask & MODE_PERMISSION_MASK;
+    let mut gid = args.gid;
+    if dir.mode & S_ISGID != 0 {
+        gid = dir.gid;
+        if args.kind == FileKind::Directory {
+            mode |= S_ISGID;
+        }
+    }
+    if args.kind == FileKind::Symlink {
+        mode = 0o777;
+    }
+    let rdev = match args.kind {
+        FileKind::CharDevice | FileKind::BlockDevice => args.rdev,
+        _ => 0,
+    };
+    Attr {
+        ino: 0,
+        kind: args.kind,
+        mode,
+        nlink: if args.kind == FileKind::Directory {
+            2
+        } else {
+            1
+        },
+        uid: args.uid,
+        gid,
+        rdev,
+        size: target_len as u64,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        generation: 1,
+    }
+}
+
+/// Adds the name `new_name` in `new_parent` for the non-directory `ino`.
+pub(crate) fn link(c: &Connection, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Attr> {
+    let b = check_name(new_parent, new_name)?;
+    let mut a = inode::attr(c, ino)?;
+    if a.kind == FileKind::Directory {
+        return Err(MetaError::NotPermitted {
+            ino,
+            reason: "hard links to directories are not allowed".into(),
+        });
+    }
+    if a.nlink == 0 {
+        return Err(MetaError::NotFound { ino, name: None });
+    }
+    inode::live_dir(c, new_parent)?;
+    if is_dot(b) || inode::find_entry(c, new_parent, b)?.is_some() {
+        return Err(MetaError::Exists {
+            ino: new_parent,
+            name: Some(new_name.to_owned()),
+        });
+    }
+    if a.nlink >= NLINK_MAX {
+        return Err(MetaError::TooManyLinks {
+            ino,
+            max: NLINK_MAX,
+        });
+    }
+    let now = Timespec::now();
+    inode::insert_entry(c, new_parent, b, ino)?;
+    a.nlink += 1;
+    a.ctime = now;
+    inode::save(c, &a)?;
+    inode::adjust_dir(c, new_parent, 0, now)?;
+    Ok(a)
+}
+
+/// Removes the non-directory entry `name` from `parent`.
+pub(crate) fn unlink(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlinked> {
+    let (entry, mut a) = existing(c, parent, name)?;
+    if a.kind == FileKind::Directory {
+        return Err(MetaError::IsDirectory {
+            ino: parent,
+            name: Some(name.to_owned()),
+        });
+    }
+    let now = Timespec::now();
+    inode::delete_entry(c, entry.cookie)?;
+    drop_link(c, &mut a, now)?;
+    inode::adjust_dir(c, parent, 0, now)?;
+    Ok(Unlinked {
+        ino: a.ino,
+        nlink_after: a.nlink,
+        kind: a.kind,
+    })
+}
+
+/// Removes the empty directory entry `name` from `parent`.
+pub(crate) fn rmdir(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlinked> {
+    let b = check_name(parent, name)?;
+    if b == b"." {
+        return Err(MetaError::invalid(parent, "cannot remove '.'"));
+    }
+    let (entry, mut a) = existing(c, parent, name)?;
+    if a.kind != FileKind::Directory {
+        return Err(MetaError::NotDirectory {
+            ino: parent,
+            name: Some(name.to_owned()),
+        });
+    }
+    if inode::has_entries(c, a.ino)? {
+        return Err(MetaError::NotEmpty {
+            ino: parent,
+            name: Some(name.to_owned()),
+        });
+    }
+    let now = Timespec::now();
+    inode::delete_entry(c, entry.cookie)?;
+    remove_dir_inode(c, &mut a, now)?;
+    inode::adjust_dir(c, parent, -1, now)?;
+    Ok(Unlinked {
+        ino: a.ino,
+        nlink_after: 0,
+        kind: a.kind,
+    })
+}
+
+/// The entry `name` in the live directory `parent` and its inode.
+/// `..` is refused with `NotEmpty` (its directory holds the caller's).
+pub(crate) fn existing(c: &Connection, parent: u64, name: &OsStr) -> Result<(inode::Entry, Attr)> {
+    let b = check_name(parent, name)?;
+    inode::live_dir(c, parent)?;
+    if b == b".." {
+        return Err(MetaError::NotEmpty {
+            ino: parent,
+            name: Some(name.to_owned()),
+        });
+    }
+    if b == b"." {
+        return Err(MetaError::invalid(
+            parent,
+            "'.' cannot be removed or renamed",
+        ));
+    }
+    let entry = inode::find_entry(c, parent, b)?.ok_or_else(|| MetaError::NotFound {
+        ino: parent,
+        name: Some(name.to_owned()),
+    })?;
+    Ok((entry, inode::attr(c, entry.ino)?))
+}
+
+/// Drops one link of a non-directory whose entry was removed; at nlink 0
+/// it becomes an orphan.
+pub(crate) fn drop_link(c: &Connection, a: &mut Attr, now: Timespec) -> Result<()> {
+    a.nlink = a
+        .nlink
+        .checked_sub(1)
+        .ok_or_else(|| MetaError::corrupt(format!("inode {} has an entry but nlink 0", a.ino)))?;
+    a.ctime = now;
+    inode::save(c, a)?;
+    if a.nlink == 0 {
+        inode::add_orphan(c, a.ino, now)?;
+    }
+    Ok(())
+}
+
+/// Marks a directory whose entry was removed as an orphan (nlink 0).
+pub(crate) fn remove_dir_inode(c: &Connection, a: &mut Attr, now: Timespec) -> Result<()> {
+    a.nlink = 0;
+    a.ctime = now;
+    inode::save(c, a)?;
+    inode::add_orphan(c, a.ino, now)
+}
+
+/// Target of the symlink `ino`.
+pub(crate) fn readlink(c: &Connection, ino: u64) -> Result<OsString> {
+    let a = inode::attr(c, ino)?;
+    if a.kind != FileKind::Symlink {
+        return Err(MetaError::invalid(ino, "not a symlink"));
+    }
+    let target: Vec<u8> = c
+        .prepare_cached("SELECT target FROM symlinks WHERE ino = ?1")?
+        .query_row([ino], |r| r.get(0))
+        .optional()?
+        .ok_or_else(|| MetaError::corrupt(format!("symlink {ino} has no target row")))?;
+    Ok(OsString::from_vec(target))
+}

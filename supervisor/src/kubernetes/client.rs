@@ -1,0 +1,127 @@
+//! The API server side of `--kubernetes`: one thread with a current-thread
+//! tokio runtime runs a reflector of this node's pods (field selector) and
+//! publishes what the event loop sends: Events on the pods using a mount,
+//! and the status ConfigMap (server-side apply, at most every
+//! [`STATUS_INTERVAL_MS`]). Failures are logged and retried on the next
+//! update; they never reach the event loop.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use upgrade_protocol::MountStatus;
+
+use super::{
+    event_object, pod_field_selector, pod_uses_mount, status_configmap, status_configmap_name,
+    Node, STATUS_INTERVAL_MS,
+};
+use crate::mount_events::MountEvent;
+
+/// What the event loop sends.
+enum Update {
+    Events(Vec<MountEvent>),
+    Status(Vec<MountStatus>),
+}
+
+/// The event loop's handle: sending never blocks.
+pub struct Publisher {
+    tx: UnboundedSender<Update>,
+}
+
+impl Publisher {
+    /// Publishes events on the pods using their mounts.
+    pub fn events(&self, events: Vec<MountEvent>) {
+        if !events.is_empty() {
+            let _ = self.tx.send(Update::Events(events));
+        }
+    }
+
+    /// The latest statuses (written at most every [`STATUS_INTERVAL_MS`]).
+    pub fn status(&self, mounts: Vec<MountStatus>) {
+        let _ = self.tx.send(Update::Status(mounts));
+    }
+}
+
+/// Starts the Kubernetes thread for `node`.
+pub fn start(node: Node) -> std::io::Result<Publisher> {
+    let (tx, rx) = unbounded_channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("kubernetes".into())
+        .spawn(move || runtime.block_on(run(node, rx)))?;
+    Ok(Publisher { tx })
+}
+
+async fn run(node: Node, mut rx: UnboundedReceiver<Update>) {
+    let client = match Client::try_default().await {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::error!(%err, "--kubernetes: no API server configuration (in-cluster service account or kubeconfig); Events and the status ConfigMap are off");
+            return;
+        }
+    };
+    let selector = pod_field_selector(&node.name);
+    let pods: Api<Pod> = Api::all(client.clone());
+    let (store, writer) = reflector::store();
+    let watch = reflector::reflector(
+        writer,
+        watcher(pods, watcher::Config::default().fields(&selector)),
+    )
+    .default_backoff()
+    .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(watch);
+        while let Some(item) = watch.next().await {
+            if let Err(err) = item {
+                tracing::warn!(%err, "pod watch (retrying)");
+            }
+        }
+    });
+    tracing::info!(
+        node = node.name,
+        selector,
+        "kubernetes: watching this node's pods"
+    );
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &node.namespace);
+    let mut last_status: Option<Instant> = None;
+    while let Some(update) = rx.recv().await {
+        match update {
+            Update::Events(events) => publish_events(&client, &store, &node, &events).await,
+            Update::Status(mounts) => {
+                let due = last_status
+                    .is_none_or(|at| at.elapsed() >= Duration::from_millis(STATUS_INTERVAL_MS));
+                if due {
+                    last_status = Some(Instant::now());
+                    let cm = status_configmap(&node, &mounts, Timestamp::now());
+                    let params = PatchParams::apply("fs-supervisor").force();
+                    let name = status_configmap_name(&node.name);
+                    if let Err(err) = configmaps.patch(&name, &params, &Patch::Apply(&cm)).await {
+                        tracing::warn!(%err, configmap = name, "cannot write the status ConfigMap");
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn publish_events(client: &Client, store: &Store<Pod>, node: &Node, events: &[MountEvent]) {
+    let pods = store.state();
+    for event in events {
+        for pod in pods.iter().filter(|p| pod_uses_mount(p, &event.mountpoint)) {
+            let object = event_object(pod, event, &node.name, Timestamp::now());
+            let namespace = object.metadata.namespace.clone().unwrap_or_default();
+            let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
+            if let Err(err) = api.create(&PostParams::default(), &object).await {
+                tracing::warn!(%err, pod = ?pod.metadata.name, reason = event.kind.reason(), "cannot publish an Event");
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! `fsctl upgrade-supervisor`: fs-supervisor replaces itself by re-executing
+//! a new binary in place.
+//!
+//! The pid does not change, so every generation stays its child (reaped and
+//! watched as before). Each mount's /dev/fuse fd crosses the exec the way
+//! systemd hands stored fds back (`LISTEN_PID`/`LISTEN_FDS`/
+//! `LISTEN_FDNAMES`, fds from 3, named by mount id), so the new image
+//! restores its mounts through the same path as a restart under systemd
+//! (`restore.rs`): adopt the fd, replace the generation (RESEND, exactly
+//! once), no mount(2) and no INIT. systemd's own variables are put back,
+//! so a supervisor under systemd keeps notifying. Everything else is
+//! close-on-exec and goes away with the old image.
+//!
+//! Before anything is touched, the new binary must run (`--version`), so
+//! a missing or broken binary is refused while the old image serves on.
+
+use std::ffi::{CString, OsString};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{fcntl, FcntlArg};
+
+use crate::systemd::LISTEN_FDS_START;
+
+/// How long the new binary may take to print its version.
+pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Fds are parked above this while they are moved to 3, 4, ...
+const PARK_FD_MIN: RawFd = 1000;
+
+/// Checks that `binary` runs (`--version` exits 0); returns its version line.
+pub fn preflight(binary: &Path) -> Result<String, String> {
+    crate::preflight::check_client_binary(binary)?;
+    let mut child = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
+    let deadline = Instant::now() + PREFLIGHT_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(status)) => {
+                return Err(format!(
+                    "{} --version failed ({status}); is it an fs-supervisor binary?",
+                    binary.display()
+                ))
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+            Ok(None) => {
+                let _ = child.kill();
+                return Err(format!(
+                    "{} --version did not finish within {PREFLIGHT_TIMEOUT:?}",
+                    binary.display()
+                ));
+            }
+            Err(e) => return Err(format!("waiting for {}: {e}", binary.display())),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("reading {} --version: {e}", binary.display()))?;
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !version.starts_with("fs-supervisor") {
+        return Err(format!(
+            "{} --version printed {version:?}, not fs-supervisor's version; refusing to run it as the supervisor",
+            binary.display()
+        ));
+    }
+    Ok(version)
+}
+
+/// Re-executes `binary` with this process's arguments, handing `mounts`
+/// (name, fd) over as LISTEN_FDS and setting `env`. Returns only on
+/// failure, and then this process has lost its own fds 3.. (they were
+/// overwritten): the caller must exit. Call [`preflight`] first.
+pub fn exec(
+    binary: &Path,
+    mounts: &[(String, BorrowedFd<'_>)],
+    env: &[(&str, OsString)],
+) -> std::io::Error {
+    // Park copies high, so moving them to 3.. cannot overwrite one not yet
+    // moved. (dup2 clears close-on-exec on the target.)
+    let mut parked: Vec<OwnedFd> = Vec::with_capacity(mounts.len());
+    for (_, fd) in mounts {
+        match fcntl(*fd, FcntlArg::F_DUPFD_CLOEXEC(PARK_FD_MIN)) {
+            // SAFETY: fcntl returned a new fd nobody else owns.
+            Ok(raw) => {
+                parked.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) })
+            }
+            Err(errno) => return std::io::Error::from(errno),
+        }
+    }
+    let names: Vec<&str> = mounts.iter().map(|(name, _)| name.as_str()).collect();
+    // The environment of the new image. (Other threads of this image do
+    // not read the environment.)
+    std::env::set_var("LISTEN_PID", std::process::id().to_string());
+    std::env::set_var("LISTEN_FDS", mounts.len().to_string());
+    std::env::set_var("LISTEN_FDNAMES", names.join(":"));
+    for (name, value) in env {
+        std::env::set_var(name, value);
+    }
+    for (i, fd) in parked.iter().enumerate() {
+        let target = LISTEN_FDS_START + i as RawFd;
+        // SAFETY: dup2 onto a number we give away on purpose: the image is
+        // replaced right after.
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+            return std::io::Error::last_os_error();
+        }
+    }
+    let path = match CString::new(binary.as_os_str().as_bytes()) {
+        Ok(path) => path,
+        Err(_) => return std::io::Error::other("the binary path contains a NUL byte"),
+    };
+    let mut args: Vec<CString> = Vec::new();
+    for arg in std::env::args_os() {
+        match CString::new(arg.as_bytes()) {
+            Ok(arg) => args.push(arg),
+            Err(_) => return std::io::Error::other("an argument contains a NUL byte"),
+        }
+    }
+    if let Some(first) = args.first_mut() {
+        *first = path.clone();
+    }
+    match nix::unistd::execv(&path, &args) {
+        Ok(never) => match never {},
+        Err(errno) => std::io::Error::from(errno),
+    }
+}
+
+/// Reaps the children an earlier image of this process left (after `fsctl
+/// upgrade-supervisor` the old generations and standbys are still our
+/// children): one thread per pid waits for exactly that pid, so no
+/// generation started by this image is ever reaped behind its pidfd.
+/// Call at start, before any generation is spawned.
+pub fn reap_inherited_children() {
+    let mut pids = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+    }
+    for pid in pids {
+        tracing::info!(
+            pid,
+            "a process of the previous fs-supervisor image; reaped when it exits"
+        );
+        std::thread::spawn(move || {
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        });
+    }
+}

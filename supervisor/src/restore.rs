@@ -1,0 +1,519 @@
+//! Restoring mounts at start from the state directory's records, with the
+//! /dev/fuse fds systemd kept in its fd store (matched by mount id):
+//!
+//! ```text
+//! record           stored fd   mount live (same connection)   what happens
+//! --------------   ---------   ----------------------------   -------------------------------------
+//! any              yes         yes                            adopt: the previous generation is
+//!                                                             killed and waited for (pidfd), then
+//!                                                             a new one starts with RESEND
+//! any              no          yes, its generation alive      the fd is copied from that generation
+//!                                                             (pidfd_getfd), then adopted as above
+//! persistent       no / stale  no                             mounted again (reboot)
+//! persistent       no          yes, no generation             kept, error: no fd to adopt
+//! not persistent   no          yes, no generation             record removed, logged
+//! not persistent   no / stale  no                             record removed, logged
+//! ```
+//!
+//! The copy from a live generation covers a supervisor restarted outside
+//! systemd, and `systemctl stop` + `start` (systemd 252 empties the fd
+//! store on stop, while KillMode=process leaves the generations serving).
+//!
+//! A persistent mount made again starts like a restart: a generation that
+//! fails backs off and retries (as `--give-up-after` allows) instead of
+//! removing the mount and its record.
+//!
+//! Adopting never mounts or answers INIT again: the record holds the
+//! `NegotiatedInit`. RESEND re-queues every unanswered request of the
+//! connection, so the previous generation must be dead first, or requests
+//! it is working on would run twice.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fuse_wire::Channel;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use upgrade_protocol::{listen_seqpacket, MountRecord};
+
+use super::{job_starter, Daemon};
+use crate::executor::{Mount, NewMount};
+
+/// How long the previous supervisor's generation may take to exit after
+/// SIGKILL before the mount is left alone (RESEND is unsafe while it lives).
+pub const PREVIOUS_EXIT_WAIT_MS: u64 = 10_000;
+
+/// What to do with one record at start. See the module table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Hold the stored fd and start a generation on it.
+    Adopt,
+    /// Mount it again (it is not mounted any more).
+    MountAgain,
+    /// Leave the record; log why.
+    Keep(&'static str),
+    /// Remove the record; log why.
+    Remove(&'static str),
+}
+
+/// The decision for `record`, given whether systemd gave back its fd (or
+/// the previous generation still holds one), and which FUSE connection is
+/// mounted at its mountpoint now. Pure.
+pub fn plan(record: &MountRecord, has_fd: bool, mounted_connection: Option<u32>) -> Plan {
+    let live = mounted_connection == Some(record.connection_id);
+    match (has_fd && live, record.persistent, live) {
+        (true, _, _) => Plan::Adopt,
+        (false, true, false) => Plan::MountAgain,
+        (false, true, true) => Plan::Keep(
+            "still mounted, but systemd kept no fd for it, so it cannot be adopted; it is served by the previous generation (if alive) until you `umount` it, then restart fs-supervisor to mount it again",
+        ),
+        (false, false, true) => Plan::Remove(
+            "still mounted, but systemd kept no fd for it and it is not persistent: it is no longer supervised; `umount` it when done",
+        ),
+        (false, false, false) => Plan::Remove("not mounted any more and not persistent"),
+    }
+}
+
+/// The FUSE connection mounted exactly at `mountpoint` (the top one), from
+/// /proc/self/mountinfo. Never touches the mount itself: with no server,
+/// any stat on it would block.
+pub fn mounted_connection(mountpoint: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines()
+        .rev()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let devno = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
+            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
+            (fuse && Path::new(&point.replace("\\040", " ")) == mountpoint).then_some(devno)
+        })
+        .find_map(|devno| devno.split_once(':')?.1.parse().ok())
+}
+
+fn pidfd_open(pid: u32) -> Result<OwnedFd, nix::errno::Errno> {
+    // SAFETY: pidfd_open takes a pid and flags, returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether `fd` is an open /dev/fuse (what the fd store must hold).
+pub fn is_dev_fuse(fd: &OwnedFd) -> bool {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|target| target == Path::new("/dev/fuse"))
+}
+
+/// Kills the previous supervisor's generation `pid` of the mount whose
+/// socket is `socket` (checked on its command line, so a reused pid is left
+/// alone) and waits through a pidfd until it has exited.
+pub fn stop_previous_generation(pid: u32, socket: &Path) -> Result<(), String> {
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ESRCH) => return Ok(()),
+        Err(errno) => return Err(format!("pidfd_open({pid}): {errno}")),
+    };
+    // Read after pidfd_open: the pidfd pins this process, not a later one.
+    if !is_generation_of(pid, socket) {
+        tracing::debug!(
+            pid,
+            "the recorded generation pid is another process now; left alone"
+        );
+        return Ok(());
+    }
+    // SAFETY: pidfd_send_signal on our pidfd with no siginfo.
+    let sent = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if sent < 0 {
+        let errno = nix::errno::Errno::last();
+        if errno != nix::errno::Errno::ESRCH {
+            return Err(format!("killing generation pid {pid}: {errno}"));
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(PREVIOUS_EXIT_WAIT_MS);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "generation pid {pid} did not exit within {PREVIOUS_EXIT_WAIT_MS} ms of SIGKILL"
+            ));
+        }
+        let timeout = PollTimeout::try_from(left.as_millis() as i32).unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(n) if n > 0 => return Ok(()),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(errno) => return Err(format!("waiting for generation pid {pid}: {errno}")),
+        }
+    }
+}
+
+/// Copies the /dev/fuse fd out of the previous supervisor's generation
+/// `pid` of the mount whose socket is `socket` (pidfd_getfd; the copy is
+/// close-on-exec). `None` when that process is gone, is not that
+/// generation, or holds no single /dev/fuse fd.
+pub fn fd_from_previous_generation(pid: u32, socket: &Path) -> Result<Option<OwnedFd>, String> {
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(nix::errno::Errno::ESRCH) => return Ok(None),
+        Err(errno) => return Err(format!("pidfd_open({pid}): {errno}")),
+    };
+    if !is_generation_of(pid, socket) {
+        return Ok(None);
+    }
+    let fuse: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|err| format!("listing the fds of generation pid {pid}: {err}"))?
+        .flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == Path::new("/dev/fuse")))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let [target] = fuse[..] else {
+        tracing::warn!(pid, fds = ?fuse, "the previous generation holds no single /dev/fuse fd");
+        return Ok(None);
+    };
+    // SAFETY: pidfd_getfd(pidfd, targetfd, flags=0) returns a new
+    // close-on-exec fd referring to the same open file, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
+    if fd < 0 {
+        let errno = nix::errno::Errno::last();
+        return Err(format!(
+            "pidfd_getfd(generation pid {pid}, fd {target}): {errno}"
+        ));
+    }
+    // SAFETY: the kernel just returned this fd; nothing else owns it.
+    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+}
+
+/// Whether `pid` runs `fsclient serve --connect SOCKET` (read after the
+/// caller opened a pidfd, so the pid cannot be reused meanwhile).
+fn is_generation_of(pid: u32, socket: &Path) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == socket.as_os_str().as_encoded_bytes())
+}
+
+/// Kills whatever is left in the previous supervisor's cgroups of mount
+/// `mount_id` (`ID-genN`: a standby never held the fd) and removes them.
+fn clean_previous_cgroups(parent: &Path, mount_id: &str) {
+    let prefix = format!("{mount_id}-gen");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let leftover = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&prefix));
+        if !leftover {
+            continue;
+        }
+        let procs = dir.join("cgroup.procs");
+        let pids = || -> Vec<i32> {
+            std::fs::read_to_string(&procs)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
+        };
+        for pid in pids() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_millis(PREVIOUS_EXIT_WAIT_MS);
+        while !pids().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Err(err) = std::fs::remove_dir(&dir) {
+            tracing::warn!(cgroup = %dir.display(), %err, "cannot remove a previous supervisor's cgroup");
+        }
+    }
+}
+
+impl Daemon {
+    /// Restores every mount recorded in the state directory (see the
+    /// module table); `stored` are the fds systemd gave back, by mount id.
+    /// Stored fds no record claims are closed and removed from the store.
+    pub(super) fn restore_mounts(&mut self, mut stored: BTreeMap<String, OwnedFd>) {
+        for (path, record) in self.env.state.leftover_records() {
+            let record = match record {
+                Ok(record) => record,
+                Err(err) => {
+                    tracing::warn!(record = %path.display(), err, "unreadable state record; left in place");
+                    continue;
+                }
+            };
+            let live = mounted_connection(&record.mountpoint);
+            let fd = match stored.remove(&record.mount_id) {
+                Some(fd) if !is_dev_fuse(&fd) => {
+                    tracing::error!(mount = %record.mount_id, "the fd passed under this mount's name is not /dev/fuse; closed");
+                    self.systemd.remove_fd(&record.mount_id);
+                    None
+                }
+                Some(fd) => Some(fd),
+                None if live == Some(record.connection_id) => self.fd_from_generation(&record),
+                None => None,
+            };
+            let plan = plan(&record, fd.is_some(), live);
+            tracing::info!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), persistent = record.persistent, stored_fd = fd.is_some(), ?live, ?plan, "restoring");
+            match (plan, fd) {
+                (Plan::Adopt, Some(fd)) => self.adopt(record, fd),
+                (Plan::MountAgain, fd) => {
+                    if fd.is_some() {
+                        self.systemd.remove_fd(&record.mount_id);
+                    }
+                    self.mount_again(record);
+                }
+                (Plan::Keep(why), _) => {
+                    tracing::error!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "not restored: {why}");
+                }
+                (Plan::Remove(why), fd) => {
+                    if fd.is_some() {
+                        self.systemd.remove_fd(&record.mount_id);
+                    }
+                    tracing::warn!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "state record removed: {why}");
+                    if let Err(err) = self.env.state.remove_record(&record.mount_id) {
+                        tracing::warn!(mount = %record.mount_id, %err, "cannot remove the state record");
+                    }
+                }
+                (Plan::Adopt, None) => {}
+            }
+        }
+        for name in stored.into_keys() {
+            tracing::warn!(
+                name,
+                "systemd kept a fd no state record claims; closed and removed from the store"
+            );
+            self.systemd.remove_fd(&name);
+        }
+    }
+
+    fn fd_from_generation(&self, record: &MountRecord) -> Option<OwnedFd> {
+        let pid = record.pid?;
+        let socket = self.env.state.socket_path(&record.mount_id);
+        match fd_from_previous_generation(pid, &socket) {
+            Ok(Some(fd)) => {
+                tracing::info!(mount = %record.mount_id, pid, "no stored fd: copied the /dev/fuse fd from the previous generation");
+                Some(fd)
+            }
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(mount = %record.mount_id, pid, err, "cannot copy the fd from the previous generation");
+                None
+            }
+        }
+    }
+
+    fn mount_again(&mut self, record: MountRecord) {
+        let (reply, _) = mpsc::channel();
+        let result = self.mount(
+            record.volume.clone(),
+            &record.mountpoint,
+            record.base_dir.clone(),
+            record.options.clone(),
+            reply,
+            super::MountHow {
+                persist: true,
+                restored: Some(&record),
+            },
+        );
+        if let Err(refusal) = result {
+            tracing::error!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), ?refusal, "cannot mount a persistent mount again; the record stays: fix the cause and restart fs-supervisor");
+        }
+    }
+
+    /// Holds `fd` (the live connection of `record`), stops the previous
+    /// generation and starts a new one that RESENDs.
+    fn adopt(&mut self, record: MountRecord, fd: OwnedFd) {
+        let id = record.mount_id.clone();
+        let socket_path = self.env.state.socket_path(&id);
+        if let Some(pid) = record.pid {
+            if let Err(err) = stop_previous_generation(pid, &socket_path) {
+                tracing::error!(mount = %id, pid, err, "cannot stop the previous generation; the mount is left to it (a second generation would run its requests twice). Kill it and restart fs-supervisor");
+                return;
+            }
+        }
+        if let Some(parent) = &self.env.cgroups {
+            clean_previous_cgroups(parent.dir(), &id);
+        }
+        let _ = std::fs::remove_file(&socket_path);
+        let listener = match listen_seqpacket(&socket_path, 0o600) {
+            Ok(listener) => listener,
+            Err(err) => {
+                tracing::error!(mount = %id, socket = %socket_path.display(), %err, "cannot create the generation socket; the mount is not restored");
+                return;
+            }
+        };
+        let log = match self.env.state.open_log(&id) {
+            Ok(log) => log,
+            Err(err) => {
+                tracing::error!(mount = %id, %err, "cannot open the generation log; the mount is not restored");
+                return;
+            }
+        };
+        let (reply, _) = mpsc::channel();
+        let parts = NewMount {
+            // The same identity: exactly-once records of requests the dead
+            // generation committed are keyed by it.
+            connection: match record.connection {
+                0 => upgrade_protocol::connection_identity(),
+                known => known,
+            },
+            // An upgraded mount keeps running its new binary.
+            client_binary: record
+                .client_binary
+                .clone()
+                .unwrap_or_else(|| self.env.client_binary.clone()),
+            log_path: self.env.state.log_path(&id),
+            id: id.clone(),
+            mountpoint: record.mountpoint.clone(),
+            volume: record.volume.clone(),
+            base_dir: record.base_dir.clone(),
+            options: record.options.clone(),
+            channel: Channel::new(fd),
+            init: record.init,
+            connection_id: record.connection_id,
+            listener,
+            socket_path,
+            log,
+        };
+        let mut mount = Mount::new(parts, reply);
+        mount.persistent = record.persistent;
+        self.mounts.push(mount);
+        let index = self.mounts.len() - 1;
+        let start_job = job_starter(self.waker.clone());
+        self.mounts[index].resume(&self.env, &record, &start_job);
+        if let Some(channel) = &self.mounts[index].channel {
+            self.systemd.store_fd(&id, channel.fd());
+        }
+        tracing::info!(mount = %id, mountpoint = %record.mountpoint.display(), previous_generation = record.generation, "adopted a live mount");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use upgrade_protocol::{ClientOptions, NegotiatedInit, RECORD_FORMAT_VERSION};
+
+    fn record(persistent: bool) -> MountRecord {
+        MountRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            mount_id: "abc".into(),
+            mountpoint: "/mnt/x".into(),
+            volume: "v".into(),
+            base_dir: "/b".into(),
+            options: ClientOptions::default(),
+            connection_id: 40,
+            connection: 0,
+            client_binary: None,
+            init: NegotiatedInit {
+                major: 7,
+                minor: 45,
+                kernel_minor: 45,
+                flags: 0,
+                max_readahead: 1,
+                max_write: 2,
+                max_pages: 3,
+                max_background: 4,
+                congestion_threshold: 5,
+                time_gran: 1,
+            },
+            has_resend: true,
+            supervisor_pid: 1,
+            generation: 3,
+            pid: Some(9),
+            created_unix_ms: 0,
+            persistent,
+        }
+    }
+
+    #[test]
+    fn every_record_case_has_one_plan() {
+        for persistent in [false, true] {
+            let r = record(persistent);
+            assert_eq!(plan(&r, true, Some(40)), Plan::Adopt);
+            // A stored fd of a connection that is no longer mounted there.
+            let stale = plan(&r, true, Some(41));
+            let gone = plan(&r, false, None);
+            assert_eq!(stale, gone);
+            if persistent {
+                assert_eq!(gone, Plan::MountAgain);
+                assert!(matches!(plan(&r, false, Some(40)), Plan::Keep(_)));
+            } else {
+                assert!(matches!(gone, Plan::Remove(_)));
+                assert!(matches!(plan(&r, false, Some(40)), Plan::Remove(_)));
+            }
+        }
+    }
+
+    #[test]
+    fn a_missing_or_foreign_previous_generation_is_left_alone() {
+        // No such pid.
+        assert!(stop_previous_generation(i32::MAX as u32, Path::new("/x.sock")).is_ok());
+        // A live process that is not a generation of this mount survives.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert!(stop_previous_generation(child.id(), Path::new("/x.sock")).is_ok());
+        assert!(child.try_wait().unwrap().is_none());
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn the_previous_generation_is_killed_and_waited_for() {
+        let socket = Path::new("/tmp/baton-restore-test.sock");
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "read x", "sh"])
+            .arg(socket)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Until it has exec'd, its command line is ours.
+        let cmdline = format!("/proc/{}/cmdline", child.id());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !String::from_utf8_lossy(&std::fs::read(&cmdline).unwrap()).contains("read x") {
+            assert!(Instant::now() < deadline, "sh never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop_previous_generation(child.id(), socket).unwrap();
+        // Exited (a zombie until reaped): the pidfd said so.
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+    }
+
+    #[test]
+    fn only_a_dev_fuse_fd_is_taken_as_a_mount() {
+        let (a, _b) = nix::unistd::pipe().unwrap();
+        assert!(!is_dev_fuse(&a));
+        let fuse: OwnedFd = std::fs::File::open("/dev/fuse").unwrap().into();
+        assert!(is_dev_fuse(&fuse));
+    }
+
+    #[test]
+    fn mountinfo_is_read_without_touching_the_mount() {
+        assert_eq!(mounted_connection(Path::new("/nonexistent/mnt")), None);
+        // `/` is not FUSE here.
+        assert_eq!(mounted_connection(Path::new("/")), None);
+    }
+}

@@ -1,0 +1,321 @@
+//! `fsctl fsck` and `fsctl gc`: the volume's block map against the objects
+//! in its storage. fsck reports referenced objects that are missing or
+//! shorter than the metadata says (lost data) and objects nothing refers to
+//! (garbage: uploads a crash left uncommitted, deletes that failed); gc
+//! deletes that garbage.
+//!
+//! Safety of gc: an object uploaded by a live flush is unreferenced until
+//! its commit, so gc deletes only objects older than `min_age` (default
+//! [`GC_MIN_AGE_SECS_DEFAULT`]), takes the volume's lock (`meta.db.lock`,
+//! so a mount on this host refuses to start meanwhile and gc refuses while
+//! one runs), and lists the storage before it reads the metadata (an object
+//! committed in between is seen as referenced).
+
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use baton_blocks::{BlockStore, ObjectKey, StoredObject};
+use baton_meta::MetaStore;
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::volume::VolumePaths;
+
+/// Objects younger than this are never deleted by gc (a flush may be
+/// between its upload and its commit).
+pub const GC_MIN_AGE_SECS_DEFAULT: u64 = 3600;
+/// Block-map rows read per metadata query.
+pub const SCAN_PAGE_ROWS_MAX: u32 = 4096;
+/// Problems listed one by one in a report (the counts are always whole).
+pub const REPORT_PROBLEMS_LISTED_MAX: usize = 20;
+
+/// Errors of fsck and gc.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The volume argument names nothing usable.
+    #[error("volume {volume}: {reason}")]
+    BadVolume {
+        /// As given.
+        volume: String,
+        /// Why.
+        reason: String,
+    },
+    /// Metadata could not be opened or read.
+    #[error("metadata of volume {volume}: {source}")]
+    Meta {
+        /// The volume.
+        volume: String,
+        /// The engine's error.
+        source: Box<baton_meta::MetaError>,
+    },
+    /// The storage could not be opened or listed.
+    #[error("storage of volume {volume}: {source}")]
+    Storage {
+        /// The volume.
+        volume: String,
+        /// The data layer's error.
+        source: Box<baton_blocks::BlocksError>,
+    },
+    /// The volume is served on this host.
+    #[error("volume {volume} is mounted on this host (lock {lock} is held): unmount it first, or run `fsctl gc --dry-run` to only report")]
+    Mounted {
+        /// The volume.
+        volume: String,
+        /// The lock file.
+        lock: PathBuf,
+    },
+    /// The lock file could not be used.
+    #[error("cannot lock volume {volume} at {lock}: {source}; check permissions")]
+    Lock {
+        /// The volume.
+        volume: String,
+        /// The lock file.
+        lock: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A referenced object that is not as the metadata says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadBlock {
+    /// Inode of the file.
+    pub ino: u64,
+    /// Block index in the file.
+    pub index: u64,
+    /// The object key the metadata names.
+    pub key: String,
+    /// Bytes the metadata needs.
+    pub len_bytes: u64,
+    /// Bytes stored, `None` when the object is missing.
+    pub stored_bytes: Option<u64>,
+}
+
+/// What fsck found.
+#[derive(Clone, Debug, Default)]
+pub struct CheckReport {
+    /// Block-map rows in the metadata.
+    pub referenced_count: u64,
+    /// Objects in the storage.
+    pub stored_count: u64,
+    /// Their total size.
+    pub stored_bytes: u64,
+    /// Referenced objects missing or short (data loss).
+    pub bad_blocks: Vec<BadBlock>,
+    /// Objects no row refers to.
+    pub unreferenced: Vec<StoredObject>,
+    /// Inodes unlinked but not yet reclaimed (their objects are kept).
+    pub orphan_count: u64,
+}
+
+impl CheckReport {
+    /// No referenced object is missing or short.
+    pub fn is_consistent(&self) -> bool {
+        self.bad_blocks.is_empty()
+    }
+}
+
+/// An opened volume for checking.
+pub struct CheckedVolume {
+    /// The volume as given.
+    pub display: String,
+    /// Its SQLite metadata path (for the lock); `None` for PostgreSQL,
+    /// whose mounts on other hosts no local lock sees (the minimum age
+    /// protects their uploads).
+    pub meta_path: Option<PathBuf>,
+    /// Metadata.
+    pub meta: Box<dyn MetaStore>,
+    /// Storage (the URL the volume records).
+    pub store: BlockStore,
+}
+
+impl CheckedVolume {
+    /// Opens `volume`: a name under `base_dir`, `sqlite:///path/meta.db`
+    /// or `postgres://user@host:port/db`.
+    pub fn open(volume: &str, base_dir: &Path) -> Result<CheckedVolume, CheckError> {
+        if baton_meta::postgres::is_postgres_url(volume) {
+            return Self::open_url(volume, volume, None);
+        }
+        let meta_path = if let Some(path) = volume.strip_prefix("sqlite://") {
+            PathBuf::from(path)
+        } else {
+            VolumePaths::new(base_dir, volume)
+                .map_err(|e| CheckError::BadVolume {
+                    volume: volume.to_string(),
+                    reason: e.to_string(),
+                })?
+                .dir
+                .join("meta.db")
+        };
+        let url = meta_path.display().to_string();
+        Self::open_url(volume, &url, Some(meta_path))
+    }
+
+    fn open_url(
+        volume: &str,
+        meta_url: &str,
+        meta_path: Option<PathBuf>,
+    ) -> Result<CheckedVolume, CheckError> {
+        let volume = baton_meta::postgres::redact_url(volume);
+        let volume = volume.as_str();
+        let meta_err = |source| CheckError::Meta {
+            volume: volume.to_string(),
+            source: Box::new(source),
+        };
+        let meta = baton_meta::open(meta_url).map_err(meta_err)?;
+        let storage_url = meta.volume().storage_url;
+        // Listing and deleting need no key; sizes of encoded objects are
+        // not block sizes (see `check`).
+        let store =
+            BlockStore::open_undecoded(&storage_url).map_err(|source| CheckError::Storage {
+                volume: volume.to_string(),
+                source: Box::new(source),
+            })?;
+        Ok(CheckedVolume {
+            display: volume.to_string(),
+            meta_path,
+            meta,
+            store,
+        })
+    }
+
+    /// Compares the block map with the storage listing.
+    pub fn check(&self) -> Result<CheckReport, CheckError> {
+        // Storage first: an object committed after the listing is referenced
+        // by then, so it is never taken for garbage.
+        let stored = self
+            .store
+            .list_objects()
+            .map_err(|source| CheckError::Storage {
+                volume: self.display.clone(),
+                source: Box::new(source),
+            })?;
+        let meta_err = |source| CheckError::Meta {
+            volume: self.display.clone(),
+            source: Box::new(source),
+        };
+        let sizes: std::collections::HashMap<String, u64> = stored
+            .iter()
+            .map(|o| (o.key.to_string(), o.size_bytes))
+            .collect();
+        let mut report = CheckReport {
+            stored_count: stored.len() as u64,
+            stored_bytes: stored.iter().map(|o| o.size_bytes).sum(),
+            orphan_count: self.meta.orphans().map_err(meta_err)?.len() as u64,
+            ..CheckReport::default()
+        };
+        let encoded = !baton_blocks::CodecSpec::split_url(&self.meta.volume().storage_url)
+            .map(|(_, spec)| spec.is_plain())
+            .unwrap_or(true);
+        let mut referenced = HashSet::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .meta
+                .scan_blocks(after, SCAN_PAGE_ROWS_MAX)
+                .map_err(meta_err)?;
+            let Some((ino, last)) = page.last() else {
+                break;
+            };
+            after = Some((*ino, last.index));
+            for (ino, row) in page {
+                report.referenced_count += 1;
+                let stored_bytes = sizes.get(&row.object_key).copied();
+                let short = |size: u64| !encoded && size < u64::from(row.len);
+                if stored_bytes.is_none_or(short) {
+                    report.bad_blocks.push(BadBlock {
+                        ino,
+                        index: row.index,
+                        key: row.object_key.clone(),
+                        len_bytes: u64::from(row.len),
+                        stored_bytes,
+                    });
+                }
+                referenced.insert(row.object_key);
+            }
+        }
+        report.unreferenced = stored
+            .into_iter()
+            .filter(|o| !referenced.contains(&o.key.to_string()))
+            .collect();
+        Ok(report)
+    }
+
+    /// Takes the volume lock (SQLite volumes) for the lifetime of the
+    /// returned value.
+    pub fn lock(&self) -> Result<Option<Flock<File>>, CheckError> {
+        let Some(meta_path) = &self.meta_path else {
+            return Ok(None);
+        };
+        let mut name = meta_path.as_os_str().to_owned();
+        name.push(".lock");
+        let lock = PathBuf::from(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .map_err(|source| CheckError::Lock {
+                volume: self.display.clone(),
+                lock: lock.clone(),
+                source,
+            })?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => Ok(Some(held)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(CheckError::Mounted {
+                volume: self.display.clone(),
+                lock,
+            }),
+            Err((_, errno)) => Err(CheckError::Lock {
+                volume: self.display.clone(),
+                lock,
+                source: errno.into(),
+            }),
+        }
+    }
+}
+
+/// The unreferenced objects gc may delete: older than `min_age` at `now`.
+/// Pure.
+pub fn collectable(
+    unreferenced: &[StoredObject],
+    min_age: Duration,
+    now: SystemTime,
+) -> Vec<ObjectKey> {
+    unreferenced
+        .iter()
+        .filter(|o| {
+            now.duration_since(o.last_modified)
+                .is_ok_and(|age| age >= min_age)
+        })
+        .map(|o| o.key.clone())
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_objects_older_than_the_minimum_age_are_collectable() {
+        let now = SystemTime::now();
+        let object = |secs_ago: u64, index: u64| StoredObject {
+            key: ObjectKey::generate(9, index),
+            size_bytes: 1,
+            last_modified: now - Duration::from_secs(secs_ago),
+        };
+        let objects = vec![object(10, 0), object(7200, 1), object(3600, 2)];
+        let picked = collectable(&objects, Duration::from_secs(3600), now);
+        assert_eq!(picked, vec![objects[1].key.clone(), objects[2].key.clone()]);
+        assert_eq!(collectable(&objects, Duration::ZERO, now).len(), 3);
+        // A clock step backwards (object "from the future") is kept.
+        let future = StoredObject {
+            last_modified: now + Duration::from_secs(60),
+            ..object(0, 3)
+        };
+        assert!(collectable(&[future], Duration::ZERO, now).is_empty());
+    }
+}
