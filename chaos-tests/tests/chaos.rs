@@ -15,7 +15,7 @@ use chaos_tests::mount_guard::{workspace_binary, ChildGuard};
 use serde_json::Value;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
-const CI_SCENARIOS: [&str; 9] = [
+const CI_SCENARIOS: [&str; 10] = [
     "kill-warm",
     "oom",
     "storage-flaky",
@@ -25,6 +25,7 @@ const CI_SCENARIOS: [&str; 9] = [
     "point-after-commit",
     "point-during-upload",
     "upgrade",
+    "supervisor",
 ];
 
 #[test]

@@ -20,6 +20,14 @@ pub const OOM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Headroom above current usage when the limit is lowered.
 const OOM_HEADROOM_BYTES: u64 = 8 << 20;
 
+/// Two copies of each binary, so upgrades really switch executables.
+pub struct Binaries {
+    /// fsclient and a copy.
+    pub fsclient: [PathBuf; 2],
+    /// fs-supervisor and a copy.
+    pub supervisor: [PathBuf; 2],
+}
+
 /// What happened when a fault was injected.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultOutcome {
@@ -220,21 +228,69 @@ fn upgrade(
     ))
 }
 
+/// Re-executes the supervisor as the other copy of its binary; it takes its
+/// mount back (replacing the generation) and serves on.
+fn upgrade_supervisor(
+    sup: &Supervisor,
+    binaries: &[PathBuf; 2],
+) -> anyhow::Result<(String, u64, Option<u64>)> {
+    let before = sup.wait_serving(1, SERVE_TIMEOUT)?;
+    let (generation, pid) = generation(&before)?;
+    let binary = if sup.supervisor_exe().as_ref() == Some(&binaries[1]) {
+        &binaries[0]
+    } else {
+        &binaries[1]
+    };
+    let start = Instant::now();
+    let printed = sup.upgrade_supervisor(binary)?;
+    let after = sup.wait_serving(generation, SERVE_TIMEOUT)?;
+    let elapsed_ms = start.elapsed().as_millis() as u64;
+    let (generation_after, pid_after) = self::generation(&after)?;
+    Ok((
+        format!(
+            "supervisor re-executed as {}; generation {generation} (pid {pid}) -> {generation_after} (pid {pid_after}): {printed}",
+            binary.display()
+        ),
+        elapsed_ms,
+        None,
+    ))
+}
+
+/// SIGKILLs the supervisor and starts it again on the same state dir and
+/// socket; it takes the mount back from the live generation.
+fn kill_supervisor(sup: &mut Supervisor) -> anyhow::Result<(String, u64, Option<u64>)> {
+    let before = sup.wait_serving(1, SERVE_TIMEOUT)?;
+    let (generation, _) = generation(&before)?;
+    let start = Instant::now();
+    let pid = sup.kill_and_restart()?;
+    let after = sup.wait_serving(generation, SERVE_TIMEOUT)?;
+    let (generation_after, _) = self::generation(&after)?;
+    Ok((
+        format!(
+            "supervisor (pid {pid}) killed and restarted; generation {generation} -> {generation_after}"
+        ),
+        start.elapsed().as_millis() as u64,
+        None,
+    ))
+}
+
 /// Injects `scheduled` and reports what happened.
 pub fn inject(
-    sup: &Supervisor,
+    sup: &mut Supervisor,
     scheduled: &Scheduled,
     at_ms: u64,
     outage_file: &Path,
     scenario_end: Instant,
-    binaries: &[PathBuf; 2],
+    binaries: &Binaries,
     pressure: &mut dyn FnMut() -> anyhow::Result<()>,
 ) -> FaultOutcome {
     let wall_clock = super::stats::wall_clock();
     let result = match &scheduled.fault {
         Fault::KillGeneration => kill_generation(sup),
         Fault::OomKill => oom_kill(sup, pressure),
-        Fault::Upgrade => upgrade(sup, binaries),
+        Fault::Upgrade => upgrade(sup, &binaries.fsclient),
+        Fault::SupervisorUpgrade => upgrade_supervisor(sup, &binaries.supervisor),
+        Fault::SupervisorKill => kill_supervisor(sup),
         Fault::NamedPoint { generation, .. } => named_point(sup, *generation, scenario_end),
         Fault::FullStagingDisk { tmpfs_bytes } => Ok((
             format!("staging dir is a {tmpfs_bytes}-byte tmpfs; ENOSPC must follow"),

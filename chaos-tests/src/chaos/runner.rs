@@ -285,8 +285,16 @@ fn drive(
         }
     }
     // Two copies of the fsclient binary: upgrades alternate between them.
-    let binaries = [binary("fsclient")?, run.spawner.dir.join("fsclient-b")];
-    std::fs::copy(&binaries[0], &binaries[1]).context("copying the fsclient binary")?;
+    let binaries = faults::Binaries {
+        fsclient: [binary("fsclient")?, run.spawner.dir.join("fsclient-b")],
+        supervisor: [
+            binary("fs-supervisor")?,
+            run.spawner.dir.join("fs-supervisor-b"),
+        ],
+    };
+    std::fs::copy(&binaries.fsclient[0], &binaries.fsclient[1]).context("copying fsclient")?;
+    std::fs::copy(&binaries.supervisor[0], &binaries.supervisor[1])
+        .context("copying fs-supervisor")?;
     let start = Instant::now();
     let end = start + scenario.duration;
     let mut pressure_count = 0;
@@ -305,7 +313,7 @@ fn drive(
             Ok(())
         };
         let outcome: FaultOutcome = faults::inject(
-            &run.sup,
+            &mut run.sup,
             &scheduled,
             at_ms,
             outage_file,

@@ -43,6 +43,11 @@ pub enum Fault {
     /// A planned upgrade (`fsctl upgrade`) to the other of two copies of
     /// the fsclient binary.
     Upgrade,
+    /// `fsctl upgrade-supervisor` to the other of two copies of the
+    /// fs-supervisor binary (re-exec in place, mounts kept).
+    SupervisorUpgrade,
+    /// SIGKILL of fs-supervisor, then a new one on the same state dir.
+    SupervisorKill,
     /// The object store is unreachable for `duration_ms`.
     StorageOutage {
         /// Outage length.
@@ -71,6 +76,8 @@ pub enum Plan {
     Kills { min_ms: u64, max_ms: u64 },
     /// Planned upgrades `min_ms..=max_ms` apart.
     Upgrades { min_ms: u64, max_ms: u64 },
+    /// Supervisor upgrades and kills (alternating) `min_ms..=max_ms` apart.
+    SupervisorUpgrades { min_ms: u64, max_ms: u64 },
     /// One OOM kill every `every_ms`.
     Ooms { every_ms: u64 },
     /// One named point in generation 1, opcode and occurrence seeded.
@@ -161,6 +168,18 @@ impl Scenario {
                     at += rng.range(min_ms, max_ms);
                 }
             }
+            Plan::SupervisorUpgrades { min_ms, max_ms } => {
+                let mut at = rng.range(min_ms / 2, max_ms);
+                while at + 1000 < end_ms {
+                    let fault = if out.len() % 2 == 0 {
+                        Fault::SupervisorUpgrade
+                    } else {
+                        Fault::SupervisorKill
+                    };
+                    out.push(Scheduled { at_ms: at, fault });
+                    at += rng.range(min_ms, max_ms);
+                }
+            }
             Plan::Ooms { every_ms } => {
                 let mut at = rng.range(every_ms / 4, every_ms / 2);
                 while at + 1000 < end_ms {
@@ -234,10 +253,10 @@ fn base(name: &'static str, seconds: u64, big: bool) -> Scenario {
 /// `--duration`); None for an unknown profile.
 pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
     // kill-warm, kill-cold (soak only), oom, storage-flaky, storage-outage,
-    // staging-full, the three named points, and upgrades.
-    let (big, seconds): (bool, [u64; 10]) = match name {
-        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10]),
-        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 15]),
+    // staging-full, the three named points, upgrades, supervisor upgrades.
+    let (big, seconds): (bool, [u64; 11]) = match name {
+        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10, 8]),
+        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 15, 10]),
         _ => return None,
     };
     let weights_sum: u64 = seconds.iter().sum();
@@ -304,6 +323,12 @@ pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
         max_ms: 3000,
     };
     scenarios.push(upgrade);
+    let mut supervisor = base("supervisor", share(10), big);
+    supervisor.plan = Plan::SupervisorUpgrades {
+        min_ms: 1500,
+        max_ms: 3000,
+    };
+    scenarios.push(supervisor);
     Some(scenarios)
 }
 

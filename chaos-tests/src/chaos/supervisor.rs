@@ -55,6 +55,7 @@ pub struct Supervisor {
     guard: Option<MountGuard>,
     /// Abort the connection before unmounting on drop (a failed scenario).
     pub abort_on_drop: bool,
+    options: SupervisorOptions,
 }
 
 fn path_str(path: &Path) -> anyhow::Result<&str> {
@@ -86,6 +87,7 @@ impl Supervisor {
             child: None,
             guard: None,
             abort_on_drop: false,
+            options: options.clone(),
             dir,
             base,
             mnt,
@@ -111,7 +113,10 @@ impl Supervisor {
     }
 
     fn spawn(&mut self, options: &SupervisorOptions) -> anyhow::Result<()> {
-        let log = std::fs::File::create(self.path("supervisor.log"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("supervisor.log"))?;
         let child = Command::new(binary("fs-supervisor")?)
             .args(["--client-binary", path_str(&binary("fsclient")?)?])
             .args(["--state-dir", path_str(&self.path("state"))?])
@@ -135,6 +140,29 @@ impl Supervisor {
             bail!("fs-supervisor did not start:\n{}", self.logs());
         }
         Ok(())
+    }
+
+    /// SIGKILLs fs-supervisor and starts it again with the same options,
+    /// state dir and socket. Returns the killed pid.
+    pub fn kill_and_restart(&mut self) -> anyhow::Result<i32> {
+        let Some(mut child) = self.child.take() else {
+            bail!("fs-supervisor is not running");
+        };
+        let pid = child.pid();
+        kill(pid, Signal::SIGKILL).context("kill -9 of fs-supervisor")?;
+        if child.wait_timeout(SERVE_TIMEOUT).is_none() {
+            bail!("fs-supervisor (pid {pid}) did not die");
+        }
+        drop(child);
+        let options = self.options.clone();
+        self.spawn(&options)?;
+        Ok(pid.as_raw())
+    }
+
+    /// The executable the supervisor runs now (changes with an upgrade).
+    pub fn supervisor_exe(&self) -> Option<PathBuf> {
+        let pid = self.child.as_ref()?.pid();
+        std::fs::read_link(format!("/proc/{pid}/exe")).ok()
     }
 
     /// A path in the scenario's temp dir.
@@ -202,6 +230,20 @@ impl Supervisor {
             );
         }
         Ok(report)
+    }
+
+    /// `fsctl upgrade-supervisor --binary BINARY`: the supervisor re-executes
+    /// in place keeping every mount; returns what fsctl printed.
+    pub fn upgrade_supervisor(&self, binary: &Path) -> anyhow::Result<String> {
+        let out = self.fsctl(&["upgrade-supervisor", "--binary", path_str(binary)?])?;
+        if !out.status.success() {
+            bail!(
+                "fsctl upgrade-supervisor failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     /// The mount's entry of `fsctl status --json`.
