@@ -119,12 +119,12 @@ pub struct Scenario {
     pub bulk_bytes: u64,
 }
 
-/// The opcodes a named point is armed for, by point.
+/// The opcodes a named point is armed for, by point: fsclient hits
+/// `after-read` only for LOOKUP and the exactly-once mutations (never for
+/// WRITE, READ or FSYNC), so only those are drawn.
 fn point_opcodes(point: &str) -> &'static [&'static str] {
     match point {
-        "after-read" => &[
-            "create", "mkdir", "rename", "link", "unlink", "write", "setxattr",
-        ],
+        "after-read" => &["create", "mkdir", "rename", "link", "unlink", "setxattr"],
         "after-commit" => &[
             "create", "mkdir", "rename", "link", "unlink", "rmdir", "setxattr",
         ],
