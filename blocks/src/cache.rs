@@ -36,9 +36,12 @@ use crate::store::BlockStore;
 pub const PREFETCH_QUEUE_MAX: usize = 64;
 /// Background threads serving prefetch requests.
 pub const PREFETCH_WORKER_COUNT: usize = 2;
+/// A partial cache file younger than this may belong to another live
+/// process sharing the directory, so opening the cache leaves it alone.
+pub const PARTIAL_FILE_AGE_S_MIN: u64 = 60;
 /// Maximum number of cached blocks, whatever their size.
 pub const CACHE_ENTRY_COUNT_MAX: usize = 1 << 20;
-/// Name prefix of files being written (deleted at open).
+/// Name prefix of files being written (deleted at open once old).
 const TMP_PREFIX: &str = ".tmp-";
 
 /// Counters of a [`BlockCache`].
@@ -411,17 +414,30 @@ fn scan_dir(dir: &Path) -> Result<Vec<(ObjectKey, u64, std::time::SystemTime)>> 
         let name = name.to_string_lossy();
         let path = entry.path();
         if name.starts_with(TMP_PREFIX) {
-            tracing::info!(path = %path.display(), "removing partial cache file");
-            remove_quietly(&path);
+            // A young temp file may be another live process's insert in
+            // progress (a standby opens the dir the serving generation uses).
+            let age = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            if age.is_some_and(|a| a.as_secs() >= PARTIAL_FILE_AGE_S_MIN) {
+                tracing::info!(path = %path.display(), "removing partial cache file");
+                remove_quietly(&path);
+            }
             continue;
         }
         let Some(key) = ObjectKey::from_file_name(&name) else {
             tracing::warn!(path = %path.display(), "ignoring foreign file in cache dir");
             continue;
         };
-        let meta = entry
-            .metadata()
-            .map_err(|e| BlocksError::cache("stat cache file", &path, e))?;
+        // Another process sharing the cache dir (the serving generation,
+        // while a standby opens it) may evict the file meanwhile.
+        let meta = match entry.metadata() {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(BlocksError::cache("stat cache file", &path, e)),
+        };
         let mtime = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
         found.push((key, meta.len(), mtime));
     }

@@ -18,6 +18,9 @@
 //!   a flush ([`UploadSet`]).
 //! - [`Codec`]: optional LZ4 compression and ChaCha20-Poly1305 encryption
 //!   of objects at rest ([`CodecSpec`]: recorded in the storage URL).
+//! - [`FaultyStore`]: a fault-injecting wrapper (slow, erroring,
+//!   unreachable) that [`BlockStore::open`] puts around the backend when
+//!   `BATON_STORAGE_FAULT` is set, for chaos tests.
 //! - [`BlocksError`]: the crate's one error type, with [`BlocksError::errno`].
 //!
 //! # Architecture invariants
@@ -70,16 +73,19 @@
 mod cache;
 mod codec;
 mod error;
+mod faulty_store;
 mod key;
 mod s3;
 mod staging;
 mod store;
 
 pub use cache::{
-    BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
+    BlockCache, CacheStats, CACHE_ENTRY_COUNT_MAX, PARTIAL_FILE_AGE_S_MIN, PREFETCH_QUEUE_MAX,
+    PREFETCH_WORKER_COUNT,
 };
 pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BYTES};
 pub use error::{BlocksError, Result};
+pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use key::{ObjectKey, KEY_PREFIX};
 pub use s3::{
     with_s3_settings, S3Location, S3_BACKOFF_MS_INITIAL, S3_BACKOFF_MS_MAX, S3_CONNECT_TIMEOUT_MS,

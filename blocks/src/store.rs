@@ -173,7 +173,10 @@ impl BlockStore {
     /// Opens the store without its codec: for listing and deleting objects
     /// (`fsctl gc`), never for reading blocks.
     pub fn open_undecoded(url: &str) -> Result<Self> {
-        let mut store = Self::new(store_from_url(url)?, url)?;
+        let mut store = Self::new(
+            crate::faulty_store::wrap_from_env(store_from_url(url)?)?,
+            url,
+        )?;
         if url.starts_with("s3://") {
             store.attempt_count_max = 1;
         }

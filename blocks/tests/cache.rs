@@ -102,11 +102,25 @@ fn reopen_reindexes_blocks_and_removes_partial_temp_files() {
             cache.read(key, BLOCK as u64, 0, 1).unwrap();
         }
     }
-    std::fs::write(cache_dir.join(".tmp-00000000deadbeef"), b"half a block").unwrap();
+    // An old partial file is a dead process's; a young one may be another
+    // live process's insert in progress (a standby opening the same dir).
+    let old = cache_dir.join(".tmp-00000000deadbeef");
+    std::fs::write(&old, b"half a block").unwrap();
+    let age = std::time::Duration::from_secs(baton_blocks::PARTIAL_FILE_AGE_S_MIN + 5);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - age)
+        .unwrap();
+    let young = cache_dir.join(".tmp-00000000cafef00d");
+    std::fs::write(&young, b"being written").unwrap();
     // Objects gone from the store: reads after reopen must come from disk.
     assert_eq!(store.delete(&keys), 3);
     let cache = BlockCache::open(&cache_dir, 1 << 20, store.clone()).unwrap();
-    assert!(!cache_dir.join(".tmp-00000000deadbeef").exists());
+    assert!(!old.exists());
+    assert!(young.exists(), "a young partial file was removed");
+    std::fs::remove_file(&young).unwrap();
     let stats = cache.stats();
     assert_eq!((stats.entry_count, stats.used_bytes), (3, 3 * BLOCK as u64));
     for (i, key) in keys.iter().enumerate() {

@@ -6,11 +6,14 @@
 //!   and benches that mount real FUSE filesystems.
 //! - [`rw_workload`]: a verifying read/write/readdir workload for any
 //!   mount (run as `baton-testfs rw-workload`), for kill and OOM tests.
+//! - [`chaos`]: the `baton-chaos` fault-injection suite (scenarios,
+//!   faults, workload processes, verdict).
 //! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
 
 pub mod bench;
+pub mod chaos;
 pub mod fsx;
 pub mod init_record;
 pub mod memfs;

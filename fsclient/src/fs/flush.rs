@@ -165,6 +165,9 @@ impl BatonFs {
                 .map(|(i, d)| (ino, *i, d.clone()))
                 .collect(),
         )?;
+        // Test hook: blocks uploaded, block map not committed. The upload
+        // runs from flush, fsync, release or shutdown: no opcode filter.
+        crate::fault::hit(crate::fault::Point::DuringUpload, 0);
         let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
         let commit = CommitBlocks {
             new_size: Some(plan.size),
