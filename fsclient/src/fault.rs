@@ -177,7 +177,8 @@ fn opcode_named(name: &str) -> Option<u32> {
     })
 }
 
-/// The hook: dies by SIGKILL here if the armed fault matches `point` and
+/// The hook: dies by SIGKILL here (after-read is hooked for lookup,
+/// read, write, fsync, flush, readdir and every exactly-once mutation) if the armed fault matches `point` and
 /// the request's `op` (RENAME and RENAME2, READDIR and READDIRPLUS count as
 /// one) for the n-th time.
 pub fn hit(point: Point, op: u32) {

@@ -210,3 +210,41 @@ fn a_write_killed_between_its_blocks_and_its_size_record_is_recovered() {
     );
     m.stop();
 }
+
+#[test]
+fn a_file_larger_than_the_staging_disk_is_written_without_fsync() {
+    // Staging on an 8 MiB tmpfs; 24 MiB written with plain writes and no
+    // fsync: when staging fills up, fsclient commits what is staged to make
+    // room instead of answering ENOSPC.
+    let vol = Volume::new();
+    let staging = vol.path("staging-tmpfs");
+    fs::create_dir(&staging).unwrap();
+    let out = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs", s(&staging)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _tmpfs = MountGuard::new(&staging);
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount_with(&mnt, &["--staging-dir", s(&staging)]);
+    let data = pattern(24 << 20, 9);
+    let direct = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("big"))
+        .unwrap();
+    for (i, chunk) in data.chunks(1 << 20).enumerate() {
+        direct
+            .write_all_at(chunk, (i << 20) as u64)
+            .unwrap_or_else(|e| panic!("write of MiB {i} with an 8 MiB staging disk: {e}"));
+    }
+    drop(direct);
+    assert_eq!(fs::read(m.p("big")).unwrap(), data);
+    m.stop();
+}

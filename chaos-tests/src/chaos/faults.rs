@@ -292,11 +292,15 @@ pub fn inject(
         Fault::SupervisorUpgrade => upgrade_supervisor(sup, &binaries.supervisor),
         Fault::SupervisorKill => kill_supervisor(sup),
         Fault::NamedPoint { generation, .. } => named_point(sup, *generation, scenario_end),
-        Fault::FullStagingDisk { tmpfs_bytes } => Ok((
-            format!("staging dir is a {tmpfs_bytes}-byte tmpfs; ENOSPC must follow"),
-            0,
-            None,
-        )),
+        Fault::FullStagingDisk { tmpfs_bytes } => fill_staging(sup).map(|left| {
+            (
+                format!(
+                    "the {tmpfs_bytes}-byte tmpfs staging dir was filled by another writer ({left} bytes left); ENOSPC must follow"
+                ),
+                0,
+                None,
+            )
+        }),
         Fault::StorageOutage { duration_ms } => {
             let start = Instant::now();
             std::fs::write(outage_file, b"")
@@ -329,4 +333,32 @@ pub fn inject(
         recovery_ms,
         takeover_us,
     }
+}
+
+/// Bytes a full staging disk keeps free: less than one 1 MiB write, so
+/// making room by committing staged data cannot help.
+const FULL_STAGING_LEFT_BYTES: u64 = 256 * 1024;
+
+/// Fills the staging tmpfs with a ballast file the filesystem does not
+/// own (another tenant of the disk), up to [`FULL_STAGING_LEFT_BYTES`]
+/// free. Returns the bytes left.
+fn fill_staging(sup: &Supervisor) -> anyhow::Result<u64> {
+    let dir = sup
+        .staging_dir()
+        .context("the full-staging fault needs a tmpfs staging dir")?;
+    let free = |dir: &Path| -> anyhow::Result<u64> {
+        let st = nix::sys::statvfs::statvfs(dir).context("statvfs of the staging dir")?;
+        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+    };
+    let ballast = dir.join("ballast-not-baton");
+    let mut file = std::fs::File::create(&ballast)
+        .with_context(|| format!("creating {}", ballast.display()))?;
+    let chunk = vec![0xa5u8; 64 * 1024];
+    while free(dir)? > FULL_STAGING_LEFT_BYTES + chunk.len() as u64 {
+        use std::io::Write;
+        if file.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    free(dir)
 }

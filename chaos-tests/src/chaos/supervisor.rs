@@ -166,6 +166,11 @@ impl Supervisor {
     }
 
     /// A path in the scenario's temp dir.
+    /// The tmpfs staging dir, if this supervisor's mounts use one.
+    pub fn staging_dir(&self) -> Option<&Path> {
+        self.staging.as_deref()
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }

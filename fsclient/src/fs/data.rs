@@ -303,14 +303,34 @@ impl BatonFs {
                 Errno::EFBIG,
             ));
         }
-        {
-            let _guard = self.inode_lock(ino);
-            if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
-                // Handing over: the next generation writes it (journal).
-                return Err(baton_meta::MetaError::Fenced { op: "write" }.into());
+        let mut flushed = false;
+        loop {
+            let written = {
+                let _guard = self.inode_lock(ino);
+                if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Handing over: the next generation writes it (journal).
+                    return Err(baton_meta::MetaError::Fenced { op: "write" }.into());
+                }
+                self.staging
+                    .write(ino, arg.offset, data, &|index| self.base_block(ino, index))
+            };
+            match written {
+                Ok(()) => break,
+                // Staging is full: upload and commit what is staged (this
+                // file first, then every file) to make room, once; the
+                // write is redone whole (rewriting its first blocks is
+                // harmless). Still full: ENOSPC.
+                Err(BlocksError::StagingFull { .. }) if !flushed => {
+                    flushed = true;
+                    tracing::info!(
+                        nodeid = ino,
+                        "staging full: committing staged data to make room"
+                    );
+                    self.flush_inode(ino)?;
+                    self.flush_all()?;
+                }
+                Err(e) => return Err(e.into()),
             }
-            self.staging
-                .write(ino, arg.offset, data, &|index| self.base_block(ino, index))?;
         }
         if arg.write_flags & flags::WRITE_KILL_SUIDGID != 0 {
             self.kill_suidgid(ino)?;

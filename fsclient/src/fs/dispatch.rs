@@ -194,6 +194,7 @@ impl Filesystem for BatonFs {
     }
 
     fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
             req,
@@ -213,6 +214,7 @@ impl Filesystem for BatonFs {
         data: &[u8],
         reply: ReplyWrite,
     ) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         let r = self.do_write(nodeid, arg, data);
         answer!(self, req, "write", nodeid, r, reply, |n| reply.written(n));
     }
@@ -236,6 +238,7 @@ impl Filesystem for BatonFs {
     }
 
     fn fsync(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
             req,
@@ -280,6 +283,7 @@ impl Filesystem for BatonFs {
     }
 
     fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
             req,
@@ -311,6 +315,7 @@ impl Filesystem for BatonFs {
         entries: DirentBuf,
         reply: ReplyData,
     ) {
+        crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         match self.do_readdir(nodeid, arg, entries) {
             Ok(buf) => reply.data(buf.as_bytes()),
             Err(err) => reply.error(self.fail("readdir", req, nodeid, &err)),
