@@ -1558,3 +1558,42 @@ fn process_tree_stacks(pid: u32) -> String {
     }
     out
 }
+
+#[test]
+fn a_generation_killed_during_its_handover_is_recovered_without_errors() {
+    // Generation 1 dies right after writing its handover state, before it
+    // says so: the upgrade fails (the serving generation died), and the
+    // crash path (RESEND, exactly once) takes over with no error for the
+    // workload.
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "during-handover"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    let workload = Workload::start(&fx);
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
+    let (code, report) = upgrade(&fx, &new, "30s");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
+    assert!(
+        report["outcome"].as_str().unwrap_or("").contains("died"),
+        "{report}"
+    );
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    assert!(
+        workload.progresses(200),
+        "stalled after the death: {:?}",
+        workload.errors()
+    );
+    let (done, errors) = workload.finish();
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}

@@ -290,6 +290,9 @@ pub(super) fn filler(ctx: &mut Ctx) {
     }
 }
 
+/// Write + fsync rounds of the pressure worker at most.
+const PRESSURE_ROUNDS_MAX: usize = 8;
+
 pub(super) fn pressure(ctx: &mut Ctx) {
     let dir = ctx.args.mnt.join("pressure");
     let path = dir.join(format!("p{}", ctx.args.index));
@@ -302,22 +305,33 @@ pub(super) fn pressure(ctx: &mut Ctx) {
     };
     let mut chunk = vec![0u8; 1 << 20];
     let mut offset = 0u64;
-    while offset < ctx.args.file_bytes {
-        fill_content(key, offset, &mut chunk);
-        if ctx
-            .op("write", path.display(), || {
-                file.write_all_at(&chunk, offset)
-            })
-            .is_err()
-        {
+    // Rounds of write + fsync (each fsync uploads, which allocates in the
+    // generation), until the harness stops it or the rounds run out: the
+    // OOM fault lowers the limit meanwhile, so some round must hit it.
+    for round in 0..PRESSURE_ROUNDS_MAX {
+        if round > 0 && ctx.should_stop() {
+            break;
+        }
+        offset = 0;
+        while offset < ctx.args.file_bytes {
+            fill_content(key, offset, &mut chunk);
+            if ctx
+                .op("write", path.display(), || {
+                    file.write_all_at(&chunk, offset)
+                })
+                .is_err()
+            {
+                return;
+            }
+            offset += chunk.len() as u64;
+        }
+        if ctx.op("fsync", path.display(), || file.sync_all()).is_err() {
             return;
         }
-        offset += chunk.len() as u64;
     }
-    if ctx.op("fsync", path.display(), || file.sync_all()).is_err()
-        || ctx
-            .op("close", path.display(), || close_checked(file))
-            .is_err()
+    if ctx
+        .op("close", path.display(), || close_checked(file))
+        .is_err()
     {
         return;
     }
