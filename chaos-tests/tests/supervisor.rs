@@ -1597,3 +1597,87 @@ fn a_generation_killed_during_its_handover_is_recovered_without_errors() {
     assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
     assert!(done.contains("errors=0"), "{done}");
 }
+
+/// Waits until the supervisor answers `fsctl status` and every mount serves.
+fn wait_supervisor_serving(fx: &Fixture) -> Value {
+    let mut last = Value::Null;
+    let back = wait_until(DEADLINE, || {
+        let out = fx.fsctl(&["status", "--json"]);
+        if !out.status.success() {
+            return false;
+        }
+        last = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        last["mounts"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty() && m.iter().all(|m| m["state"] == "serving"))
+    });
+    assert!(
+        back,
+        "the supervisor did not come back serving: {last}\n{}",
+        fx.logs()
+    );
+    last
+}
+
+#[test]
+fn supervisor_kill_9_and_supervisor_upgrades_under_a_workload_lose_nothing() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let workload = Workload::start(&fx);
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
+
+    // kill -9 of the supervisor: the generation serves on; a new supervisor
+    // copies the fd from it and takes over.
+    let mut old = fx.supervisor.take().expect("supervisor");
+    old.0.kill().expect("kill -9 the supervisor");
+    old.0.wait().expect("reap it");
+    assert!(
+        workload.progresses(100),
+        "the mount stopped serving without its supervisor: {:?}",
+        workload.errors()
+    );
+    fx.spawn_supervisor(&[]);
+    wait_supervisor_serving(&fx);
+    assert!(
+        workload.progresses(100),
+        "stalled after the restart: {:?}",
+        workload.errors()
+    );
+
+    // Two supervisor upgrades, to two different copies of the binary.
+    for name in ["fs-supervisor-a", "fs-supervisor-b"] {
+        let binary = fx.path(name);
+        std::fs::copy(self::binary("fs-supervisor"), &binary).expect("copy fs-supervisor");
+        let out = fx.fsctl(&["upgrade-supervisor", "--binary", s(&binary)]);
+        assert!(
+            out.status.success(),
+            "upgrade-supervisor to {name}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            fx.logs()
+        );
+        let report = wait_supervisor_serving(&fx);
+        assert_eq!(report["supervisor"]["binary"], s(&binary), "{report}");
+        assert!(
+            workload.progresses(100),
+            "stalled after upgrading to {name}: {:?}",
+            workload.errors()
+        );
+    }
+    // A binary that is not fs-supervisor is refused; nothing changes.
+    let out = fx.fsctl(&["upgrade-supervisor", "--binary", "/bin/true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (done, errors) = workload.finish();
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}

@@ -167,8 +167,8 @@ impl Generation {
     }
 
     /// Sends RESEND if asked, answers `journal`, starts the workers and
-    /// tells the supervisor. Returns the stopper for shutdown.
-    pub fn start(self: &Arc<Self>, journal: &InflightJournal, resend: bool) -> Result<()> {
+    /// tells the supervisor it serves.
+    pub fn start(&self, journal: &InflightJournal, resend: bool) -> Result<()> {
         if resend {
             self.session.resend()?;
         }
@@ -249,7 +249,7 @@ impl Generation {
                         "unexpected message from the supervisor"
                     );
                 }
-                Err(ProtocolError::Closed) | Err(_) => {
+                Err(_) => {
                     tracing::warn!("supervisor socket closed; serving on without it");
                     return;
                 }
@@ -413,24 +413,8 @@ impl Generation {
         }
         self.fs.unfence();
         self.channel.unseal();
-        tracing::info!(
-            resend,
-            journaled = journal.requests.len(),
-            "resuming after a rolled-back upgrade"
-        );
-        if resend {
-            self.session.resend()?;
-        }
-        let workers = self.session.start(self.threads)?;
-        let reading_ns = monotonic_ns();
-        spawn_waiter(workers.stopper());
-        *lock(&self.workers) = Some(workers);
-        self.send(&Message::Serving {
-            generation: self.adoption.generation,
-            pid: std::process::id(),
-            reading_ns,
-        });
-        Ok(())
+        tracing::info!(resend, "resuming after a rolled-back upgrade");
+        self.start(&journal, resend)
     }
 }
 
