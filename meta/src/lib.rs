@@ -73,7 +73,8 @@
 
 #![deny(missing_docs)]
 
-pub mod error;
+mod answered;
+mod error;
 pub mod limits;
 pub mod postgres;
 pub mod record;
@@ -81,10 +82,11 @@ pub mod sqlite;
 pub mod store;
 pub mod types;
 
+pub use answered::{ANSWERED_QUEUE_MAX, ANSWERED_RECORD_KEEP};
 pub use error::{MetaError, Result};
 pub use postgres::PostgresMeta;
 pub use record::Recorded;
-pub use sqlite::{SqliteMeta, ANSWERED_QUEUE_MAX, ANSWERED_RECORD_KEEP};
+pub use sqlite::SqliteMeta;
 pub use store::{Location, MetaStore};
 pub use types::*;
 

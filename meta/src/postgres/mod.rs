@@ -109,8 +109,8 @@ pub struct PostgresMeta {
     volume: VolumeRecord,
     pool: Vec<Mutex<PgConn>>,
     next: AtomicUsize,
-    /// Answered request keys (and when) whose records a later write deletes.
-    answered: Mutex<std::collections::VecDeque<(std::time::Instant, RequestKey)>>,
+    /// Answered requests whose records a later write deletes.
+    answered: crate::answered::AnsweredQueue,
     /// `true` once fenced. Writes hold the read side for their whole
     /// transaction; `fence` takes the write side, so it waits for them.
     fenced: std::sync::RwLock<bool>,
@@ -218,7 +218,7 @@ impl PostgresMeta {
             volume,
             pool,
             next: AtomicUsize::new(0),
-            answered: Mutex::new(std::collections::VecDeque::new()),
+            answered: crate::answered::AnsweredQueue::default(),
             fenced: std::sync::RwLock::new(false),
         })
     }
@@ -271,7 +271,7 @@ impl PostgresMeta {
             return Err(MetaError::Fenced { op });
         }
         let answered = match req {
-            Some(_) => self.take_answered(crate::ANSWERED_RECORD_KEEP),
+            Some(_) => self.answered.take_due(),
             None => Vec::new(),
         };
         let mut guard = self.conn().map_err(|e| e.in_op(op))?;
@@ -306,34 +306,9 @@ impl PostgresMeta {
         };
         if result.is_err() && !answered.is_empty() {
             // Rolled back: keep the keys for a later write.
-            let long_ago = std::time::Instant::now() - crate::ANSWERED_RECORD_KEEP;
-            self.lock_answered()
-                .extend(answered.into_iter().map(|k| (long_ago, k)));
+            self.answered.put_back(answered);
         }
         result
-    }
-
-    fn lock_answered(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(std::time::Instant, RequestKey)>>
-    {
-        self.answered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Takes the answered keys queued at least `age` ago.
-    fn take_answered(&self, age: Duration) -> Vec<RequestKey> {
-        let mut queue = self.lock_answered();
-        let mut keys = Vec::new();
-        while let Some((at, key)) = queue.front() {
-            if at.elapsed() < age {
-                break;
-            }
-            keys.push(*key);
-            queue.pop_front();
-        }
-        keys
     }
 
     /// Runs `f` in a REPEATABLE READ, READ ONLY transaction.
@@ -585,13 +560,8 @@ impl MetaStore for PostgresMeta {
     }
 
     fn request_answered(&self, key: RequestKey) {
-        let full = {
-            let mut answered = self.lock_answered();
-            answered.push_back((std::time::Instant::now(), key));
-            answered.len() >= crate::ANSWERED_QUEUE_MAX
-        };
-        if full {
-            let keys = self.take_answered(crate::ANSWERED_RECORD_KEEP);
+        if self.answered.push(key) {
+            let keys = self.answered.take_due();
             if keys.is_empty() {
                 return;
             }

@@ -40,17 +40,17 @@ mod schema;
 mod setattr;
 mod xattr;
 
-use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use rusqlite::{Connection, OpenFlags};
 
+use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN, READ_CONNECTIONS_MAX};
 use crate::record::Recorded;
@@ -70,22 +70,13 @@ pub struct SqliteMeta {
     writer: Mutex<Connection>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
-    /// Keys of answered requests (and when), whose records a later write
-    /// deletes once [`ANSWERED_RECORD_KEEP`] has passed.
-    answered: Mutex<VecDeque<(Instant, RequestKey)>>,
+    /// Answered requests whose records a later write deletes.
+    answered: AnsweredQueue,
     /// Set by `fence`: every later write fails with `Fenced`.
     fenced: AtomicBool,
     /// The directory was fsynced after the `-wal` file existed.
     wal_entry_synced: AtomicBool,
 }
-
-/// Answered request keys queued at most before they are deleted in a
-/// transaction of their own rather than riding along with the next write.
-pub const ANSWERED_QUEUE_MAX: usize = 1024;
-/// How long the record of an answered request is kept. A handover may
-/// journal a request whose reply was just written (the worker had not yet
-/// withdrawn it); the next generation must still find its record then.
-pub const ANSWERED_RECORD_KEEP: Duration = Duration::from_secs(2);
 
 impl SqliteMeta {
     /// Creates a new metadata database at `url_or_path` with the volume
@@ -160,7 +151,7 @@ impl SqliteMeta {
             writer: Mutex::new(writer),
             readers,
             next_reader: AtomicUsize::new(0),
-            answered: Mutex::new(VecDeque::new()),
+            answered: AnsweredQueue::default(),
             fenced: AtomicBool::new(false),
             wal_entry_synced: AtomicBool::new(false),
         })
@@ -228,7 +219,7 @@ impl SqliteMeta {
             return Err(MetaError::Fenced { op });
         }
         let answered = match req {
-            Some(_) => self.take_answered(ANSWERED_RECORD_KEEP),
+            Some(_) => self.answered.take_due(),
             None => Vec::new(),
         };
         let run = || -> Result<T> {
@@ -250,24 +241,9 @@ impl SqliteMeta {
         let result = run();
         if result.is_err() && !answered.is_empty() {
             // Rolled back: keep the keys for the next write.
-            let now = Instant::now() - ANSWERED_RECORD_KEEP;
-            lock(&self.answered).extend(answered.into_iter().map(|k| (now, k)));
+            self.answered.put_back(answered);
         }
         result.map_err(|e| log_store_error(e.in_op(op)))
-    }
-
-    /// Takes the answered keys queued at least `age` ago.
-    fn take_answered(&self, age: Duration) -> Vec<RequestKey> {
-        let mut queue = lock(&self.answered);
-        let mut keys = Vec::new();
-        while let Some((at, key)) = queue.front() {
-            if at.elapsed() < age {
-                break;
-            }
-            keys.push(*key);
-            queue.pop_front();
-        }
-        keys
     }
 
     /// Runs `f` in a deferred read transaction on a pool connection.
@@ -583,13 +559,8 @@ impl MetaStore for SqliteMeta {
     }
 
     fn request_answered(&self, key: RequestKey) {
-        let full = {
-            let mut answered = lock(&self.answered);
-            answered.push_back((Instant::now(), key));
-            answered.len() >= ANSWERED_QUEUE_MAX
-        };
-        if full {
-            let keys = self.take_answered(ANSWERED_RECORD_KEEP);
+        if self.answered.push(key) {
+            let keys = self.answered.take_due();
             if keys.is_empty() {
                 return;
             }
@@ -614,11 +585,6 @@ impl MetaStore for SqliteMeta {
     fn unfence(&self) {
         self.fenced.store(false, Ordering::SeqCst);
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded queue is valid after any statement.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]
