@@ -105,12 +105,25 @@ impl Fixture {
 
     /// Starts fs-supervisor (again) and waits for its socket.
     fn spawn_supervisor(&mut self, extra: &[&str]) {
+        self.spawn_supervisor_until(&[], extra, &self.socket.clone());
+    }
+
+    /// Starts fs-supervisor through `launcher` (a command prefix, e.g.
+    /// unshare) and waits until `ready` exists.
+    fn spawn_supervisor_until(&mut self, launcher: &[&str], extra: &[&str], ready: &Path) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.path("supervisor.log"))
             .expect("log");
-        let mut command = Command::new(binary("fs-supervisor"));
+        let mut command = match launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary("fs-supervisor"));
+                command
+            }
+            None => Command::new(binary("fs-supervisor")),
+        };
         if !extra.contains(&"--client-binary") {
             command.args(["--client-binary", s(&binary("fsclient"))]);
         }
@@ -126,7 +139,7 @@ impl Fixture {
             .spawn()
             .expect("spawn fs-supervisor");
         self.supervisor = Some(ChildGuard(child));
-        let up = wait_until(DEADLINE, || self.socket.exists());
+        let up = wait_until(DEADLINE, || ready.exists());
         if !up {
             let status = self
                 .supervisor
@@ -264,7 +277,7 @@ impl Fixture {
     /// Stops the supervisor with SIGTERM; returns its exit status.
     fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.supervisor.take()?;
-        let _ = kill(child.pid(), Signal::SIGTERM);
+        let _ = kill(supervisor_pid(&child), Signal::SIGTERM);
         child.wait_timeout(DEADLINE)
     }
 }
@@ -289,6 +302,21 @@ impl Drop for Fixture {
         let _ = std::fs::remove_dir(self.cgroup_dir());
         drop(self.guard.take());
     }
+}
+
+/// The supervisor's pid: the child's, or its own child's when it was
+/// started under `unshare --fork` (which ignores SIGTERM while it waits).
+fn supervisor_pid(child: &ChildGuard) -> Pid {
+    let pid = child.pid();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if comm.trim() != "unshare" {
+        return pid;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next()?.parse().ok())
+        .map(Pid::from_raw)
+        .unwrap_or(pid)
 }
 
 /// An application process; on drop it is killed and reaped, aborting the
@@ -1680,4 +1708,142 @@ fn supervisor_kill_9_and_supervisor_upgrades_under_a_workload_lose_nothing() {
     let (done, errors) = workload.finish();
     assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
     assert!(done.contains("errors=0"), "{done}");
+}
+
+/// A DaemonSet rollout with maxSurge, `rounds` times: the new pod's
+/// supervisor starts beside the serving one (`--successor`: it waits), the
+/// old one gets SIGTERM and hands every mount over; the application sees no
+/// error. `pid_namespace`: each successor runs in its own PID namespace and
+/// /proc, as a new pod does, so it can neither see nor signal the old
+/// generations.
+fn handover_to_a_successor(pid_namespace: bool, rounds: usize) {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let first = wait_supervisor_serving(&fx);
+    let workload = Workload::start(&fx);
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
+    let launcher: &[&str] = match pid_namespace {
+        true => &["unshare", "--pid", "--mount-proc", "--kill-child=SIGTERM"],
+        false => &[],
+    };
+    let waiting = fx.path("state/run/successor.sock");
+    let mut before = first.clone();
+    for round in 0..rounds {
+        let mut old = fx.supervisor.take().expect("supervisor");
+        fx.spawn_supervisor_until(launcher, &["--successor"], &waiting);
+        // The successor only waits: the old supervisor still answers.
+        let report = wait_supervisor_serving(&fx);
+        assert_eq!(report["supervisor"], before["supervisor"]);
+        assert!(
+            workload.progresses(100),
+            "stalled while the successor waits: {:?}",
+            workload.errors()
+        );
+
+        kill(supervisor_pid(&old), Signal::SIGTERM).expect("SIGTERM the old supervisor");
+        let status = old
+            .wait_timeout(DEADLINE)
+            .expect("the old supervisor exits");
+        assert!(
+            status.success(),
+            "old supervisor (round {round}): {status:?}\n{}",
+            fx.logs()
+        );
+        let after = wait_supervisor_serving(&fx);
+        assert_ne!(
+            after["supervisor"]["started_unix_ms"], before["supervisor"]["started_unix_ms"],
+            "the old supervisor still answers: {after}"
+        );
+        let (generation_before, generation_after) = (
+            before["mounts"][0]["generation"].as_u64().unwrap_or(0),
+            after["mounts"][0]["generation"].as_u64().unwrap_or(0),
+        );
+        assert!(
+            generation_after > generation_before,
+            "the successor serves with a new generation: {before} -> {after}"
+        );
+        assert_eq!(
+            after["mounts"][0]["connection_id"], first["mounts"][0]["connection_id"],
+            "the same FUSE connection (no remount)"
+        );
+        assert!(
+            workload.progresses(200),
+            "stalled after handover {round}: {:?}\n{}",
+            workload.errors(),
+            fx.logs()
+        );
+        assert!(!waiting.exists(), "the successor socket is left behind");
+        before = after;
+    }
+    let (done, errors) = workload.finish();
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}
+
+#[test]
+fn a_stopped_supervisor_hands_every_mount_to_a_waiting_successor() {
+    handover_to_a_successor(false, 5);
+}
+
+#[test]
+fn a_successor_in_its_own_pid_namespace_takes_the_mounts_like_a_new_pod() {
+    handover_to_a_successor(true, 2);
+}
+
+#[test]
+fn a_successor_that_fails_before_taking_the_fds_leaves_a_normal_shutdown() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let pid = fx.wait_serving(1)["pid"].as_i64().expect("pid");
+
+    // A waiting successor stopped before any handover leaves nothing.
+    let mut old = fx.supervisor.take().expect("supervisor");
+    let waiting = fx.path("state/run/successor.sock");
+    fx.spawn_supervisor_until(&[], &["--successor"], &waiting);
+    let status = fx.stop().expect("the waiting successor exits");
+    assert!(status.success(), "{status:?}\n{}", fx.logs());
+    assert!(!waiting.exists(), "the successor socket is left behind");
+    assert!(pid_alive(pid), "the serving generation was touched");
+
+    // A successor that takes the passed mounts but vanishes before saying
+    // it holds them: the old supervisor shuts down as without one
+    // (unmounts cleanly, generation stopped), never half-way.
+    let listener =
+        upgrade_protocol::listen_seqpacket(&waiting, 0o600).expect("a fake successor socket");
+    let fake = std::thread::spawn(move || {
+        let conn = upgrade_protocol::accept_seqpacket(std::os::fd::AsFd::as_fd(&listener))
+            .expect("accept the stopping supervisor");
+        let mut passed = 0;
+        while let Ok((message, _fds)) =
+            upgrade_protocol::recv_message(std::os::fd::AsFd::as_fd(&conn))
+        {
+            if message == upgrade_protocol::Message::PassDone {
+                break;
+            }
+            passed += 1;
+        }
+        passed
+    });
+    kill(old.pid(), Signal::SIGTERM).expect("SIGTERM the supervisor");
+    let status = old.wait_timeout(DEADLINE).expect("the supervisor exits");
+    assert!(status.success(), "{status:?}\n{}", fx.logs());
+    assert_eq!(fake.join().expect("fake successor"), 1, "one mount passed");
+    assert!(fuse_wire::connection_id(&fx.mnt).is_err(), "still mounted");
+    assert!(!pid_alive(pid), "the generation was left running");
+    let _ = std::fs::remove_file(&waiting);
+
+    // The data is intact for the next supervisor.
+    fx.spawn_supervisor(&[]);
+    fx.mount();
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
+    assert!(
+        ok && out == "kept\n",
+        "data after the failed handover: {out} {err}"
+    );
 }

@@ -65,6 +65,16 @@ pub fn bind(path: &Path) -> Result<OwnedFd, Error> {
     })
 }
 
+/// Listens at `path` even while the supervisor that had it still answers
+/// there: the name is renamed over (after a handover to this supervisor,
+/// `succession.rs`; the stopping one's listener goes with it).
+pub fn bind_replacing(path: &Path) -> Result<OwnedFd, Error> {
+    listen_seqpacket(path, 0o600).map_err(|source| Error::Protocol {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Accepts connections on `listener` in a thread of its own.
 pub fn serve(listener: OwnedFd, path: PathBuf, handler: Handler) -> std::thread::JoinHandle<()> {
     let active = Arc::new(AtomicUsize::new(0));

@@ -8,7 +8,9 @@
 //!
 //! Shutdown (SIGTERM/SIGINT): every mount is unmounted as by `fsctl
 //! umount`, then the loop ends; with `--keep-mounts-on-exit` (the systemd
-//! unit) it exits at once and the generations keep serving. At start, the
+//! unit) it exits at once and the generations keep serving; with a
+//! successor waiting (`succession.rs`) every mount is handed to it. At
+//! start, the
 //! mounts of the state directory are restored (`restore.rs`: adopted with
 //! the fds systemd kept, or mounted again if persistent), then READY=1.
 
@@ -43,6 +45,8 @@ use crate::Error;
 
 #[path = "restore.rs"]
 pub mod restore;
+#[path = "succession.rs"]
+pub mod succession;
 
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
@@ -75,6 +79,9 @@ pub struct Config {
     /// On SIGTERM/SIGINT, exit without unmounting: generations keep
     /// serving and the next supervisor adopts the mounts (systemd fd store).
     pub keep_mounts_on_exit: bool,
+    /// If another supervisor serves the state directory, wait to take its
+    /// mounts over when it stops (`succession.rs`) instead of refusing.
+    pub successor: bool,
     /// Serve /metrics and the status page here (loopback only).
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Publish Kubernetes Events and a status ConfigMap (feature
@@ -142,6 +149,13 @@ struct Daemon {
     rx: Receiver<Command>,
     signals: SignalFd,
     shutting_down: bool,
+    /// Every mount went to a successor: its control socket is not ours to
+    /// remove any more.
+    handed_over: bool,
+    /// Mounts a stopping supervisor passed to this one, until it released
+    /// their generations: restored without touching the recorded pid or
+    /// cgroups (`succession.rs`).
+    passed: std::collections::BTreeSet<String>,
     systemd: Notifier,
     keep_mounts_on_exit: bool,
     metrics: metrics::Snapshot,
@@ -168,6 +182,17 @@ pub fn run(config: Config) -> Result<(), Error> {
     let state = StateDir::create(&config.state_dir)?;
     let cgroups = setup_cgroups(&config)?;
     let signals = shutdown_signals()?;
+    let mut stored_fds = stored_fds;
+    let mut predecessor = None;
+    if config.successor && succession::answers(&config.socket) {
+        match succession::wait_for_predecessor(&state, &signals)? {
+            succession::Succession::Mounts(mut passed) => {
+                stored_fds.extend(std::mem::take(&mut passed.fds));
+                predecessor = Some(passed);
+            }
+            succession::Succession::Stopped => return Ok(()),
+        }
+    }
     let eventfd = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
         .map_err(Error::sys("eventfd"))?;
     let (tx, rx) = mpsc::channel();
@@ -200,7 +225,12 @@ pub fn run(config: Config) -> Result<(), Error> {
         }
         false => None,
     };
-    let listener = control::bind(&config.socket)?;
+    let listener = match predecessor.is_some() {
+        // The predecessor may not have exited yet: take its socket's name
+        // over (its listener is closed as it exits).
+        true => control::bind_replacing(&config.socket)?,
+        false => control::bind(&config.socket)?,
+    };
     let forward = waker.clone();
     control::serve(
         listener,
@@ -231,6 +261,8 @@ pub fn run(config: Config) -> Result<(), Error> {
         rx,
         signals,
         shutting_down: false,
+        handed_over: false,
+        passed: Default::default(),
         systemd: notifier,
         keep_mounts_on_exit: config.keep_mounts_on_exit,
         metrics: snapshot,
@@ -242,11 +274,25 @@ pub fn run(config: Config) -> Result<(), Error> {
         #[cfg(feature = "kubernetes")]
         kubernetes,
     };
+    let passed: Vec<String> = match predecessor {
+        Some(_) => stored_fds.keys().cloned().collect(),
+        None => Vec::new(),
+    };
+    daemon.passed = passed.iter().cloned().collect();
     daemon.restore_mounts(stored_fds);
+    if let Some(predecessor) = predecessor {
+        // The new generations are starting; switch now.
+        predecessor.confirm(passed)?;
+        daemon.passed.clear();
+    }
     let status = status_line(&daemon.statuses());
     daemon.systemd.ready(&status);
     let result = daemon.run_loop();
     daemon.systemd.stopping();
+    if daemon.handed_over {
+        // The socket and the parent cgroup are the successor's now.
+        return result;
+    }
     let _ = std::fs::remove_file(&config.socket);
     if let Some(parent) = &daemon.env.cgroups {
         // Best effort: another supervisor may still use it.
@@ -435,6 +481,10 @@ impl Daemon {
                 "shutting down: unmounting every mount"
             );
             self.shutting_down = true;
+        }
+        if self.shutting_down && !self.handed_over && self.hand_to_successor() {
+            self.handed_over = true;
+            return;
         }
         if self.shutting_down && !self.keep_mounts_on_exit {
             for index in 0..self.mounts.len() {

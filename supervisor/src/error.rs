@@ -91,6 +91,9 @@ pub enum Error {
     /// The FUSE layer failed (mount, INIT, unmount).
     #[error(transparent)]
     Fuse(#[from] fuse_wire::Error),
+    /// Taking the mounts over from a stopping supervisor failed.
+    #[error(transparent)]
+    Succession(#[from] crate::daemon::succession::SuccessionError),
 }
 
 impl Error {

@@ -303,6 +303,13 @@ impl Mount {
         self.state = next;
     }
 
+    /// The highest generation number started for this mount so far.
+    pub fn highest_generation(&self) -> u64 {
+        self.next_generation
+            .saturating_sub(1)
+            .max(self.last_generation)
+    }
+
     fn active_generation(&self) -> u64 {
         self.active
             .as_ref()
@@ -704,7 +711,14 @@ impl Mount {
 
     /// Writes the state record (logged on failure: the mount keeps running).
     pub fn write_record(&self, env: &Env) {
-        let record = MountRecord {
+        if let Err(err) = env.state.write_record(&self.record()) {
+            tracing::warn!(mount = %self.id, %err, "cannot write the mount's state record");
+        }
+    }
+
+    /// The state record: what a later supervisor needs to adopt the mount.
+    pub fn record(&self) -> MountRecord {
+        MountRecord {
             format_version: RECORD_FORMAT_VERSION,
             mount_id: self.id.clone(),
             mountpoint: self.mountpoint.clone(),
@@ -721,9 +735,6 @@ impl Mount {
             pid: self.active.as_ref().filter(|p| p.adopted).map(|p| p.pid),
             created_unix_ms: self.created_unix_ms,
             persistent: self.persistent,
-        };
-        if let Err(err) = env.state.write_record(&record) {
-            tracing::warn!(mount = %self.id, %err, "cannot write the mount's state record");
         }
     }
 

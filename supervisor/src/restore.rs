@@ -342,13 +342,14 @@ impl Daemon {
     fn adopt(&mut self, record: MountRecord, fd: OwnedFd) {
         let id = record.mount_id.clone();
         let socket_path = self.env.state.socket_path(&id);
-        if let Some(pid) = record.pid {
+        let passed = self.passed.contains(&id);
+        if let Some(pid) = record.pid.filter(|_| !passed) {
             if let Err(err) = stop_previous_generation(pid, &socket_path) {
                 tracing::error!(mount = %id, pid, err, "cannot stop the previous generation; the mount is left to it (a second generation would run its requests twice). Kill it and restart fs-supervisor");
                 return;
             }
         }
-        if let Some(parent) = &self.env.cgroups {
+        if let Some(parent) = self.env.cgroups.as_ref().filter(|_| !passed) {
             clean_previous_cgroups(parent.dir(), &id);
         }
         let _ = std::fs::remove_file(&socket_path);

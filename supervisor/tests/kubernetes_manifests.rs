@@ -274,3 +274,27 @@ fn rbac_grants_only_what_the_supervisor_uses() {
         );
     }
 }
+
+#[test]
+fn a_rolling_update_starts_the_successor_before_stopping_the_old_pod() {
+    let objects = all_objects();
+    let ds = find(&objects, "DaemonSet", "fs-supervisor");
+    let rolling = &ds["spec"]["updateStrategy"]["rollingUpdate"];
+    // The new pod must run beside the old one, or there is nobody to hand
+    // the mounts to when the old one gets SIGTERM.
+    assert_eq!(ds["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(rolling["maxSurge"].as_u64(), Some(1), "{rolling:?}");
+    assert_eq!(rolling["maxUnavailable"].as_u64(), Some(0), "{rolling:?}");
+    let supervisor = ds["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "fs-supervisor")
+        .unwrap();
+    assert!(
+        strings(&supervisor["args"])
+            .iter()
+            .any(|a| a == "--successor"),
+        "the new pod's supervisor must wait as a successor, not refuse to start"
+    );
+}

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::{Reply, Request};
+use crate::control::{MountRecord, Reply, Request};
 use crate::ProtocolError;
 
 /// The first bytes of every frame.
@@ -139,6 +139,24 @@ pub enum Message {
         /// The answer.
         reply: Reply,
     },
+    /// Stopping supervisor → its successor (over the successor socket),
+    /// with the mount's /dev/fuse fd attached: one mount to hold. Its
+    /// generations still serve until [`Message::Released`].
+    PassMount {
+        /// The mount, as in the state directory.
+        record: MountRecord,
+    },
+    /// Stopping supervisor → successor: every mount was passed.
+    PassDone,
+    /// Successor → stopping supervisor: it holds the fds of these mounts
+    /// (by mount id) and waits for [`Message::Released`].
+    PassReceived {
+        /// The mount ids held.
+        mounts: Vec<String>,
+    },
+    /// Stopping supervisor → successor: every generation of the passed
+    /// mounts is dead (killed and reaped), so new ones may RESEND.
+    Released,
 }
 
 impl Message {
@@ -155,13 +173,17 @@ impl Message {
             Message::Exit => "exit",
             Message::Control { .. } => "control",
             Message::ControlReply { .. } => "control_reply",
+            Message::PassMount { .. } => "pass_mount",
+            Message::PassDone => "pass_done",
+            Message::PassReceived { .. } => "pass_received",
+            Message::Released => "released",
         }
     }
 
     /// How many fds travel with this message.
     pub fn fd_count(&self) -> usize {
         match self {
-            Message::Adopt { .. } => 1,
+            Message::Adopt { .. } | Message::PassMount { .. } => 1,
             _ => 0,
         }
     }

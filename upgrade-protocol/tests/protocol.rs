@@ -352,3 +352,61 @@ fn state_record_round_trips_and_newer_formats_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_mount_passed_to_a_successor_crosses_with_its_fd_and_the_frames_are_pinned() {
+    let record = MountRecord {
+        format_version: RECORD_FORMAT_VERSION,
+        mount_id: "0123456789abcdef".into(),
+        mountpoint: "/mnt/baton".into(),
+        volume: "vol1".into(),
+        base_dir: "/var/lib/baton".into(),
+        options: ClientOptions::default(),
+        connection_id: 43,
+        connection: 0xfeed,
+        client_binary: None,
+        init: init(),
+        has_resend: true,
+        supervisor_pid: 1,
+        generation: 3,
+        pid: None,
+        created_unix_ms: 5,
+        persistent: true,
+    };
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let file = tempfile::tempfile().unwrap();
+    let pass = Message::PassMount {
+        record: record.clone(),
+    };
+    // The fd is the mount: a pass without it is refused before sending.
+    assert!(matches!(
+        send_message(a.as_fd(), &pass, &[]),
+        Err(ProtocolError::FdCount { expected: 1, .. })
+    ));
+    send_message(a.as_fd(), &pass, &[file.as_fd()]).unwrap();
+    let (got, fds) = recv_message(b.as_fd()).unwrap();
+    assert_eq!(got, pass);
+    assert_eq!(fds.len(), 1);
+
+    // The three fd-less steps, pinned as they cross between two builds.
+    for (message, json) in [
+        (Message::PassDone, r#"{"kind":"pass_done"}"#),
+        (
+            Message::PassReceived {
+                mounts: vec!["0123456789abcdef".into()],
+            },
+            r#"{"kind":"pass_received","mounts":["0123456789abcdef"]}"#,
+        ),
+        (Message::Released, r#"{"kind":"released"}"#),
+    ] {
+        let frame = encode(&message).unwrap();
+        assert_eq!(String::from_utf8_lossy(&frame[12..]), json);
+        assert_eq!(decode(&frame).unwrap(), message);
+    }
+}

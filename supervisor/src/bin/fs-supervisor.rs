@@ -2,7 +2,8 @@
 //! generation (`fsclient serve`) serving each one (see the `daemon` module).
 //!
 //! Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT: every mount is
-//! unmounted first, unless `--keep-mounts-on-exit`), 1 when it cannot start or its loop fails (the message
+//! unmounted first, unless `--keep-mounts-on-exit` or a successor took
+//! them over), 1 when it cannot start or its loop fails (the message
 //! says why), 2 bad usage.
 
 use std::path::PathBuf;
@@ -49,6 +50,13 @@ struct Cli {
     /// systemd's fd store (the systemd unit sets this).
     #[arg(long)]
     keep_mounts_on_exit: bool,
+    /// If another fs-supervisor already serves this state directory, wait
+    /// beside it and take its mounts over when it is stopped (SIGTERM),
+    /// instead of refusing to start: a DaemonSet rollout with maxSurge.
+    /// A stopping supervisor hands over to a waiting successor whether or
+    /// not it was started with this flag.
+    #[arg(long)]
+    successor: bool,
     /// Serve Prometheus metrics (/metrics) and a status page (/) on this
     /// loopback address, e.g. 127.0.0.1:9464.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -89,6 +97,7 @@ fn run() -> anyhow::Result<ExitCode> {
         cgroup_root: PathBuf::from(supervisor::cgroup::CGROUP_FS_ROOT),
         sysctl_dir: PathBuf::from(supervisor::preflight::FUSE_SYSCTL_DIR),
         keep_mounts_on_exit: cli.keep_mounts_on_exit,
+        successor: cli.successor,
         metrics_listen: cli.metrics_listen,
         kubernetes: cli.kubernetes,
     };

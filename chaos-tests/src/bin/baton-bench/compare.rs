@@ -626,7 +626,12 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
         let measured = std::fs::create_dir_all(&dir)
             .map_err(anyhow::Error::from)
             .and_then(|()| {
-                crate::upgrade_stall::measure(&dir, o.stall_kills, Duration::from_millis(200))
+                crate::upgrade_stall::measure(
+                    &dir,
+                    o.stall_kills,
+                    Duration::from_millis(200),
+                    crate::upgrade_stall::Swap::Upgrade,
+                )
             });
         match measured {
             Ok(stalls) => {

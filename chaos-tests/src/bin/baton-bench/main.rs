@@ -18,7 +18,7 @@
 //!
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
 //! `baton-bench upgrade-stall`: what applications see during planned
-//! upgrades (`fsctl upgrade`).
+//! upgrades (`fsctl upgrade`) and supervisor handovers to a successor.
 //! `baton-bench backends`: the Baton workload on each storage/metadata
 //! backend (embedded, S3, PostgreSQL).
 
@@ -60,6 +60,9 @@ enum Bench {
         /// Upgrades.
         #[arg(long, default_value_t = 100)]
         upgrades: usize,
+        /// Supervisor handovers to a successor (DaemonSet rollouts).
+        #[arg(long, default_value_t = 50)]
+        successions: usize,
         /// Milliseconds between upgrades.
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
@@ -230,9 +233,15 @@ fn run() -> anyhow::Result<()> {
         } => stall::run(&dir, kills, Duration::from_millis(interval_ms)),
         Bench::UpgradeStall {
             upgrades,
+            successions,
             interval_ms,
             dir,
-        } => upgrade_stall::run(&dir, upgrades, Duration::from_millis(interval_ms)),
+        } => upgrade_stall::run(
+            &dir,
+            upgrades,
+            successions,
+            Duration::from_millis(interval_ms),
+        ),
         Bench::Backends {
             size_mib,
             files,

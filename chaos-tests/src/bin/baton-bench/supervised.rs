@@ -16,9 +16,28 @@ pub struct SupervisedMount {
     pub socket: PathBuf,
     /// The mountpoint.
     pub mnt: PathBuf,
+    state: PathBuf,
+    supervisor_args: Vec<String>,
     // Field order is drop order: unmount first, then stop the supervisor.
     _guard: MountGuard,
-    _supervisor: ChildGuard,
+    supervisor: ChildGuard,
+}
+
+/// Starts fs-supervisor on `socket` and `state` with `args`.
+fn spawn_supervisor(socket: &Path, state: &Path, args: &[String]) -> anyhow::Result<ChildGuard> {
+    Ok(ChildGuard(
+        Command::new(workspace_binary("fs-supervisor"))
+            .arg("--socket")
+            .arg(socket)
+            .arg("--state-dir")
+            .arg(state)
+            .args(["--cgroup-parent", "baton-bench"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting fs-supervisor")?,
+    ))
 }
 
 impl SupervisedMount {
@@ -26,19 +45,9 @@ impl SupervisedMount {
     /// `volume` and mounts it at `dir/mnt`.
     pub fn start(dir: &Path, volume: &str, supervisor_args: &[&str]) -> anyhow::Result<Self> {
         let socket = dir.join("sup.sock");
-        let supervisor = ChildGuard(
-            Command::new(workspace_binary("fs-supervisor"))
-                .arg("--socket")
-                .arg(&socket)
-                .arg("--state-dir")
-                .arg(dir.join("state"))
-                .args(["--cgroup-parent", "baton-bench"])
-                .args(supervisor_args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting fs-supervisor")?,
-        );
+        let state = dir.join("state");
+        let supervisor_args: Vec<String> = supervisor_args.iter().map(|a| a.to_string()).collect();
+        let supervisor = spawn_supervisor(&socket, &state, &supervisor_args)?;
         if !wait_until(Duration::from_secs(20), || socket.exists()) {
             bail!("fs-supervisor did not start");
         }
@@ -59,8 +68,39 @@ impl SupervisedMount {
             _guard: MountGuard::new(&mnt),
             socket,
             mnt,
-            _supervisor: supervisor,
+            state,
+            supervisor_args,
+            supervisor,
         })
+    }
+
+    /// A DaemonSet rollout in small: starts a successor (`--successor`),
+    /// stops the serving supervisor with SIGTERM so it hands the mount
+    /// over, and waits until the successor serves it.
+    pub fn hand_over_to_successor(&mut self) -> anyhow::Result<()> {
+        let mut args = self.supervisor_args.clone();
+        args.push("--successor".into());
+        let successor = spawn_supervisor(&self.socket, &self.state, &args)?;
+        let waiting = self.state.join("run/successor.sock");
+        if !wait_until(Duration::from_secs(20), || waiting.exists()) {
+            bail!("the successor fs-supervisor did not start waiting");
+        }
+        let mut old = std::mem::replace(&mut self.supervisor, successor);
+        nix::sys::signal::kill(old.pid(), nix::sys::signal::Signal::SIGTERM)?;
+        match old.wait_timeout(Duration::from_secs(20)) {
+            Some(status) if status.success() => {}
+            other => bail!("the old fs-supervisor did not hand over and exit: {other:?}"),
+        }
+        let serving = wait_until(Duration::from_secs(20), || {
+            fsctl(&self.socket, &["status", "--json"])
+                .ok()
+                .and_then(|out| serde_json::from_str::<serde_json::Value>(&out).ok())
+                .is_some_and(|s| s["mounts"][0]["state"] == "serving")
+        });
+        if !serving {
+            bail!("the successor fs-supervisor does not serve the mount");
+        }
+        Ok(())
     }
 }
 

@@ -8,6 +8,12 @@
 //! - the supervisor's stall: old generation stopped reading → new one
 //!   started reading (from `fsctl upgrade --json`).
 //!
+//! Then the same workload through `successions` supervisor handovers (a
+//! DaemonSet rollout in small: a successor starts beside the supervisor,
+//! which gets SIGTERM and hands the mount over; the successor's new
+//! generation re-queues what was in flight): the slowest call overlapping
+//! each, from the SIGTERM until the successor reports the mount serving.
+//!
 //! A failed read, write or upgrade fails the run: every row had 0 errors.
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -58,25 +64,44 @@ pub struct UpgradeStalls {
     pub writes: u64,
 }
 
+/// What replaces the serving generation in each event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Swap {
+    /// `fsctl upgrade` to the other fsclient copy.
+    Upgrade,
+    /// The supervisor hands the mount to a successor supervisor.
+    Succession,
+}
+
 /// Runs the bench and prints its table.
-pub fn run(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<()> {
-    let stalls = measure(dir, upgrades, interval)?;
+pub fn run(
+    dir: &Path,
+    upgrades: usize,
+    successions: usize,
+    interval: Duration,
+) -> anyhow::Result<()> {
+    let stalls = measure(dir, upgrades, interval, Swap::Upgrade)?;
+    let handed = measure(dir, successions, interval, Swap::Succession)?;
     println!(
-        "{upgrades} planned upgrades (fsctl upgrade, alternating two fsclient copies) every {} ms under 4 KiB O_DIRECT reads and writes",
+        "{upgrades} planned upgrades (fsctl upgrade, alternating two fsclient copies) and {successions} supervisor handovers (successor + SIGTERM), every {} ms, under 4 KiB O_DIRECT reads and writes",
         interval.as_millis()
     );
-    println!("(any failed read, write or upgrade fails the run: every row had 0 errors)");
+    println!("(any failed read, write, upgrade or handover fails the run: every row had 0 errors)");
     println!(
-        "{:<36} {:>10} {:>10} {:>10}",
+        "{:<44} {:>10} {:>10} {:>10}",
         "stall", "p50 ms", "p99 ms", "max ms"
     );
     for (name, values) in [
-        ("slowest app call during an upgrade", &stalls.app_us),
-        ("supervisor: old stops → new reads", &stalls.supervisor_us),
+        ("upgrade: slowest app call during it", &stalls.app_us),
+        (
+            "upgrade: supervisor, old stops → new reads",
+            &stalls.supervisor_us,
+        ),
+        ("supervisor handover: slowest app call", &handed.app_us),
     ] {
         let ms = |q: f64| percentile(values, q) / 1000.0;
         println!(
-            "{:<36} {:>10.2} {:>10.2} {:>10.2}",
+            "{:<44} {:>10.2} {:>10.2} {:>10.2}",
             name,
             ms(0.5),
             ms(0.99),
@@ -85,13 +110,19 @@ pub fn run(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<()
     }
     println!(
         "application calls: {} reads, {} writes, 0 errors",
-        stalls.reads, stalls.writes
+        stalls.reads + handed.reads,
+        stalls.writes + handed.writes
     );
     Ok(())
 }
 
-/// Measures `upgrades` upgrades `interval` apart (module docs).
-pub fn measure(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Result<UpgradeStalls> {
+/// Measures `upgrades` swaps of kind `swap` `interval` apart (module docs).
+pub fn measure(
+    dir: &Path,
+    upgrades: usize,
+    interval: Duration,
+    swap: Swap,
+) -> anyhow::Result<UpgradeStalls> {
     let root = tempfile::Builder::new()
         .prefix("baton-upgrade-stall-")
         .tempdir_in(dir)?;
@@ -103,7 +134,7 @@ pub fn measure(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Resul
             std::fs::copy(workspace_binary("fsclient"), &path).map(|_| path)
         })
         .collect::<Result<_, _>>()?;
-    let mount = SupervisedMount::start(dir, "bench", &[])?;
+    let mut mount = SupervisedMount::start(dir, "bench", &[])?;
     let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
     std::fs::write(mnt.join("read"), vec![7u8; 1 << 20])?;
 
@@ -134,8 +165,15 @@ pub fn measure(dir: &Path, upgrades: usize, interval: Duration) -> anyhow::Resul
     let mut measured = Vec::with_capacity(upgrades);
     for n in 0..upgrades {
         std::thread::sleep(interval);
-        let binary = &binaries[n % 2];
         let start = Instant::now();
+        if swap == Swap::Succession {
+            mount
+                .hand_over_to_successor()
+                .with_context(|| format!("supervisor handover {n}"))?;
+            windows.push((start, Instant::now()));
+            continue;
+        }
+        let binary = &binaries[n % 2];
         let out = fsctl(
             &socket,
             &["upgrade", utf8(&mnt)?, "--binary", utf8(binary)?, "--json"],
