@@ -51,7 +51,11 @@ pub mod succession;
 /// Default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
 /// Mounts one supervisor holds at most.
-pub const MOUNTS_MAX: usize = 64;
+pub const MOUNTS_MAX: usize = 256;
+/// Fds a mount costs the supervisor at most: the /dev/fuse fd, the
+/// generation listener, a pidfd and a connection per process (active,
+/// standby, retiring), the log.
+const FDS_PER_MOUNT_MAX: u64 = 9;
 /// The longest poll wait when no timer is armed.
 const IDLE_POLL_MS: u64 = 60_000;
 
@@ -178,6 +182,7 @@ pub fn run(config: Config) -> Result<(), Error> {
     let notifier = Notifier::from_env();
     // After the environment is read: this starts threads.
     reexec::reap_inherited_children();
+    raise_fd_limit();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
     let cgroups = setup_cgroups(&config)?;
@@ -299,6 +304,25 @@ pub fn run(config: Config) -> Result<(), Error> {
         let _ = std::fs::remove_dir(parent.dir());
     }
     result
+}
+
+/// Raises the soft limit of open fds towards the hard one, so that
+/// MOUNTS_MAX mounts fit (the usual soft limit, 1024, does not).
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let wanted = MOUNTS_MAX as u64 * FDS_PER_MOUNT_MAX + 256;
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < wanted => {
+            let raised = wanted.min(hard);
+            if let Err(errno) = setrlimit(Resource::RLIMIT_NOFILE, raised, hard) {
+                tracing::warn!(%errno, soft, hard, "cannot raise the open-file limit; fewer mounts fit");
+            } else if raised < wanted {
+                tracing::warn!(limit = raised, wanted, "the open-file hard limit is low; fewer than MOUNTS_MAX mounts fit (raise LimitNOFILE)");
+            }
+        }
+        Ok(_) => {}
+        Err(errno) => tracing::warn!(%errno, "cannot read the open-file limit"),
+    }
 }
 
 /// One line for systemd's STATUS=: mounts by state and restarts. Pure.

@@ -274,6 +274,24 @@ fn kill_supervisor(sup: &mut Supervisor) -> anyhow::Result<(String, u64, Option<
     ))
 }
 
+/// Starts a successor supervisor and SIGTERMs the serving one, which hands
+/// the mount over (a DaemonSet rollout); the successor's generation serves.
+fn hand_over_supervisor(sup: &mut Supervisor) -> anyhow::Result<(String, u64, Option<u64>)> {
+    let before = sup.wait_serving(1, SERVE_TIMEOUT)?;
+    let (generation, _) = generation(&before)?;
+    let start = Instant::now();
+    let pid = sup.hand_over_to_successor()?;
+    let after = sup.wait_serving(generation + 1, SERVE_TIMEOUT)?;
+    let (generation_after, _) = self::generation(&after)?;
+    Ok((
+        format!(
+            "supervisor (pid {pid}) stopped with a successor waiting; generation {generation} -> {generation_after}"
+        ),
+        start.elapsed().as_millis() as u64,
+        None,
+    ))
+}
+
 /// Injects `scheduled` and reports what happened.
 pub fn inject(
     sup: &mut Supervisor,
@@ -291,6 +309,7 @@ pub fn inject(
         Fault::Upgrade => upgrade(sup, &binaries.fsclient),
         Fault::SupervisorUpgrade => upgrade_supervisor(sup, &binaries.supervisor),
         Fault::SupervisorKill => kill_supervisor(sup),
+        Fault::SupervisorHandover => hand_over_supervisor(sup),
         Fault::NamedPoint { generation, .. } => named_point(sup, *generation, scenario_end),
         Fault::FullStagingDisk { tmpfs_bytes } => fill_staging(sup).map(|left| {
             (

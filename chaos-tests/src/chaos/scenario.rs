@@ -48,6 +48,9 @@ pub enum Fault {
     SupervisorUpgrade,
     /// SIGKILL of fs-supervisor, then a new one on the same state dir.
     SupervisorKill,
+    /// A successor fs-supervisor starts beside the serving one, which then
+    /// gets SIGTERM and hands the mount over (a DaemonSet rollout).
+    SupervisorHandover,
     /// The object store is unreachable for `duration_ms`.
     StorageOutage {
         /// Outage length.
@@ -76,7 +79,8 @@ pub enum Plan {
     Kills { min_ms: u64, max_ms: u64 },
     /// Planned upgrades `min_ms..=max_ms` apart.
     Upgrades { min_ms: u64, max_ms: u64 },
-    /// Supervisor upgrades and kills (alternating) `min_ms..=max_ms` apart.
+    /// Supervisor upgrades, kills and handovers to a successor (in turn)
+    /// `min_ms..=max_ms` apart.
     SupervisorUpgrades { min_ms: u64, max_ms: u64 },
     /// One OOM kill every `every_ms`.
     Ooms { every_ms: u64 },
@@ -171,10 +175,10 @@ impl Scenario {
             Plan::SupervisorUpgrades { min_ms, max_ms } => {
                 let mut at = rng.range(min_ms / 2, max_ms);
                 while at + 1000 < end_ms {
-                    let fault = if out.len() % 2 == 0 {
-                        Fault::SupervisorUpgrade
-                    } else {
-                        Fault::SupervisorKill
+                    let fault = match out.len() % 3 {
+                        0 => Fault::SupervisorUpgrade,
+                        1 => Fault::SupervisorKill,
+                        _ => Fault::SupervisorHandover,
                     };
                     out.push(Scheduled { at_ms: at, fault });
                     at += rng.range(min_ms, max_ms);
@@ -255,7 +259,7 @@ pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
     // kill-warm, kill-cold (soak only), oom, storage-flaky, storage-outage,
     // staging-full, the three named points, upgrades, supervisor upgrades.
     let (big, seconds): (bool, [u64; 11]) = match name {
-        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10, 8]),
+        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10, 12]),
         "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 15, 10]),
         _ => return None,
     };

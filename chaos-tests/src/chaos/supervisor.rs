@@ -113,6 +113,19 @@ impl Supervisor {
     }
 
     fn spawn(&mut self, options: &SupervisorOptions) -> anyhow::Result<()> {
+        self.spawn_process(options)?;
+        // The socket file appears at bind(2), before listen(2): wait until
+        // fsctl gets an answer.
+        let answers = wait_until(SERVE_TIMEOUT, || {
+            self.socket.exists() && self.fsctl(&["status"]).is_ok_and(|o| o.status.success())
+        });
+        if !answers {
+            bail!("fs-supervisor did not start:\n{}", self.logs());
+        }
+        Ok(())
+    }
+
+    fn spawn_process(&mut self, options: &SupervisorOptions) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -131,15 +144,32 @@ impl Supervisor {
             .spawn()
             .context("starting fs-supervisor")?;
         self.child = Some(ChildGuard(child));
-        // The socket file appears at bind(2), before listen(2): wait until
-        // fsctl gets an answer.
-        let answers = wait_until(SERVE_TIMEOUT, || {
-            self.socket.exists() && self.fsctl(&["status"]).is_ok_and(|o| o.status.success())
-        });
-        if !answers {
-            bail!("fs-supervisor did not start:\n{}", self.logs());
-        }
         Ok(())
+    }
+
+    /// A DaemonSet rollout in small: starts a successor (`--successor`)
+    /// beside the serving fs-supervisor, stops that one with SIGTERM so it
+    /// hands the mount over, and waits for it to exit. Returns its pid.
+    pub fn hand_over_to_successor(&mut self) -> anyhow::Result<i32> {
+        let Some(mut old) = self.child.take() else {
+            bail!("fs-supervisor is not running");
+        };
+        let mut options = self.options.clone();
+        options.args.push("--successor".into());
+        self.spawn_process(&options)?;
+        let waiting = self.path("state/run/successor.sock");
+        if !wait_until(SERVE_TIMEOUT, || waiting.exists()) {
+            bail!("the successor fs-supervisor did not wait:\n{}", self.logs());
+        }
+        let pid = old.pid();
+        kill(pid, Signal::SIGTERM).context("SIGTERM of fs-supervisor")?;
+        match old.wait_timeout(SERVE_TIMEOUT) {
+            Some(status) if status.success() => Ok(pid.as_raw()),
+            other => bail!(
+                "fs-supervisor (pid {pid}) did not hand over and exit: {other:?}\n{}",
+                self.logs()
+            ),
+        }
     }
 
     /// SIGKILLs fs-supervisor and starts it again with the same options,

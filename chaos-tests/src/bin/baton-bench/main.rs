@@ -135,8 +135,8 @@ struct FsArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Idle mounts for the supervisor memory figure (0 skips it). One
-    /// fs-supervisor holds at most 64 mounts (its MOUNTS_MAX).
-    #[arg(long, default_value_t = 64)]
+    /// fs-supervisor holds at most 256 mounts (its MOUNTS_MAX).
+    #[arg(long, default_value_t = 100)]
     idle_mounts: usize,
     /// Kills for the kill -9 stall figure, and upgrades for the planned-
     /// upgrade stall figure (0 skips both).
