@@ -634,7 +634,12 @@ impl Mount {
                 Cause::Signal(_) => "signal",
                 Cause::Oom => "oom",
             };
-            let said = last_log_line(&tail);
+            // What an exiting generation said last is why it exited; a
+            // killed one's last line is just what it was doing.
+            let said = match death.cause {
+                Cause::Exit(_) | Cause::SpawnFailed => last_log_line(&tail),
+                Cause::Signal(_) | Cause::Oom => "",
+            };
             let detail = if said.is_empty() {
                 cause.clone()
             } else {
