@@ -213,7 +213,7 @@ fn request_summary(io: &upgrade_protocol::GenerationCounters) -> String {
         return "none yet".into();
     }
     let mut by_count: Vec<_> = io.requests.iter().collect();
-    by_count.sort_by(|a, b| b.count.cmp(&a.count));
+    by_count.sort_by_key(|o| std::cmp::Reverse(o.count));
     let top: Vec<String> = by_count
         .iter()
         .take(6)
