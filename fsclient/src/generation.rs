@@ -37,8 +37,8 @@ use std::time::Duration;
 use fuse_wire::{Channel, Session, Stopper, Workers};
 use nix::sys::signal::{SigSet, Signal};
 use upgrade_protocol::{
-    decode_state, encode_state, monotonic_ns, recv_message, send_message, HandleState,
-    HandoverState, InflightJournal, Message, NegotiatedInit, ProtocolError,
+    decode_state, encode_state, monotonic_ns, recv_message, send_message, GenerationCounters,
+    HandleState, HandoverState, InflightJournal, Message, NegotiatedInit, ProtocolError,
 };
 
 use crate::error::{Error, Result};
@@ -261,17 +261,18 @@ impl Generation {
     fn spawn_stats(self: &Arc<Self>) {
         let this = Arc::clone(self);
         std::thread::spawn(move || {
-            let mut reported = 0;
+            let mut reported = (0, GenerationCounters::default());
             let mut since_prune = Duration::ZERO;
             loop {
                 std::thread::sleep(STATS_INTERVAL);
-                let recovered = this.fs.requests_recovered();
-                if recovered != reported {
-                    reported = recovered;
+                let now = (this.fs.requests_recovered(), this.fs.counters());
+                if now != reported {
                     this.send(&Message::Stats {
                         generation: this.adoption.generation,
-                        requests_recovered: recovered,
+                        requests_recovered: now.0,
+                        counters: Some(Box::new(now.1.clone())),
                     });
+                    reported = now;
                 }
                 since_prune += STATS_INTERVAL;
                 if since_prune >= PRUNE_INTERVAL {

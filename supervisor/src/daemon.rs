@@ -651,11 +651,19 @@ impl Daemon {
                 Message::Stats {
                     generation,
                     requests_recovered,
+                    counters,
                 },
                 _,
             )) if role == Role::Active => {
-                tracing::info!(mount = %mount_id, generation, requests_recovered, "requests recovered by exactly-once records");
-                mount.requests_recovered_now = requests_recovered;
+                let before = mount.tally.requests_recovered();
+                mount.tally.report(
+                    generation,
+                    requests_recovered,
+                    counters.map(|c| *c).unwrap_or_default(),
+                );
+                if mount.tally.requests_recovered() != before {
+                    tracing::info!(mount = %mount_id, generation, requests_recovered, "requests recovered by exactly-once records");
+                }
             }
             Ok((other, _)) => {
                 tracing::warn!(mount = %mount_id, pid, kind = other.kind(), ?role, "unexpected message from a generation");

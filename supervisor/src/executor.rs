@@ -22,6 +22,7 @@ use crate::cgroup;
 use crate::generation::{describe, Launch, Process};
 use crate::lifecycle::mount::{self, Action, Cause, Death, Event, Policy, Role, State, Timer};
 use crate::lifecycle::upgrade::Outcome;
+use crate::mount_tally::{last_log_line, MountTally};
 use crate::state_file::{log_tail, StateDir};
 
 /// Events one dispatch may chain (an event and the events its actions
@@ -95,10 +96,9 @@ pub struct Mount {
     pub connection_id: u32,
     /// The connection's random identity (exactly-once keys).
     pub connection: u64,
-    /// Requests recovered by earlier generations (sum at their deaths).
-    requests_recovered_before: u64,
-    /// Requests recovered by the serving generation so far.
-    pub requests_recovered_now: u64,
+    /// Counters over the mount's life (generation reports, upgrades,
+    /// incidents).
+    pub tally: MountTally,
     /// Generations of this mount connect here.
     pub listener: OwnedFd,
     /// Its path.
@@ -192,8 +192,7 @@ impl Mount {
             init: parts.init,
             connection_id: parts.connection_id,
             connection: parts.connection,
-            requests_recovered_before: 0,
-            requests_recovered_now: 0,
+            tally: MountTally::default(),
             listener: parts.listener,
             socket_path: parts.socket_path,
             log: parts.log,
@@ -358,8 +357,7 @@ impl Mount {
             }
             Action::RecordDeath { role, death } => {
                 if role == Role::Active {
-                    self.requests_recovered_before +=
-                        std::mem::take(&mut self.requests_recovered_now);
+                    self.tally.serving_ended();
                 }
                 self.record_death(role, death)
             }
@@ -438,6 +436,7 @@ impl Mount {
         match cgroup.and_then(|cgroup| Process::spawn(&launch, cgroup)) {
             Ok(process) => {
                 tracing::info!(mount = %self.id, generation, pid = process.pid, ?role, "generation started");
+                self.tally.generation_started();
                 *self.slot(role) = Some(process);
             }
             Err(err) => {
@@ -574,6 +573,16 @@ impl Mount {
         let _ = upgrade.waiter.send(Reply::Upgraded {
             report: Box::new(report.clone()),
         });
+        let rolled_back = report.outcome.starts_with("rolled back");
+        self.tally.upgrade_ended(ok, rolled_back, report.journaled);
+        if rolled_back {
+            self.tally.incident(
+                report.at_unix_ms,
+                report.generation,
+                "rollback",
+                &format!("upgrade to {} {}", report.binary.display(), report.outcome),
+            );
+        }
         self.last_upgrade = Some(report);
         self.write_record(env);
     }
@@ -625,6 +634,26 @@ impl Mount {
                     self.log_path.display()
                 ));
             }
+        }
+        if role != Role::Retiring {
+            let kind = match death.cause {
+                Cause::Exit(_) | Cause::SpawnFailed => "exit",
+                Cause::Signal(_) => "signal",
+                Cause::Oom => "oom",
+            };
+            // What an exiting generation said last is why it exited; a
+            // killed one's last line is just what it was doing.
+            let said = match death.cause {
+                Cause::Exit(_) | Cause::SpawnFailed => last_log_line(&tail),
+                Cause::Signal(_) | Cause::Oom => "",
+            };
+            let detail = if said.is_empty() {
+                cause.clone()
+            } else {
+                format!("{cause}; it logged: {said}")
+            };
+            self.tally
+                .incident(unix_ms(SystemTime::now()), death.generation, kind, &detail);
         }
         match role {
             Role::Active => {
@@ -761,8 +790,10 @@ impl Mount {
             last_recovery: self.last_recovery.clone(),
             last_upgrade: self.last_upgrade.clone(),
             client_binary: self.client_binary.clone(),
-            requests_recovered: self.requests_recovered_before + self.requests_recovered_now,
+            requests_recovered: self.tally.requests_recovered(),
             connection_id: self.connection_id,
+            counters: Some(self.tally.counters()),
+            incidents: self.tally.incidents(),
             cgroup: active
                 .and_then(|p| p.cgroup.as_ref())
                 .map(|c| c.dir().to_path_buf()),

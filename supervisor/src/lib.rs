@@ -19,6 +19,7 @@
 //!   [`daemon::restore`]: mounts restored from it at start.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
 //! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
+//!   [`mount_tally`]: per-mount counters summed across generations;
 //!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
 //!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
 //! - [`reexec`]: `fsctl upgrade-supervisor` (re-execute in place).
@@ -42,6 +43,7 @@ pub mod kubernetes;
 pub mod lifecycle;
 pub mod metrics;
 pub mod mount_events;
+pub mod mount_tally;
 pub mod mounting;
 pub mod preflight;
 pub mod reexec;

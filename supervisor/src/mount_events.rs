@@ -181,6 +181,8 @@ mod tests {
             requests_recovered: 0,
             last_recovery: None,
             connection_id: 1,
+            counters: None,
+            incidents: Vec::new(),
             cgroup: None,
             init: NegotiatedInit {
                 major: 7,

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{NegotiatedInit, ProtocolError};
+use crate::{Incident, MountCounters, NegotiatedInit, ProtocolError};
 
 /// The state record format this binary writes and the highest it reads.
 pub const RECORD_FORMAT_VERSION: u32 = 1;
@@ -270,6 +270,13 @@ pub struct MountStatus {
     pub requests_recovered: u64,
     /// The fusectl connection number (`/sys/fs/fuse/connections/N`).
     pub connection_id: u32,
+    /// Request, byte, cache and upgrade counters over the mount's life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counters: Option<MountCounters>,
+    /// The last deaths and rollbacks, oldest first (at most
+    /// `INCIDENTS_MAX` of the supervisor).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub incidents: Vec<Incident>,
     /// The memory cgroup of the serving generation, if cgroups are in use.
     pub cgroup: Option<PathBuf>,
     /// The INIT result every generation adopts.

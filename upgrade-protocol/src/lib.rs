@@ -10,6 +10,9 @@
 //!   [`Message::Control`] / [`Message::ControlReply`]; [`StatusReport`] is
 //!   what `fsctl status --json` prints; [`MountRecord`] is the supervisor's
 //!   per-mount state file.
+//! - [`GenerationCounters`]: request counters a generation reports in
+//!   [`Message::Stats`]; [`MountCounters`] / [`Incident`]: what the
+//!   supervisor keeps per mount for `/metrics` and its status page.
 //! - [`HandoverState`] / [`InflightJournal`]: what a planned upgrade hands
 //!   from one generation to the next (versioned files, see `handover.rs`).
 //! - [`send_message`] / [`recv_message`]: one message per SOCK_SEQPACKET
@@ -34,6 +37,7 @@
 #![deny(missing_docs)]
 
 mod control;
+mod counters;
 mod error;
 mod fdpass;
 mod handover;
@@ -43,6 +47,9 @@ mod socket;
 pub use control::{
     decode_record, encode_record, ClientOptions, ErrorKind, MountRecord, MountStatus, Recovery,
     Reply, Request, Restarts, StatusReport, SupervisorInfo, UpgradeReport, RECORD_FORMAT_VERSION,
+};
+pub use counters::{
+    GenerationCounters, Incident, MountCounters, OpcodeCounters, LATENCY_BOUNDS_US,
 };
 pub use error::ProtocolError;
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};

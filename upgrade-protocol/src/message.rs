@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::control::{MountRecord, Reply, Request};
+use crate::counters::GenerationCounters;
 use crate::ProtocolError;
 
 /// The first bytes of every frame.
@@ -95,6 +96,10 @@ pub enum Message {
         /// Replayed requests answered from an earlier generation's
         /// exactly-once record.
         requests_recovered: u64,
+        /// Request, byte and cache counters since the generation started
+        /// (absent from generations that predate them).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        counters: Option<Box<GenerationCounters>>,
     },
     /// Holder → serving generation: stop reading, journal what is in
     /// flight, write the handover state into `dir`, and answer with

@@ -7,8 +7,9 @@ use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use upgrade_protocol::{
     decode, decode_record, encode, encode_record, recv_message, send_message, ClientOptions,
-    ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit, ProtocolError, Recovery, Reply,
-    Request, Restarts, StatusReport, UpgradeReport, RECORD_FORMAT_VERSION,
+    ErrorKind, GenerationCounters, Message, MountRecord, MountStatus, NegotiatedInit,
+    OpcodeCounters, ProtocolError, Recovery, Reply, Request, Restarts, StatusReport, UpgradeReport,
+    LATENCY_BOUNDS_US, RECORD_FORMAT_VERSION,
 };
 
 fn init() -> NegotiatedInit {
@@ -230,6 +231,8 @@ fn control_frames_are_pinned_and_round_trip() {
             client_binary: "/usr/local/bin/fsclient".into(),
             requests_recovered: 2,
             connection_id: 43,
+            counters: None,
+            incidents: Vec::new(),
             cgroup: Some("/sys/fs/cgroup/memory/baton/0123456789abcdef-gen2".into()),
             init: init(),
         }],
@@ -409,4 +412,107 @@ fn a_mount_passed_to_a_successor_crosses_with_its_fd_and_the_frames_are_pinned()
         assert_eq!(String::from_utf8_lossy(&frame[12..]), json);
         assert_eq!(decode(&frame).unwrap(), message);
     }
+}
+
+#[test]
+fn stats_counters_are_optional_both_ways() {
+    // A generation that predates the counters: its report still decodes.
+    let old = br#"{"kind":"stats","generation":3,"requests_recovered":1}"#;
+    let mut frame = Vec::from(*b"BATN");
+    frame.extend_from_slice(&1u16.to_le_bytes());
+    frame.extend_from_slice(&0u16.to_le_bytes());
+    frame.extend_from_slice(&(old.len() as u32).to_le_bytes());
+    frame.extend_from_slice(old);
+    assert_eq!(
+        decode(&frame).unwrap(),
+        Message::Stats {
+            generation: 3,
+            requests_recovered: 1,
+            counters: None
+        }
+    );
+    // Without counters the frame is byte-for-byte the old one.
+    let encoded = encode(&Message::Stats {
+        generation: 3,
+        requests_recovered: 1,
+        counters: None,
+    })
+    .unwrap();
+    assert_eq!(encoded, frame);
+    // With counters: round trip; an older reader's shape (the same enum
+    // without the field) ignores them.
+    let counters = GenerationCounters {
+        latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+        requests: vec![OpcodeCounters {
+            opcode: 16,
+            count: 2,
+            latency_us_sum: 300,
+            latency_buckets: vec![0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        }],
+        written_bytes: 8192,
+        ..GenerationCounters::default()
+    };
+    let new = Message::Stats {
+        generation: 4,
+        requests_recovered: 0,
+        counters: Some(Box::new(counters)),
+    };
+    let frame = encode(&new).unwrap();
+    assert_eq!(decode(&frame).unwrap(), new);
+    #[derive(serde::Deserialize, Debug, PartialEq)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    enum OldMessage {
+        Stats {
+            generation: u64,
+            requests_recovered: u64,
+        },
+    }
+    let old: OldMessage = serde_json::from_slice(&frame[12..]).unwrap();
+    assert_eq!(
+        old,
+        OldMessage::Stats {
+            generation: 4,
+            requests_recovered: 0
+        }
+    );
+}
+
+#[test]
+fn mount_counters_add_generations_and_keep_histograms_apart_when_bounds_differ() {
+    let one = |opcode, count, bucket: usize| GenerationCounters {
+        latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+        requests: vec![OpcodeCounters {
+            opcode,
+            count,
+            latency_us_sum: count * 10,
+            latency_buckets: (0..=LATENCY_BOUNDS_US.len())
+                .map(|i| if i == bucket { count } else { 0 })
+                .collect(),
+        }],
+        read_bytes: count,
+        uploads_pending: 5,
+        ..GenerationCounters::default()
+    };
+    let mut total = GenerationCounters::default();
+    total.add(&one(16, 2, 0));
+    total.add(&one(15, 3, 1));
+    total.add(&one(16, 1, 12));
+    assert_eq!(
+        total.requests.iter().map(|o| o.opcode).collect::<Vec<_>>(),
+        [15, 16]
+    );
+    assert_eq!(total.requests[1].count, 3);
+    assert_eq!(total.requests[1].latency_buckets[0], 2);
+    assert_eq!(total.requests[1].latency_buckets[12], 1);
+    assert_eq!(total.read_bytes, 6);
+    assert_eq!(total.uploads_pending, 0, "a gauge is not summed");
+    let mut other_bounds = one(16, 4, 0);
+    other_bounds.latency_bounds_us = vec![1, 2];
+    total.add(&other_bounds);
+    assert_eq!(total.requests[1].count, 7);
+    assert_eq!(
+        total.requests[1].latency_buckets.iter().sum::<u64>(),
+        3,
+        "buckets of other bounds are not mixed in"
+    );
 }

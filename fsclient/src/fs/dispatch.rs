@@ -1,6 +1,8 @@
 //! The [`fuse_wire::Filesystem`] impl of [`BatonFs`]: routes each request to
 //! the submodule doing the work and turns its `Result` into the reply (the
-//! errno of a failure, logged with `op`, `unique` and `nodeid`).
+//! errno of a failure, logged with `op`, `unique` and `nodeid`). Every
+//! method first starts a `RequestTimer` (`counters.rs`): the request is
+//! counted by opcode, with its latency, when the method returns.
 
 use std::ffi::OsStr;
 
@@ -42,6 +44,7 @@ macro_rules! answer_once {
 
 impl Filesystem for BatonFs {
     fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -54,9 +57,12 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn forget(&self, _req: &Request<'_>, _nodeid: u64, _nlookup: u64) {}
+    fn forget(&self, req: &Request<'_>, _nodeid: u64, _nlookup: u64) {
+        let _timer = self.counters.timer(req.opcode());
+    }
 
     fn getattr(&self, req: &Request<'_>, nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -69,6 +75,7 @@ impl Filesystem for BatonFs {
     }
 
     fn setattr(&self, req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+        let _timer = self.counters.timer(req.opcode());
         answer_once!(
             self,
             req,
@@ -81,6 +88,7 @@ impl Filesystem for BatonFs {
     }
 
     fn readlink(&self, req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -100,6 +108,7 @@ impl Filesystem for BatonFs {
         target: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_symlink(req, parent, name, target);
         answer_once!(self, req, "symlink", parent, r, reply, |e| reply.entry(&e));
     }
@@ -112,6 +121,7 @@ impl Filesystem for BatonFs {
         arg: &abi::MknodIn,
         reply: ReplyEntry,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_mknod(req, parent, name, arg);
         answer_once!(self, req, "mknod", parent, r, reply, |e| reply.entry(&e));
     }
@@ -124,11 +134,13 @@ impl Filesystem for BatonFs {
         arg: &abi::MkdirIn,
         reply: ReplyEntry,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_mkdir(req, parent, name, arg);
         answer_once!(self, req, "mkdir", parent, r, reply, |e| reply.entry(&e));
     }
 
     fn unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer_once!(
             self,
             req,
@@ -141,6 +153,7 @@ impl Filesystem for BatonFs {
     }
 
     fn rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer_once!(
             self,
             req,
@@ -162,6 +175,7 @@ impl Filesystem for BatonFs {
         flags: u32,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_rename(req, parent, name, newparent, newname, flags);
         answer_once!(self, req, "rename", parent, r, reply, |()| reply.ok());
     }
@@ -174,11 +188,13 @@ impl Filesystem for BatonFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_link(req, nodeid, newparent, newname);
         answer_once!(self, req, "link", nodeid, r, reply, |e| reply.entry(&e));
     }
 
     fn open(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -194,6 +210,7 @@ impl Filesystem for BatonFs {
     }
 
     fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -202,7 +219,10 @@ impl Filesystem for BatonFs {
             nodeid,
             self.do_read(nodeid, arg),
             reply,
-            |d| reply.data(&d)
+            |d| {
+                self.counters.read(d.len());
+                reply.data(&d)
+            }
         );
     }
 
@@ -214,18 +234,24 @@ impl Filesystem for BatonFs {
         data: &[u8],
         reply: ReplyWrite,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         let r = self.do_write(nodeid, arg, data);
-        answer!(self, req, "write", nodeid, r, reply, |n| reply.written(n));
+        answer!(self, req, "write", nodeid, r, reply, |n| {
+            self.counters.written(n);
+            reply.written(n)
+        });
     }
 
     fn statfs(&self, req: &Request<'_>, nodeid: u64, reply: ReplyStatfs) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(self, req, "statfs", nodeid, self.do_statfs(), reply, |s| {
             reply.statfs(&s)
         });
     }
 
     fn release(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -238,6 +264,7 @@ impl Filesystem for BatonFs {
     }
 
     fn fsync(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -259,11 +286,13 @@ impl Filesystem for BatonFs {
         arg: &abi::SetxattrIn,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_setxattr(req, nodeid, name, value, arg.flags);
         answer_once!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
     }
 
     fn getxattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _timer = self.counters.timer(req.opcode());
         match self.meta.getxattr(nodeid, name).map_err(Error::from) {
             Ok(value) => xattr::answer(&value, size, reply),
             Err(err) => reply.error(self.fail("getxattr", req, nodeid, &err)),
@@ -271,6 +300,7 @@ impl Filesystem for BatonFs {
     }
 
     fn listxattr(&self, req: &Request<'_>, nodeid: u64, size: u32, reply: ReplyXattr) {
+        let _timer = self.counters.timer(req.opcode());
         match self.do_listxattr(nodeid) {
             Ok(list) => xattr::answer(&list, size, reply),
             Err(err) => reply.error(self.fail("listxattr", req, nodeid, &err)),
@@ -278,11 +308,13 @@ impl Filesystem for BatonFs {
     }
 
     fn removexattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_removexattr(req, nodeid, name);
         answer_once!(self, req, "removexattr", nodeid, r, reply, |()| reply.ok());
     }
 
     fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -296,6 +328,7 @@ impl Filesystem for BatonFs {
     }
 
     fn opendir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -315,6 +348,7 @@ impl Filesystem for BatonFs {
         entries: DirentBuf,
         reply: ReplyData,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         match self.do_readdir(nodeid, arg, entries) {
             Ok(buf) => reply.data(buf.as_bytes()),
@@ -323,6 +357,7 @@ impl Filesystem for BatonFs {
     }
 
     fn releasedir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -335,11 +370,13 @@ impl Filesystem for BatonFs {
     }
 
     fn fsyncdir(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         let r = self.do_fsyncdir();
         answer!(self, req, "fsyncdir", nodeid, r, reply, |()| reply.ok());
     }
 
     fn getlk(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LkIn, reply: ReplyLock) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -359,10 +396,12 @@ impl Filesystem for BatonFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         self.do_setlk(req, nodeid, arg, sleep, reply);
     }
 
-    fn access(&self, _req: &Request<'_>, _nodeid: u64, _mask: u32, reply: ReplyEmpty) {
+    fn access(&self, req: &Request<'_>, _nodeid: u64, _mask: u32, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         // default_permissions: the kernel checks modes itself.
         reply.ok();
     }
@@ -375,6 +414,7 @@ impl Filesystem for BatonFs {
         arg: &abi::CreateIn,
         reply: ReplyCreate,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         answer_once!(
             self,
             req,
@@ -386,11 +426,13 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn interrupt(&self, _req: &Request<'_>, unique: u64) {
+    fn interrupt(&self, req: &Request<'_>, unique: u64) {
+        let _timer = self.counters.timer(req.opcode());
         self.do_interrupt(unique);
     }
 
     fn fallocate(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FallocateIn, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -403,6 +445,7 @@ impl Filesystem for BatonFs {
     }
 
     fn lseek(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LseekIn, reply: ReplyLseek) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(
             self,
             req,
@@ -416,16 +459,18 @@ impl Filesystem for BatonFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         _nodeid: u64,
         _arg: &abi::CopyFileRangeIn,
         reply: ReplyCopy,
     ) {
+        let _timer = self.counters.timer(req.opcode());
         // The kernel falls back to read and write.
         reply.error(Errno::EOPNOTSUPP);
     }
 
     fn syncfs(&self, req: &Request<'_>, reply: ReplyEmpty) {
+        let _timer = self.counters.timer(req.opcode());
         answer!(self, req, "syncfs", 0, self.do_syncfs(), reply, |()| reply
             .ok());
     }

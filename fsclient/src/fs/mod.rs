@@ -15,6 +15,7 @@
 //! lookup counts need no tracking: FORGET is a no-op, and a later
 //! generation understands every nodeid the kernel holds.
 
+mod counters;
 mod data;
 mod dir;
 mod dispatch;
@@ -94,6 +95,8 @@ pub struct BatonFs {
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
     recovered: AtomicU64,
+    /// Requests by opcode, latencies, bytes (for the supervisor's metrics).
+    counters: counters::RequestCounters,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,7 +134,24 @@ impl BatonFs {
             connection: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
+            counters: counters::RequestCounters::default(),
         }
+    }
+
+    /// Request, byte, cache and upload counters since this process started
+    /// (for `Message::Stats`; lists the staging area, so call it from a
+    /// timer, not per request).
+    pub fn counters(&self) -> upgrade_protocol::GenerationCounters {
+        let mut counters = self.counters.snapshot();
+        let cache = self.cache.stats();
+        counters.cache_hit_count = cache.hit_count;
+        counters.cache_miss_count = cache.miss_count;
+        counters.uploads_pending = self
+            .staging
+            .staged_inodes()
+            .map(|inodes| inodes.len() as u64)
+            .unwrap_or(0);
+        counters
     }
 
     /// Builds the filesystem from a [`Volume`], returning its lock to keep.

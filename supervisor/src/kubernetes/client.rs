@@ -4,6 +4,10 @@
 //! and the status ConfigMap (server-side apply, at most every
 //! [`STATUS_INTERVAL_MS`]). Failures are logged and retried on the next
 //! update; they never reach the event loop.
+//!
+//! Everything after building the [`Client`] is in [`serve`], which takes
+//! any `kube::Client`, so the request sequence is tested against a mock
+//! service (`client_tests.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +26,10 @@ use super::{
     Node, STATUS_INTERVAL_MS,
 };
 use crate::mount_events::MountEvent;
+
+/// How long Events wait for the first pod list (Events of a mount are
+/// published on the pods that use it, so they need the list).
+pub const POD_LIST_WAIT_MS: u64 = 10_000;
 
 /// What the event loop sends.
 enum Update {
@@ -60,7 +68,7 @@ pub fn start(node: Node) -> std::io::Result<Publisher> {
     Ok(Publisher { tx })
 }
 
-async fn run(node: Node, mut rx: UnboundedReceiver<Update>) {
+async fn run(node: Node, rx: UnboundedReceiver<Update>) {
     let client = match Client::try_default().await {
         Ok(client) => client,
         Err(err) => {
@@ -68,6 +76,37 @@ async fn run(node: Node, mut rx: UnboundedReceiver<Update>) {
             return;
         }
     };
+    serve(client, node, rx, Duration::from_millis(STATUS_INTERVAL_MS)).await;
+}
+
+/// Watches this node's pods and publishes what arrives on `rx` until it
+/// closes: Events at once, the status ConfigMap at most every
+/// `status_interval`.
+async fn serve(
+    client: Client,
+    node: Node,
+    mut rx: UnboundedReceiver<Update>,
+    status_interval: Duration,
+) {
+    let store = watch_pods(&client, &node);
+    let mut last_status: Option<Instant> = None;
+    while let Some(update) = rx.recv().await {
+        match update {
+            Update::Events(events) => publish_events(&client, &store, &node, &events).await,
+            Update::Status(mounts) => {
+                let due = last_status.is_none_or(|at| at.elapsed() >= status_interval);
+                if due {
+                    last_status = Some(Instant::now());
+                    write_status(&client, &node, &mounts).await;
+                }
+            }
+        }
+    }
+}
+
+/// Starts a reflector of the pods on `node` (list, then watch, both with
+/// the field selector `spec.nodeName=NODE`) on its own task.
+fn watch_pods(client: &Client, node: &Node) -> Store<Pod> {
     let selector = pod_field_selector(&node.name);
     let pods: Api<Pod> = Api::all(client.clone());
     let (store, writer) = reflector::store();
@@ -90,38 +129,53 @@ async fn run(node: Node, mut rx: UnboundedReceiver<Update>) {
         selector,
         "kubernetes: watching this node's pods"
     );
+    store
+}
+
+/// Writes the node's status ConfigMap by server-side apply: one PATCH
+/// creates it the first time and updates it after (no create-then-update
+/// race between supervisor restarts). A refusal is logged; the next
+/// update tries again.
+async fn write_status(client: &Client, node: &Node, mounts: &[MountStatus]) {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &node.namespace);
-    let mut last_status: Option<Instant> = None;
-    while let Some(update) = rx.recv().await {
-        match update {
-            Update::Events(events) => publish_events(&client, &store, &node, &events).await,
-            Update::Status(mounts) => {
-                let due = last_status
-                    .is_none_or(|at| at.elapsed() >= Duration::from_millis(STATUS_INTERVAL_MS));
-                if due {
-                    last_status = Some(Instant::now());
-                    let cm = status_configmap(&node, &mounts, Timestamp::now());
-                    let params = PatchParams::apply("fs-supervisor").force();
-                    let name = status_configmap_name(&node.name);
-                    if let Err(err) = configmaps.patch(&name, &params, &Patch::Apply(&cm)).await {
-                        tracing::warn!(%err, configmap = name, "cannot write the status ConfigMap");
-                    }
-                }
-            }
-        }
+    let cm = status_configmap(node, mounts, Timestamp::now());
+    let params = PatchParams::apply("fs-supervisor").force();
+    let name = status_configmap_name(&node.name);
+    if let Err(err) = configmaps.patch(&name, &params, &Patch::Apply(&cm)).await {
+        tracing::warn!(%err, configmap = name, namespace = node.namespace, "cannot write the status ConfigMap; check the DaemonSet's RBAC (deploy/kubernetes/rbac.yaml); retrying at the next update");
     }
 }
 
 async fn publish_events(client: &Client, store: &Store<Pod>, node: &Node, events: &[MountEvent]) {
-    let pods = store.state();
+    let ready = tokio::time::timeout(
+        Duration::from_millis(POD_LIST_WAIT_MS),
+        store.wait_until_ready(),
+    )
+    .await;
+    if !matches!(ready, Ok(Ok(()))) {
+        tracing::warn!(
+            events = events.len(),
+            "no pod list yet (see the pod watch errors); these Events are dropped"
+        );
+        return;
+    }
+    let mut pods = store.state();
+    // In a stable order (namespace, name), not the store's hash order.
+    pods.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
     for event in events {
         for pod in pods.iter().filter(|p| pod_uses_mount(p, &event.mountpoint)) {
             let object = event_object(pod, event, &node.name, Timestamp::now());
             let namespace = object.metadata.namespace.clone().unwrap_or_default();
             let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
             if let Err(err) = api.create(&PostParams::default(), &object).await {
-                tracing::warn!(%err, pod = ?pod.metadata.name, reason = event.kind.reason(), "cannot publish an Event");
+                tracing::warn!(%err, pod = ?pod.metadata.name, namespace, reason = event.kind.reason(), "cannot publish an Event");
             }
         }
     }
 }
+
+#[cfg(test)]
+#[path = "client_tests.rs"]
+mod tests;

@@ -134,6 +134,8 @@ fn the_status_configmap_has_one_entry_per_mount_and_applies_as_is() {
         requests_recovered: 0,
         last_recovery: None,
         connection_id: 1,
+        counters: None,
+        incidents: Vec::new(),
         cgroup: None,
         init: NegotiatedInit {
             major: 7,

@@ -1,0 +1,564 @@
+//! fs-supervisor's `/metrics` and status page against real mounts: the
+//! request, byte and restart counters move with real file I/O and never go
+//! down across a kill -9 of the serving generation; the status page, as
+//! rendered by headless Chromium, shows a healthy mount and one whose
+//! generations crash (given up) with its tip.
+//!
+//! Build the binaries first: `cargo build -p fsclient -p supervisor -p
+//! chaos-tests`. Needs root, /dev/fuse and a memory cgroup. The page test
+//! needs Debian's `chromium`; without it the test prints why and passes,
+//! unless `BATON_REQUIRE_CHROMIUM=1` (set by `.ci/run`), which makes it fail.
+//!
+//! Every fixture has its own supervisor, state dir, socket, volumes,
+//! cgroup parent and metrics port; on drop the supervisor is stopped (it
+//! unmounts), anything left in its cgroups is killed and the mounts are
+//! detached. Applications and Chromium run as child processes with a
+//! deadline.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const CHROMIUM_DEADLINE: Duration = Duration::from_secs(120);
+const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+static FIXTURES: AtomicU32 = AtomicU32::new(0);
+
+fn binary(name: &str) -> PathBuf {
+    let path = workspace_binary(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p fsclient -p supervisor -p chaos-tests` first",
+        path.display()
+    );
+    path
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 temp path")
+}
+
+/// A loopback port nobody listens on now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// One supervisor with `--metrics-listen`, volumes formatted on demand.
+struct Fixture {
+    dir: tempfile::TempDir,
+    base: PathBuf,
+    socket: PathBuf,
+    cgroup_parent: String,
+    metrics_addr: String,
+    supervisor: Option<ChildGuard>,
+    mounts: Vec<PathBuf>,
+    guards: Vec<MountGuard>,
+}
+
+impl Fixture {
+    fn start(extra: &[&str]) -> Fixture {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let base = dir.path().join("base");
+        let socket = dir.path().join("supervisor.sock");
+        let cgroup_parent = format!(
+            "baton-obs-test-{}-{}",
+            std::process::id(),
+            FIXTURES.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut fixture = Fixture {
+            dir,
+            base,
+            socket,
+            cgroup_parent,
+            metrics_addr: format!("127.0.0.1:{}", free_port()),
+            supervisor: None,
+            mounts: Vec::new(),
+            guards: Vec::new(),
+        };
+        let log = std::fs::File::create(fixture.path("supervisor.log")).expect("log");
+        let mut command = Command::new(binary("fs-supervisor"));
+        if !extra.contains(&"--client-binary") {
+            command.args(["--client-binary", s(&binary("fsclient"))]);
+        }
+        let child = command
+            .args(["--state-dir", s(&fixture.path("state"))])
+            .args(["--socket", s(&fixture.socket)])
+            .args(["--cgroup-parent", &fixture.cgroup_parent])
+            .args(["--metrics-listen", &fixture.metrics_addr])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn fs-supervisor");
+        fixture.supervisor = Some(ChildGuard(child));
+        assert!(
+            wait_until(DEADLINE, || fixture.socket.exists()
+                && std::net::TcpStream::connect(&fixture.metrics_addr).is_ok()),
+            "fs-supervisor did not start:\n{}",
+            fixture.logs()
+        );
+        fixture
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn fsctl(&self, args: &[&str]) -> Output {
+        Command::new(binary("fsctl"))
+            .args(args)
+            .args(["--socket", s(&self.socket)])
+            .output()
+            .expect("run fsctl")
+    }
+
+    /// Formats `volume` and mounts it at a new directory; returns it.
+    fn mount(&mut self, volume: &str) -> PathBuf {
+        let out = Command::new(binary("fsctl"))
+            .args(["format", volume, "--base-dir", s(&self.base)])
+            .output()
+            .expect("fsctl format");
+        assert!(
+            out.status.success(),
+            "format: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mnt = self.path(&format!("mnt-{volume}"));
+        std::fs::create_dir(&mnt).expect("mountpoint");
+        let out = self.fsctl(&["mount", volume, s(&mnt), "--base-dir", s(&self.base)]);
+        assert!(
+            out.status.success(),
+            "fsctl mount failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        self.guards.push(MountGuard::new(&mnt));
+        self.mounts.push(mnt.clone());
+        mnt
+    }
+
+    /// The entry of the mount at `mnt` in `fsctl status --json`.
+    fn status(&self, mnt: &Path) -> Value {
+        let out = self.fsctl(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        report["mounts"]
+            .as_array()
+            .and_then(|mounts| {
+                mounts
+                    .iter()
+                    .find(|m| m["mountpoint"].as_str() == Some(s(mnt)))
+                    .cloned()
+            })
+            .unwrap_or(Value::Null)
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(&self.metrics_addr).expect("connect");
+        write!(stream, "GET {path} HTTP/1.0\r\n\r\n").expect("request");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).expect("response");
+        out
+    }
+
+    fn logs(&self) -> String {
+        let tail = |path: PathBuf| {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        let mut out = format!(
+            "--- supervisor log ---\n{}\n",
+            tail(self.path("supervisor.log"))
+        );
+        if let Ok(entries) = std::fs::read_dir(self.path("state/logs")) {
+            for entry in entries.flatten() {
+                out.push_str(&format!(
+                    "--- {} ---\n{}\n",
+                    entry.path().display(),
+                    tail(entry.path())
+                ));
+            }
+        }
+        out
+    }
+
+    fn cgroup_dir(&self) -> PathBuf {
+        Path::new(CGROUP_V1_MEMORY).join(&self.cgroup_parent)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+            for mnt in &self.mounts {
+                let _ = fuse_wire::abort_connection(mnt);
+            }
+        }
+        if let Some(mut child) = self.supervisor.take() {
+            let _ = kill(child.pid(), Signal::SIGTERM);
+            let _ = child.wait_timeout(DEADLINE);
+        }
+        let cgroups = std::fs::read_dir(self.cgroup_dir())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_else(|_| Vec::<PathBuf>::new());
+        for cgroup in cgroups {
+            let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            let _ = wait_until(Duration::from_secs(5), || {
+                std::fs::remove_dir(&cgroup).is_ok()
+            });
+        }
+        let _ = std::fs::remove_dir(self.cgroup_dir());
+        self.guards.clear();
+    }
+}
+
+/// Runs `script` with `sh -c` as an application (its own process, with a
+/// deadline; killed on the way out).
+fn app(script: &str) {
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn application");
+    let mut guard = ChildGuard(child);
+    let status = guard.wait_timeout(DEADLINE);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "application `{script}` failed or hung: {status:?}"
+    );
+}
+
+/// The samples of a metrics text: `name{labels}` → value.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or(text);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The counter samples (counters and histogram parts) of a metrics text.
+fn counters(text: &str) -> BTreeMap<String, f64> {
+    let counter_names: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| {
+            let (name, kind) = l.split_once(' ')?;
+            (kind == "counter" || kind == "histogram").then(|| name.to_string())
+        })
+        .collect();
+    samples(text)
+        .into_iter()
+        .filter(|(key, _)| {
+            let name = key.split('{').next().unwrap_or("");
+            counter_names.iter().any(|c| {
+                name == c
+                    || name
+                        .strip_prefix(c.as_str())
+                        .is_some_and(|rest| ["_bucket", "_sum", "_count"].contains(&rest))
+            })
+        })
+        .collect()
+}
+
+/// The value of the sample whose key starts with `prefix` and contains
+/// every one of `parts`.
+fn value(samples: &BTreeMap<String, f64>, prefix: &str, parts: &[&str]) -> f64 {
+    samples
+        .iter()
+        .find(|(k, _)| k.starts_with(prefix) && parts.iter().all(|p| k.contains(p)))
+        .map(|(_, v)| *v)
+        .unwrap_or(0.0)
+}
+
+fn assert_no_counter_went_down(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    when: &str,
+) {
+    for (key, old) in before {
+        let new = after.get(key).copied().unwrap_or(0.0);
+        assert!(new >= *old, "{key} went down {when}: {old} -> {new}");
+    }
+}
+
+#[test]
+fn metrics_count_real_requests_and_bytes_and_never_go_down_across_a_kill_9() {
+    let mut fx = Fixture::start(&["--no-standby"]);
+    let mnt = fx.mount("vol");
+    let m = s(&mnt);
+    app(&format!(
+        "dd if=/dev/urandom of={m}/a bs=64k count=16 conv=fsync 2>/dev/null && dd if={m}/a of=/dev/null bs=64k iflag=direct 2>/dev/null && mkdir {m}/d && ls {m} >/dev/null"
+    ));
+    // Generations report about once a second.
+    let mut first = BTreeMap::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            first = counters(&fx.get("/metrics"));
+            value(&first, "baton_mount_written_bytes_total{", &[]) >= 1_048_576.0
+                && value(&first, "baton_mount_requests_total{", &["opcode=\"write\""]) >= 1.0
+                && value(&first, "baton_mount_requests_total{", &["opcode=\"mkdir\""]) >= 1.0
+                && value(&first, "baton_mount_requests_total{", &["opcode=\"fsync\""]) >= 1.0
+                && value(&first, "baton_mount_read_bytes_total{", &[]) >= 1_048_576.0
+        }),
+        "the counters did not move after 1 MiB written and read back (O_DIRECT), an fsync and a mkdir:\n{}",
+        fx.get("/metrics")
+    );
+    let text = fx.get("/metrics");
+    let lookups = value(
+        &first,
+        "baton_mount_requests_total{",
+        &["opcode=\"lookup\""],
+    );
+    assert!(lookups >= 1.0, "{text}");
+    // The histogram is consistent: +Inf bucket == count for writes.
+    let inf = value(
+        &first,
+        "baton_mount_request_duration_seconds_bucket{",
+        &["opcode=\"write\"", "le=\"+Inf\""],
+    );
+    let count = value(
+        &first,
+        "baton_mount_request_duration_seconds_count{",
+        &["opcode=\"write\""],
+    );
+    assert!(inf >= 1.0 && inf == count, "{text}");
+    assert!(
+        value(&first, "baton_mount_requests_total{", &["opcode=\"read\""]) >= 1.0,
+        "{text}"
+    );
+
+    // kill -9 the serving generation, scraping all along the takeover.
+    let status = fx.status(&mnt);
+    let generation = status["generation"].as_u64().expect("generation");
+    let pid = status["pid"].as_i64().expect("pid") as i32;
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill -9 the generation");
+    let mut previous = first.clone();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let now = counters(&fx.get("/metrics"));
+        assert_no_counter_went_down(&previous, &now, "during the takeover");
+        previous = now;
+        let st = fx.status(&mnt);
+        if st["state"] == "serving" && st["generation"].as_u64() > Some(generation) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new generation served: {st}\n{}",
+            fx.logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // More I/O on the new generation: the totals go on from where they were.
+    app(&format!(
+        "dd if=/dev/zero of={m}/b bs=64k count=8 conv=fsync 2>/dev/null"
+    ));
+    let written_before = value(&first, "baton_mount_written_bytes_total{", &[]);
+    let mut after = BTreeMap::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            after = counters(&fx.get("/metrics"));
+            value(&after, "baton_mount_written_bytes_total{", &[]) >= written_before + 524_288.0
+        }),
+        "written bytes did not add up across generations (before {written_before}):\n{}",
+        fx.get("/metrics")
+    );
+    assert_no_counter_went_down(&first, &after, "after the kill");
+    assert_eq!(
+        value(&after, "baton_mount_restarts_total{", &["cause=\"signal\""]),
+        1.0
+    );
+    assert!(value(&after, "baton_mount_generations_started_total{", &[]) >= 2.0);
+    assert!(value(&after, "baton_supervisor_generations_started_total", &[]) >= 2.0);
+    let gauges = samples(&fx.get("/metrics"));
+    assert_eq!(value(&gauges, "baton_supervisor_mounts", &[]), 1.0);
+    assert_eq!(value(&gauges, "baton_mount_serving{", &[]), 1.0);
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+}
+
+/// The page at `url` as headless Chromium renders it (its DOM).
+fn chromium_dom(chromium: &Path, url: &str) -> String {
+    let profile = tempfile::tempdir().expect("chromium profile dir");
+    let child = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+        ])
+        .arg(format!("--user-data-dir={}", s(profile.path())))
+        .arg("--dump-dom")
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromium");
+    let mut guard = ChildGuard(child);
+    let mut stdout = guard.0.stdout.take().expect("chromium stdout");
+    let reader = std::thread::spawn(move || {
+        let mut dom = String::new();
+        let _ = stdout.read_to_string(&mut dom);
+        dom
+    });
+    let status = guard.wait_timeout(CHROMIUM_DEADLINE);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "chromium --dump-dom {url} failed or hung: {status:?}"
+    );
+    reader.join().expect("chromium output")
+}
+
+/// Text of the page without tags (entities decoded as a reader sees them).
+fn visible_text(dom: &str) -> String {
+    let mut text = String::new();
+    let mut in_tag = false;
+    for c in dom.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' => {
+                in_tag = false;
+                text.push(' ');
+            }
+            c if !in_tag => text.push(c),
+            _ => {}
+        }
+    }
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&amp;", "&")
+}
+
+#[test]
+fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_with_its_tip() {
+    let Some(chromium) = chromium() else {
+        if std::env::var("BATON_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
+            panic!("BATON_REQUIRE_CHROMIUM=1 but chromium is missing: apt-get install chromium");
+        }
+        eprintln!("skipped: chromium is not installed (apt-get install chromium); set BATON_REQUIRE_CHROMIUM=1 to fail instead");
+        return;
+    };
+    // Generations of the volume "broken" fail every start after the first.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let marker = dir.path().join("broken-started");
+    let script = dir.path().join("fsclient-broken");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\ncase \"$*\" in *broken*)\n  if [ -e {m} ]; then echo 'fsclient: refusing to start: volume broken is damaged' >&2; exit 3; fi\n  : > {m};;\nesac\nexec {f} \"$@\"\n",
+            m = s(&marker),
+            f = s(&binary("fsclient"))
+        ),
+    )
+    .expect("script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let mut fx = Fixture::start(&[
+        "--no-standby",
+        "--give-up-after",
+        "2",
+        "--client-binary",
+        s(&script),
+    ]);
+    let healthy = fx.mount("vol");
+    let broken = fx.mount("broken");
+    app(&format!("echo hello > {}/f", s(&healthy)));
+    let pid = fx.status(&broken)["pid"].as_i64().expect("pid") as i32;
+    // Past the stability window: this death is not a failed start.
+    std::thread::sleep(Duration::from_millis(300));
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill");
+    assert!(
+        wait_until(DEADLINE, || fx.status(&broken)["gave_up"] == true),
+        "never gave up: {}",
+        fx.status(&broken)
+    );
+
+    let dom = chromium_dom(&chromium, &format!("http://{}/", fx.metrics_addr));
+    let text = visible_text(&dom);
+    assert!(
+        dom.contains("<h1>fs-supervisor</h1>"),
+        "not the status page:\n{dom}"
+    );
+    assert!(text.contains("2 mounts, 1 need attention"), "{text}");
+    // One section per mount, with its health.
+    let section = |mnt: &Path| -> String {
+        let start = dom
+            .find(&format!("data-mountpoint=\"{}\"", s(mnt)))
+            .unwrap_or_else(|| panic!("no section for {}:\n{dom}", mnt.display()));
+        let end = dom[start..]
+            .find("</section>")
+            .map_or(dom.len(), |e| start + e);
+        visible_text(&dom[start..end])
+    };
+    let ok = section(&healthy);
+    assert!(ok.contains("healthy"), "{ok}");
+    assert!(ok.contains("serving"), "{ok}");
+    assert!(ok.contains("Last incidents") && ok.contains("none"), "{ok}");
+    let bad = section(&broken);
+    assert!(bad.contains("failing"), "{bad}");
+    assert!(bad.contains("gave_up"), "{bad}");
+    assert!(
+        bad.contains("Gave up after 2 failed starts in a row (--give-up-after)"),
+        "the give-up tip is missing: {bad}"
+    );
+    assert!(
+        bad.contains(&format!("fsctl umount {}", s(&broken))),
+        "the tip says what to run: {bad}"
+    );
+    assert!(
+        bad.contains("refusing to start: volume broken is damaged"),
+        "the incident shows what the generation said last: {bad}"
+    );
+    assert!(
+        bad.contains("signal 9 (SIGKILL)") && !bad.contains("SIGKILL); it logged"),
+        "a killed generation's last log line is not its reason: {bad}"
+    );
+    assert!(
+        bad.contains("exit 2 · signal 1 · oom 0"),
+        "one kill, then two failed starts: {bad}"
+    );
+}

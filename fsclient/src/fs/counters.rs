@@ -1,0 +1,159 @@
+//! Per-request counters of a generation: requests and a latency histogram
+//! per opcode, bytes read and written. Lock-free and allocation-free on the
+//! request path (a few relaxed atomic adds and two clock reads); the
+//! generation's stats thread turns them into
+//! [`upgrade_protocol::GenerationCounters`] for the supervisor about once a
+//! second.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use upgrade_protocol::{GenerationCounters, OpcodeCounters, LATENCY_BOUNDS_US};
+
+/// Opcodes counted one by one; higher ones (none in ABI 7.45, whose last
+/// is 52) share the last slot.
+pub const OPCODE_SLOT_COUNT: usize = 64;
+const BUCKET_COUNT: usize = LATENCY_BOUNDS_US.len() + 1;
+
+#[derive(Default)]
+struct OpcodeSlot {
+    count: AtomicU64,
+    latency_us_sum: AtomicU64,
+    buckets: [AtomicU64; BUCKET_COUNT],
+}
+
+/// The counters (one per [`super::BatonFs`]).
+pub struct RequestCounters {
+    slots: [OpcodeSlot; OPCODE_SLOT_COUNT],
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
+}
+
+impl Default for RequestCounters {
+    fn default() -> Self {
+        RequestCounters {
+            slots: std::array::from_fn(|_| OpcodeSlot::default()),
+            read_bytes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The bucket of a latency: the first bound it does not exceed. Pure.
+fn bucket_index(latency_us: u64) -> usize {
+    LATENCY_BOUNDS_US.partition_point(|&bound| bound < latency_us)
+}
+
+/// Counts one request when dropped (at the end of the filesystem method,
+/// after its reply was sent or parked).
+pub struct RequestTimer<'a> {
+    counters: &'a RequestCounters,
+    opcode: u32,
+    start: Instant,
+}
+
+impl Drop for RequestTimer<'_> {
+    fn drop(&mut self) {
+        let latency_us = self.start.elapsed().as_micros() as u64;
+        self.counters.record(self.opcode, latency_us);
+    }
+}
+
+impl RequestCounters {
+    /// Starts timing a request of `opcode`.
+    pub fn timer(&self, opcode: u32) -> RequestTimer<'_> {
+        RequestTimer {
+            counters: self,
+            opcode,
+            start: Instant::now(),
+        }
+    }
+
+    fn record(&self, opcode: u32, latency_us: u64) {
+        let slot = &self.slots[(opcode as usize).min(OPCODE_SLOT_COUNT - 1)];
+        slot.count.fetch_add(1, Ordering::Relaxed);
+        slot.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
+        slot.buckets[bucket_index(latency_us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts bytes answered to a READ.
+    pub fn read(&self, bytes: usize) {
+        self.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// Counts bytes accepted by a WRITE.
+    pub fn written(&self, bytes: u32) {
+        self.written_bytes
+            .fetch_add(u64::from(bytes), Ordering::Relaxed);
+    }
+
+    /// The counters so far (cache and upload fields left for the caller).
+    /// Relaxed reads: a request being counted may show in `count` before
+    /// its bucket, which the next report settles.
+    pub fn snapshot(&self) -> GenerationCounters {
+        let requests = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.count.load(Ordering::Relaxed) > 0)
+            .map(|(opcode, slot)| OpcodeCounters {
+                opcode: opcode as u32,
+                count: slot.count.load(Ordering::Relaxed),
+                latency_us_sum: slot.latency_us_sum.load(Ordering::Relaxed),
+                latency_buckets: slot
+                    .buckets
+                    .iter()
+                    .map(|b| b.load(Ordering::Relaxed))
+                    .collect(),
+            })
+            .collect();
+        GenerationCounters {
+            latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+            requests,
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            written_bytes: self.written_bytes.load(Ordering::Relaxed),
+            ..GenerationCounters::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn latencies_land_in_the_first_bucket_whose_bound_they_do_not_exceed() {
+        assert_eq!(bucket_index(0), 0);
+        assert_eq!(bucket_index(50), 0);
+        assert_eq!(bucket_index(51), 1);
+        assert_eq!(bucket_index(5_000_000), LATENCY_BOUNDS_US.len() - 1);
+        assert_eq!(bucket_index(u64::MAX), LATENCY_BOUNDS_US.len());
+    }
+
+    #[test]
+    fn timed_requests_are_counted_by_opcode_with_bytes() {
+        let counters = RequestCounters::default();
+        drop(counters.timer(16));
+        drop(counters.timer(16));
+        drop(counters.timer(15));
+        drop(counters.timer(9_999));
+        counters.written(4096);
+        counters.read(100);
+        let snap = counters.snapshot();
+        let count = |op| {
+            snap.requests
+                .iter()
+                .find(|o| o.opcode == op)
+                .map(|o| o.count)
+        };
+        assert_eq!(count(16), Some(2));
+        assert_eq!(count(15), Some(1));
+        assert_eq!(count(OPCODE_SLOT_COUNT as u32 - 1), Some(1));
+        assert_eq!(count(1), None, "opcodes never seen are left out");
+        let write = snap.requests.iter().find(|o| o.opcode == 16).unwrap();
+        assert_eq!(write.latency_buckets.len(), LATENCY_BOUNDS_US.len() + 1);
+        assert_eq!(write.latency_buckets.iter().sum::<u64>(), 2);
+        assert_eq!((snap.written_bytes, snap.read_bytes), (4096, 100));
+    }
+}
