@@ -18,6 +18,7 @@ pub const DEFAULT_THREADS: usize = 4;
 #[derive(Debug, Parser)]
 #[command(
     name = "fsclient",
+    version,
     about = "Serve a Baton volume as a POSIX filesystem over FUSE"
 )]
 pub struct Cli {

@@ -31,6 +31,7 @@ use upgrade_protocol::{ClientOptions, ErrorKind, Reply, Request, StatusReport};
 #[derive(Parser)]
 #[command(
     name = "fsctl",
+    version,
     about = "Control Baton volumes and mounts",
     after_help = "Exit codes: 0 success; 1 the operation failed; 2 bad usage or a request refused as given; 3 fs-supervisor unreachable or not answering; 4 not allowed (run as root)."
 )]
