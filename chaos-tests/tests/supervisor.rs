@@ -1847,3 +1847,58 @@ fn a_successor_that_fails_before_taking_the_fds_leaves_a_normal_shutdown() {
         "data after the failed handover: {out} {err}"
     );
 }
+
+/// The nice value of every thread of `pid`.
+fn thread_nices(pid: i64) -> Vec<i64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                // Field 19 (nice), counted after the ")" that ends comm.
+                .filter_map(|stat| {
+                    stat.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(16)?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_standby_starts_at_low_priority_and_serves_at_normal_priority() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let active = fx.wait_serving(1)["pid"].as_i64().expect("pid");
+    let standby = fx.wait_until_standby();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo x > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let serving = thread_nices(active);
+    assert!(
+        !serving.is_empty() && serving.iter().all(|n| *n == 0),
+        "the serving generation's threads: {serving:?}"
+    );
+    let waiting = thread_nices(standby);
+    assert!(
+        !waiting.is_empty() && waiting.iter().all(|n| *n == 10),
+        "the standby's threads: {waiting:?}"
+    );
+    kill(Pid::from_raw(active as i32), Signal::SIGKILL).expect("kill the generation");
+    let status = fx.wait_serving(2);
+    assert_eq!(
+        status["pid"].as_i64(),
+        Some(standby),
+        "the standby took over"
+    );
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let promoted = thread_nices(standby);
+    assert!(
+        !promoted.is_empty() && promoted.iter().all(|n| *n == 0),
+        "the promoted standby's threads: {promoted:?}"
+    );
+}

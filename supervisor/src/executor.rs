@@ -472,6 +472,7 @@ impl Mount {
             "mount {}: a second adopter while a generation holds the fd",
             self.id
         );
+        process.raise_priority();
         let message = Message::Adopt {
             generation: process.generation,
             connection: self.connection,

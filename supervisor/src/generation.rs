@@ -25,6 +25,12 @@ use crate::cgroup::Cgroup;
 use crate::lifecycle::mount::Cause;
 use crate::Error;
 
+/// The nice value a generation starts at: while it starts (exec, volume
+/// open) as a standby or an upgrade's incoming generation, the serving one
+/// and the applications come first on a busy machine. [`Process::raise_priority`]
+/// makes it normal right before it gets the fd.
+pub const STARTUP_NICE: i32 = 10;
+
 /// How to start one generation.
 #[derive(Debug)]
 pub struct Launch<'a> {
@@ -188,6 +194,13 @@ impl Process {
                 command.pre_exec(move || join_cgroup(&procs));
             }
         }
+        // SAFETY: setpriority is a plain syscall (async-signal-safe).
+        unsafe {
+            command.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, STARTUP_NICE);
+                Ok(())
+            });
+        }
         let mut child = command
             .spawn()
             .map_err(Error::io("starting", launch.client_binary))?;
@@ -198,6 +211,25 @@ impl Process {
                 let _ = child.kill();
                 let _ = child.wait();
                 Err(err)
+            }
+        }
+    }
+
+    /// Gives every thread of the process normal priority again (it was
+    /// started at [`STARTUP_NICE`]); called just before it gets the fd.
+    /// Threads it starts later inherit from their creator, so they are
+    /// normal too. Best effort: a failure only leaves it slower.
+    pub fn raise_priority(&self) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return;
+        };
+        for tid in tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        {
+            // SAFETY: setpriority on a thread id of our own child.
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 0) } != 0 {
+                tracing::debug!(pid = self.pid, tid, err = %std::io::Error::last_os_error(), "cannot raise a generation thread's priority");
             }
         }
     }
