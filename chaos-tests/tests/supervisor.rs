@@ -1902,3 +1902,66 @@ fn a_standby_starts_at_low_priority_and_serves_at_normal_priority() {
         "the promoted standby's threads: {promoted:?}"
     );
 }
+
+/// flock and POSIX locks live in the filesystem process; the callers that
+/// hold them outlive its crash, so the successor must know them.
+#[test]
+fn locks_held_across_a_generation_kill_9_still_exclude_others() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/flock {m}/posix")).finish();
+    assert!(ok, "{err}");
+    // A holds a flock; C holds a POSIX write lock (python's fcntl.lockf)
+    // on the whole of another file; B waits for the flock (a parked
+    // SETLKW, re-queued by RESEND after the kill).
+    let holder = App::sh(
+        &fx.mnt,
+        &format!("flock {m}/flock -c 'sleep 3; echo released'"),
+    );
+    let posix = App::sh(
+        &fx.mnt,
+        &format!(
+            "python3 -c 'import fcntl,time; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX); print(\"held\", flush=True); time.sleep(3)'"
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/flock -c 'echo got'"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "B got a lock A holds");
+
+    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
+    fx.wait_serving(generation + 1);
+
+    // The successor knows both locks: a try-lock of either fails.
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo stolen'")).finish();
+    assert!(
+        !ok && out.is_empty(),
+        "a flock held before the crash was granted again: {out}"
+    );
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!(
+            "python3 -c 'import fcntl; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print(\"stolen\")'"
+        ),
+    )
+    .finish();
+    assert!(
+        !ok && out.is_empty(),
+        "a POSIX lock held before the crash was granted again: {out}{err}"
+    );
+    assert!(waiter.running(), "B got the flock while A still holds it");
+    let (ok, out, err) = holder.finish_or(|| fx.logs());
+    assert!(ok && out == "released\n", "A: {out}{err}");
+    let (ok, out, err) = waiter.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "got\n",
+        "B never got the lock after A released it: {out}{err}"
+    );
+    let (ok, out, err) = posix.finish_or(|| fx.logs());
+    assert!(ok && out == "held\n", "C: {out}{err}");
+    // Released on close: free for anyone now.
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo free'")).finish();
+    assert!(ok && out == "free\n", "{out}{err}");
+}

@@ -146,8 +146,10 @@ impl Generation {
                 "handover state loaded"
             );
         } else if adoption.resend {
-            // No other generation is alive: commit what the dead one left.
+            // No other generation is alive: commit what the dead one left,
+            // and take over the locks its callers still hold.
             fs.recover(false)?;
+            fs.restore_held_locks();
         }
         let channel = Arc::new(Channel::new(fd));
         let params = from_record(&adoption.init);

@@ -38,6 +38,8 @@ pub struct Launch<'a> {
     pub client_binary: &'a Path,
     /// The mount's generation socket.
     pub socket: &'a Path,
+    /// Where the generation keeps the held locks (`BATON_HELD_LOCKS_FILE`).
+    pub held_locks: &'a Path,
     /// The volume (name or URL).
     pub volume: &'a str,
     /// Where named volumes live.
@@ -188,6 +190,7 @@ impl Process {
         }
         // The log is a file: no terminal colour codes in it.
         command.env("NO_COLOR", "1");
+        command.env("BATON_HELD_LOCKS_FILE", launch.held_locks);
         if let Some(procs) = procs {
             // SAFETY: join_cgroup only makes async-signal-safe syscalls.
             unsafe {
@@ -317,6 +320,7 @@ mod tests {
             threads: Some(2),
         };
         let launch = Launch {
+            held_locks: Path::new("/nonexistent/locks"),
             client_binary: Path::new("/bin/fsclient"),
             socket: Path::new("/state/run/m.sock"),
             volume: "vol",
@@ -351,6 +355,7 @@ mod tests {
         let log = tempfile::tempfile().unwrap();
         let options = ClientOptions::default();
         let launch = Launch {
+            held_locks: Path::new("/nonexistent/locks"),
             client_binary: Path::new("/bin/false"),
             socket: Path::new("/nonexistent"),
             volume: "v",

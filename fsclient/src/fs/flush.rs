@@ -313,7 +313,7 @@ impl BatonFs {
     }
 
     pub(super) fn do_flush(&self, ino: u64, arg: &abi::FlushIn) -> Result<()> {
-        let granted = super::lock(&self.locks).release_owner(ino, LockKind::Posix, arg.lock_owner);
+        let granted = self.release_locks(ino, LockKind::Posix, arg.lock_owner);
         granted.into_iter().for_each(|w| w.ok());
         if self.handles.is_open_orphan(ino) {
             return Ok(());
@@ -344,8 +344,7 @@ impl BatonFs {
 
     pub(super) fn do_release(&self, ino: u64, arg: &abi::ReleaseIn) -> Result<()> {
         if arg.release_flags & flags::RELEASE_FLOCK_UNLOCK != 0 {
-            let granted =
-                super::lock(&self.locks).release_owner(ino, LockKind::Flock, arg.lock_owner);
+            let granted = self.release_locks(ino, LockKind::Flock, arg.lock_owner);
             granted.into_iter().for_each(|w| w.ok());
         }
         let released = self.handles.release(arg.fh);
