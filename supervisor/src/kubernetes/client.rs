@@ -59,7 +59,7 @@ impl Publisher {
     }
 }
 
-/// Makes ring rustls' process-wide crypto provider. The binary links two
+/// Installs ring as rustls' process-wide crypto provider. The binary links two
 /// (kube's ring, and aws-lc-rs through object_store's reqwest), and with
 /// two rustls cannot choose and panics on the first TLS connection.
 /// Idempotent: a provider installed earlier stays.
