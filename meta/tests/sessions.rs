@@ -86,13 +86,19 @@ fn an_expired_session_is_deleted_with_its_holds_and_a_live_one_is_kept() {
     assert_eq!(expired, vec![dead]);
     let ids: Vec<u64> = m.sessions().unwrap().iter().map(|s| s.info.id).collect();
     assert_eq!(ids, vec![live]);
-    assert!(!m.heartbeat(dead).unwrap(), "the dead session learns it is gone");
+    assert!(
+        !m.heartbeat(dead).unwrap(),
+        "the dead session learns it is gone"
+    );
     assert_eq!(m.unheld_orphans(100).unwrap(), vec![ino]);
     let released = m.release_orphan(None, ino).unwrap().unwrap();
     assert_eq!(released[0].key, "obj-held");
     assert!(m.unheld_orphans(100).unwrap().is_empty());
     // Nothing is younger than a minute: nothing else expires.
-    assert!(m.expire_sessions(Duration::from_secs(60)).unwrap().is_empty());
+    assert!(m
+        .expire_sessions(Duration::from_secs(60))
+        .unwrap()
+        .is_empty());
 }
 
 #[test]

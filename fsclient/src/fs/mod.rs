@@ -4,7 +4,8 @@
 //! submodule doing the work and turns its `Result` into the reply:
 //!
 //! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
-//!   unlink, rmdir, rename, readlink, and orphan reclaim;
+//!   unlink, rmdir, rename, readlink;
+//! - [`orphans`]: this mount's session and when an orphan is reclaimed;
 //! - [`data`]: open, create, read, write, fallocate, lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
@@ -22,6 +23,7 @@ mod flush;
 pub mod lock;
 mod namespace;
 mod once;
+mod orphans;
 mod xattr;
 
 use std::collections::HashMap;
@@ -42,6 +44,7 @@ use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
+pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
@@ -94,6 +97,8 @@ pub struct BatonFs {
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
     recovered: AtomicU64,
+    /// This mount's session, once registered (`orphans.rs`).
+    session: Mutex<Option<baton_meta::SessionInfo>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -131,6 +136,7 @@ impl BatonFs {
             connection: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
+            session: Mutex::new(None),
         }
     }
 

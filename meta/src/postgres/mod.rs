@@ -594,20 +594,40 @@ impl MetaStore for PostgresMeta {
     }
 
     fn open_session(&self, info: &SessionInfo) -> Result<()> {
-        self.write("open session", None, |c| sessions::open(c, info), |_| Recorded::Unit)
+        self.write(
+            "open session",
+            None,
+            |c| sessions::open(c, info),
+            |_| Recorded::Unit,
+        )
     }
 
     fn heartbeat(&self, session: u64) -> Result<bool> {
-        self.write("heartbeat", None, |c| sessions::heartbeat(c, session), |_| Recorded::Unit)
+        self.write(
+            "heartbeat",
+            None,
+            |c| sessions::heartbeat(c, session),
+            |_| Recorded::Unit,
+        )
     }
 
     fn close_session(&self, session: u64) -> Result<Vec<u64>> {
-        self.write("close session", None, |c| sessions::close(c, session), |_| Recorded::Unit)
+        self.write(
+            "close session",
+            None,
+            |c| sessions::close(c, session),
+            |_| Recorded::Unit,
+        )
     }
 
     fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
         let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
-        self.write("expire sessions", None, |c| sessions::expire(c, max_age_ms), |_| Recorded::Unit)
+        self.write(
+            "expire sessions",
+            None,
+            |c| sessions::expire(c, max_age_ms),
+            |_| Recorded::Unit,
+        )
     }
 
     fn sessions(&self) -> Result<Vec<SessionRecord>> {
@@ -623,7 +643,12 @@ impl MetaStore for PostgresMeta {
     }
 
     fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
-        self.write("hold orphan", None, |c| sessions::hold(c, session, ino), |_| Recorded::Unit)
+        self.write(
+            "hold orphan",
+            None,
+            |c| sessions::hold(c, session, ino),
+            |_| Recorded::Unit,
+        )
     }
 
     fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {

@@ -111,8 +111,10 @@ pub(crate) fn hold(c: &Connection, id: u64, ino: u64) -> Result<()> {
     match nlink {
         None => Err(MetaError::NotFound { ino, name: None }),
         Some(0) => {
-            c.prepare_cached("INSERT INTO orphan_holds (session, ino) VALUES (?1, ?2) ON CONFLICT DO NOTHING")?
-                .execute(params![sql(id), ino])?;
+            c.prepare_cached(
+                "INSERT INTO orphan_holds (session, ino) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![sql(id), ino])?;
             Ok(())
         }
         // Linked again (never, today): nothing to hold.

@@ -62,8 +62,10 @@ pub(crate) fn now_ms(_c: &Connection) -> Result<i64> {
 /// Called by the transaction that brought `ino` to nlink 0: every session
 /// holds it until it says it has no handle on it.
 pub(crate) fn hold_for_all(c: &Connection, ino: u64) -> Result<()> {
-    c.prepare_cached("INSERT OR IGNORE INTO orphan_holds (session, ino) SELECT id, ?1 FROM sessions")?
-        .execute([ino])?;
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO orphan_holds (session, ino) SELECT id, ?1 FROM sessions",
+    )?
+    .execute([ino])?;
     Ok(())
 }
 
