@@ -12,8 +12,8 @@
 //! one-writer-at-a-time semantics SQLite's `BEGIN IMMEDIATE` gives; reads
 //! run in REPEATABLE READ READ ONLY transactions (one snapshot per call).
 //! Connections: a pool of [`PG_CONNECTIONS_MAX`] clients; a closed client
-//! (server restart) is reconnected before its next use. No TLS: reach a
-//! remote server over a trusted network or a local TLS tunnel.
+//! (server restart) is reconnected before its next use. TLS by the URL's
+//! `sslmode=` and `sslrootcert=` ([`tls`]).
 
 mod blockmap;
 pub(crate) mod db;
@@ -27,6 +27,7 @@ mod scan;
 mod schema;
 mod sessions;
 mod setattr;
+pub mod tls;
 mod xattr;
 
 use std::ffi::{OsStr, OsString};
@@ -127,18 +128,41 @@ impl std::fmt::Debug for PostgresMeta {
 }
 
 fn connect(url: &str) -> Result<Client> {
-    let mut config: ::postgres::Config =
-        url.parse()
-            .map_err(|e: ::postgres::Error| MetaError::Postgres {
-                op: "connect",
-                code: None,
-                message: format!("{} is not a valid PostgreSQL URL: {e}", redact_url(url)),
-            })?;
-    config.connect_timeout(Duration::from_millis(PG_CONNECT_TIMEOUT_MS));
-    config.connect(NoTls).map_err(|e| MetaError::Postgres {
+    let invalid = |why: String| MetaError::Postgres {
         op: "connect",
-        code: e.code().map(|c| c.code().to_string()),
-        message: format!("cannot connect to {}: {e}", redact_url(url)),
+        code: None,
+        message: format!("{} is not a valid PostgreSQL URL: {why}", redact_url(url)),
+    };
+    let options = tls::parse(url).map_err(invalid)?;
+    let mut config: ::postgres::Config = options
+        .url
+        .parse()
+        .map_err(|e: ::postgres::Error| invalid(e.to_string()))?;
+    config.connect_timeout(Duration::from_millis(PG_CONNECT_TIMEOUT_MS));
+    let connected = match tls::connector(&options)? {
+        Some(tls) => config.connect(tls),
+        None => config.connect(NoTls),
+    };
+    connected.map_err(|e| {
+        // A server's refusal says why in its message ("no pg_hba.conf
+        // entry ... no encryption"); the error's Display only "db error".
+        let text = match e.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => e.to_string(),
+        };
+        let hint = if text.contains("certificate") || text.contains("TLS") || text.contains("tls") {
+            "; check that sslrootcert= names the CA that signed the server's certificate \
+             and (verify-full) that the URL's host is in the certificate"
+        } else if text.contains("SSL") || text.contains("no pg_hba.conf entry") {
+            "; if the server requires TLS, add ?sslmode=require (or verify-full&sslrootcert=CA.pem)"
+        } else {
+            ""
+        };
+        MetaError::Postgres {
+            op: "connect",
+            code: e.code().map(|c| c.code().to_string()),
+            message: format!("cannot connect to {}: {text}{hint}", redact_url(url)),
+        }
     })
 }
 
