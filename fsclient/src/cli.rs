@@ -10,6 +10,9 @@ use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR, DEFAULT_CACHE_SIZE_BYTES};
 
 /// Environment variable naming the key file when `--key-file` is absent.
 pub const KEY_FILE_ENV: &str = "BATON_KEY_FILE";
+/// Environment variable naming the passphrase file when
+/// `--passphrase-file` is absent.
+pub const PASSPHRASE_FILE_ENV: &str = "BATON_PASSPHRASE_FILE";
 
 /// Worker threads by default.
 pub const DEFAULT_THREADS: usize = 4;
@@ -80,8 +83,12 @@ pub struct VolumeArgs {
     #[arg(long)]
     pub s3_region: Option<String>,
     /// Key file of an encrypted volume [default: $BATON_KEY_FILE].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "passphrase_file")]
     pub key_file: Option<PathBuf>,
+    /// Passphrase file of a volume formatted with `--passphrase-file`
+    /// [default: $BATON_PASSPHRASE_FILE].
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
     /// How long the kernel caches entries and attributes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub attr_ttl_ms: u64,
@@ -107,6 +114,10 @@ impl VolumeArgs {
                 .key_file
                 .clone()
                 .or_else(|| std::env::var_os(KEY_FILE_ENV).map(PathBuf::from)),
+            passphrase_file: self
+                .passphrase_file
+                .clone()
+                .or_else(|| std::env::var_os(PASSPHRASE_FILE_ENV).map(PathBuf::from)),
         }
     }
 

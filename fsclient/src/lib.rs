@@ -69,6 +69,7 @@
 //!     s3_endpoint: None,
 //!     s3_region: None,
 //!     key_file: None,
+//!     passphrase_file: None,
 //! };
 //! let volume = Volume::open(&paths, &options, LockMode::Exclusive)?;
 //! let (fs, _lock) = BatonFs::from_volume(volume, FsConfig::default());
