@@ -99,6 +99,8 @@ pub struct BatonFs {
     recovered: AtomicU64,
     /// This mount's session, once registered (`orphans.rs`).
     session: Mutex<Option<baton_meta::SessionInfo>>,
+    /// Since when every session tick succeeded (`orphans.rs`).
+    session_healthy_since: Mutex<Option<std::time::Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -137,6 +139,7 @@ impl BatonFs {
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             session: Mutex::new(None),
+            session_healthy_since: Mutex::new(None),
         }
     }
 

@@ -74,11 +74,27 @@ impl BatonFs {
 
     /// One tick of the session timer (see the module docs). `expiry`: how
     /// old another session's heartbeat may be before it counts as dead.
+    ///
+    /// Other sessions are expired only once this one has beaten without a
+    /// failure for a whole expiry: after an outage of the store, every
+    /// mount's heartbeat is old, and the first back must not delete the
+    /// others before they had a chance to beat again.
     pub fn session_tick(&self, expiry: Duration) -> Result<()> {
+        let ticked = self.session_tick_inner(expiry);
+        if ticked.is_err() {
+            *super::lock(&self.session_healthy_since) = None;
+        }
+        ticked
+    }
+
+    fn session_tick_inner(&self, expiry: Duration) -> Result<()> {
         let Some(info) = super::lock(&self.session).clone() else {
             return Ok(());
         };
-        if !self.meta.heartbeat(info.id)? {
+        let beat = self.meta.heartbeat(info.id)?;
+        let healthy_since =
+            *super::lock(&self.session_healthy_since).get_or_insert_with(std::time::Instant::now);
+        if !beat {
             // We were too slow (paused longer than the expiry) and another
             // mount dropped our holds; orphans we have open may be gone.
             tracing::error!(
@@ -86,13 +102,25 @@ impl BatonFs {
                 "session expired while serving; registering again and holding the orphans still open"
             );
             self.meta.open_session(&info)?;
+            *super::lock(&self.session_healthy_since) = Some(std::time::Instant::now());
             for ino in self.handles.open_orphans() {
-                self.hold_open_orphan(ino)?;
+                match self.hold_open_orphan(ino) {
+                    Ok(()) => {}
+                    Err(crate::error::Error::Meta(e))
+                        if matches!(*e, MetaError::NotFound { .. }) =>
+                    {
+                        tracing::error!(nodeid = ino, "an open unlinked file was reclaimed while this session was expired; its reads fail");
+                    }
+                    Err(e) => return Err(e),
+                }
             }
+            return Ok(());
         }
-        let expired = self.meta.expire_sessions(expiry)?;
-        if !expired.is_empty() {
-            tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
+        if healthy_since.elapsed() >= expiry {
+            let expired = self.meta.expire_sessions(expiry)?;
+            if !expired.is_empty() {
+                tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
+            }
         }
         for ino in self.meta.held_orphans(info.id)? {
             self.settle_orphan(ino)?;
