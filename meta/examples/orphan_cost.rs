@@ -6,7 +6,9 @@
 //! - `session`: unlink (which gives every session a hold) + release_orphan
 //!   by the one registered session (today's flow for a file nobody has open).
 //!
-//! Usage: `cargo run --release -p baton-meta --example orphan_cost [N]`
+//! Usage: `cargo run --release -p baton-meta --example orphan_cost [N]
+//! [reclaim|session]` (with a mode: that flow only, once, for instruction
+//! counts under `valgrind --tool=callgrind`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsStr;
@@ -54,6 +56,23 @@ fn main() {
         storage_url: "file:///tmp/objects".into(),
         block_size_bytes: 1 << 20,
     };
+    let info = SessionInfo {
+        id: 1,
+        host: "bench".into(),
+        pid: std::process::id(),
+        mount: "/bench".into(),
+    };
+    if let Some(mode) = std::env::args().nth(2) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.db");
+        let meta = baton_meta::format(path.to_str().unwrap(), &config).unwrap();
+        let session = (mode == "session").then_some(1);
+        if session.is_some() {
+            meta.open_session(&info).unwrap();
+        }
+        println!("{mode}: {:.1} us CPU/file", run(meta.as_ref(), n, session));
+        return;
+    }
     for round in 0..3 {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.db");
@@ -61,12 +80,6 @@ fn main() {
         let before = run(meta.as_ref(), n, None);
         let path2 = dir.path().join("b.db");
         let meta2 = baton_meta::format(path2.to_str().unwrap(), &config).unwrap();
-        let info = SessionInfo {
-            id: 1,
-            host: "bench".into(),
-            pid: std::process::id(),
-            mount: "/bench".into(),
-        };
         meta2.open_session(&info).unwrap();
         let after = run(meta2.as_ref(), n, Some(1));
         println!(
