@@ -385,7 +385,10 @@ impl Drop for Supervisor {
                 .arg(self.dir.path())
                 .arg(&to)
                 .status();
-            eprintln!("baton-chaos: scenario dir kept at {} ({copied:?})", to.display());
+            eprintln!(
+                "baton-chaos: scenario dir kept at {} ({copied:?})",
+                to.display()
+            );
         }
     }
 }

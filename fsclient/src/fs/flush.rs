@@ -95,9 +95,17 @@ impl BatonFs {
     }
 
     /// Commits what a dead process left staged, before serving. With
-    /// `reclaim_orphans` (a fresh mount: nothing is open) orphans are
-    /// deleted too.
-    pub fn recover(&self, reclaim_orphans: bool) -> Result<()> {
+    /// `others_dead` (this process holds the volume's exclusive lock, so
+    /// no other mount can be serving it) every registered session is
+    /// deleted with its holds: the first session tick then reclaims the
+    /// orphans they held.
+    pub fn recover(&self, others_dead: bool) -> Result<()> {
+        if others_dead {
+            let expired = self.meta.expire_sessions(std::time::Duration::ZERO)?;
+            if !expired.is_empty() {
+                tracing::info!(sessions = ?expired, "sessions of earlier mounts deleted");
+            }
+        }
         for ino in self.staging.recover()? {
             let attr = match self.meta.getattr(ino) {
                 Ok(attr) => attr,
@@ -113,11 +121,6 @@ impl BatonFs {
             } else if attr.nlink > 0 {
                 self.flush_inode(ino)?;
                 tracing::info!(nodeid = ino, "recovered staged data committed");
-            }
-        }
-        if reclaim_orphans {
-            for ino in self.meta.orphans()? {
-                self.reclaim(ino)?;
             }
         }
         Ok(())
@@ -349,7 +352,7 @@ impl BatonFs {
         }
         let released = self.handles.release(arg.fh);
         if released.reclaim {
-            return self.reclaim(ino);
+            return self.settle_orphan(ino);
         }
         if self.handles.is_open_orphan(ino) {
             return Ok(());

@@ -4,7 +4,8 @@
 //! submodule doing the work and turns its `Result` into the reply:
 //!
 //! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
-//!   unlink, rmdir, rename, readlink, and orphan reclaim;
+//!   unlink, rmdir, rename, readlink;
+//! - [`orphans`]: this mount's session and when an orphan is reclaimed;
 //! - [`data`]: open, create, read, write, fallocate, lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
@@ -24,6 +25,7 @@ pub mod held_locks;
 pub mod lock;
 mod namespace;
 mod once;
+mod orphans;
 mod xattr;
 
 use std::collections::HashMap;
@@ -44,6 +46,7 @@ use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
+pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
@@ -102,6 +105,10 @@ pub struct BatonFs {
     recovered: AtomicU64,
     /// Requests by opcode, latencies, bytes (for the supervisor's metrics).
     counters: counters::RequestCounters,
+    /// This mount's session, once registered (`orphans.rs`).
+    session: Mutex<Option<baton_meta::SessionInfo>>,
+    /// Since when every session tick succeeded (`orphans.rs`).
+    session_healthy_since: Mutex<Option<std::time::Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -142,6 +149,8 @@ impl BatonFs {
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
+            session: Mutex::new(None),
+            session_healthy_since: Mutex::new(None),
         }
     }
 
