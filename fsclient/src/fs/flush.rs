@@ -105,6 +105,8 @@ impl BatonFs {
             if !expired.is_empty() {
                 tracing::info!(sessions = ?expired, "sessions of earlier mounts deleted");
             }
+            // What only they held goes now, before serving.
+            self.reclaim_unheld_orphans()?;
         }
         for ino in self.staging.recover()? {
             let attr = match self.meta.getattr(ino) {

@@ -125,6 +125,11 @@ impl BatonFs {
         for ino in self.meta.held_orphans(info.id)? {
             self.settle_orphan(ino)?;
         }
+        self.reclaim_unheld_orphans()
+    }
+
+    /// Reclaims orphans no session holds (a batch of them).
+    pub(super) fn reclaim_unheld_orphans(&self) -> Result<()> {
         for ino in self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)? {
             self.release_orphan(None, ino)?;
         }
