@@ -1965,3 +1965,57 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
     let (ok, out, err) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo free'")).finish();
     assert!(ok && out == "free\n", "{out}{err}");
 }
+
+/// A truncation leaves a floor in staging (committed bytes past it read as
+/// zeros until the next commit). The generation is killed after the commit
+/// that wrote past the floor, while it clears staging: the floor must not
+/// survive the blocks, or the successor's flush cuts the file at the floor
+/// again and the bytes written after the truncation become zeros.
+#[test]
+fn a_generation_killed_while_clearing_staging_after_a_truncation_loses_nothing() {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "during-clear#2"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let script = format!(
+        r#"
+import mmap, os
+p = "{m}/f"
+fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+a = bytes((i * 7) % 251 + 1 for i in range(300000))
+b = bytes((i * 13) % 251 + 1 for i in range(50000))
+os.pwrite(fd, a, 0)
+os.fsync(fd)
+os.ftruncate(fd, 100000)
+os.pwrite(fd, b, 100000)
+os.fsync(fd)
+os.close(fd)
+# What the filesystem has (not the page cache): O_DIRECT.
+fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 155648)
+n = os.readv(fd, [buf])
+got = buf[:n]
+want = a[:100000] + b
+if got == want:
+    print("intact")
+else:
+    first = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), min(len(got), len(want)))
+    print("len", len(got), "want", len(want), "first difference at", first)
+"#
+    );
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "intact", "{}", fx.logs());
+    // The fault did fire: generation 1 was killed and replaced.
+    assert!(
+        fx.status()["generation"].as_u64() >= Some(2),
+        "the fault never fired: {}",
+        fx.logs()
+    );
+}

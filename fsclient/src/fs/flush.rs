@@ -200,7 +200,11 @@ impl BatonFs {
         for ((_, data), key) in plan.uploads.iter().zip(&keys) {
             self.cache.insert(key, data);
         }
-        self.staging.clear(set)?;
+        // Test hook: committed, staging half cleared (record settled, block
+        // files still there). No opcode filter, like DuringUpload.
+        self.staging.clear_with(set, &|| {
+            crate::fault::hit(crate::fault::Point::DuringClear, 0)
+        })?;
         self.delete_objects(released.iter().map(|o| o.key.as_str()));
         tracing::debug!(
             nodeid = ino,
@@ -246,6 +250,7 @@ impl BatonFs {
             let sizes = (attr.size, size);
             self.floor_rows(ino, floor, sizes, &staged, &mut punched, &mut uploads)?;
         }
+        tracing::debug!(nodeid = ino, committed_size = attr.size, size, set_size = ?set.size, floor = ?set.floor_bytes, uploads = ?uploads.iter().map(|(i, d)| (*i, d.len())).collect::<Vec<_>>(), punched = ?punched, "commit plan");
         punched.sort_unstable();
         punched.dedup();
         if uploads.len() + punched.len() > COMMIT_BLOCKS_ROWS_MAX {
