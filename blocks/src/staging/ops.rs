@@ -278,7 +278,12 @@ impl Staging {
             seq,
             floor_seq,
         };
-        tracing::debug!(ino, size_bytes, floor_bytes, "staged size set (truncation floor)");
+        tracing::debug!(
+            ino,
+            size_bytes,
+            floor_bytes,
+            "staged size set (truncation floor)"
+        );
         self.write_record(ino, &new)
     }
 
