@@ -1,7 +1,9 @@
 //! Optional compression (LZ4) and encryption (ChaCha20-Poly1305) of block
 //! objects at rest, chosen at format time and recorded in the storage URL
-//! (`?compression=lz4&encryption=chacha20-poly1305&key_check=HEX`); the key
-//! itself is never recorded: it comes from a key file at format and mount.
+//! (`?compression=lz4&encryption=chacha20-poly1305&key_check=HEX`, plus
+//! `kdf=...&kdf_salt=HEX` when the key is derived from a passphrase: see
+//! `passphrase.rs`); the key itself is never recorded: it comes from a key
+//! file or a passphrase at format and mount.
 //!
 //! Object layout when a codec is on:
 //!
@@ -25,7 +27,7 @@ use crate::error::{BlocksError, Result};
 /// Key length of ChaCha20-Poly1305.
 pub const KEY_BYTES: usize = 32;
 /// The query parameters a codec adds to a storage URL.
-pub const CODEC_PARAMS: [&str; 3] = ["compression", "encryption", "key_check"];
+pub const CODEC_PARAMS: [&str; 5] = ["compression", "encryption", "key_check", "kdf", "kdf_salt"];
 
 const MAGIC: &[u8; 4] = b"BTNC";
 const VERSION: u8 = 1;
@@ -43,6 +45,9 @@ pub struct CodecSpec {
     pub compress: bool,
     /// ChaCha20-Poly1305, with the hex `key_check` of the format-time key.
     pub key_check: Option<String>,
+    /// The key is Argon2id of a passphrase with this hex salt
+    /// ([`crate::passphrase::KDF_ARGON2ID`]); `None`: a key file.
+    pub kdf_salt: Option<String>,
 }
 
 impl CodecSpec {
@@ -63,6 +68,7 @@ impl CodecSpec {
         };
         let mut spec = CodecSpec::default();
         let mut encryption = false;
+        let mut kdf = false;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
@@ -74,11 +80,22 @@ impl CodecSpec {
                     spec.key_check = Some(hex.to_string());
                 }
                 Some(("key_check", _)) => return Err(bad("key_check must be 32 hex digits")),
+                Some(("kdf", crate::passphrase::KDF_ARGON2ID)) => kdf = true,
+                Some(("kdf", _)) => return Err(bad(
+                    "kdf is not argon2id-m19456-t2-p1 (a newer Baton made this volume: upgrade)",
+                )),
+                Some(("kdf_salt", hex)) if hex.len() == 32 && is_hex(hex) => {
+                    spec.kdf_salt = Some(hex.to_string());
+                }
+                Some(("kdf_salt", _)) => return Err(bad("kdf_salt must be 32 hex digits")),
                 _ => kept.push(pair),
             }
         }
         if encryption != spec.key_check.is_some() {
             return Err(bad("encryption and key_check go together"));
+        }
+        if kdf != spec.kdf_salt.is_some() || (kdf && !encryption) {
+            return Err(bad("kdf and kdf_salt go together, with encryption"));
         }
         let base = if kept.is_empty() {
             base.to_string()
@@ -97,6 +114,10 @@ impl CodecSpec {
         if let Some(check) = &self.key_check {
             params.push("encryption=chacha20-poly1305".to_string());
             params.push(format!("key_check={check}"));
+            if let Some(salt) = &self.kdf_salt {
+                params.push(format!("kdf={}", crate::passphrase::KDF_ARGON2ID));
+                params.push(format!("kdf_salt={salt}"));
+            }
         }
         if params.is_empty() {
             return url.to_string();
@@ -298,6 +319,7 @@ mod tests {
         CodecSpec {
             compress,
             key_check: encrypt.then(|| key_check(&KEY)),
+            kdf_salt: None,
         }
     }
 
@@ -346,12 +368,26 @@ mod tests {
         assert_eq!(back, s);
         let (base, plain) = CodecSpec::split_url("file:///d").unwrap();
         assert_eq!((base.as_str(), plain.is_plain()), ("file:///d", true));
+        let mut derived = spec(false, true);
+        derived.kdf_salt = Some("0123456789abcdef0123456789abcdef".into());
+        let url = derived.add_to_url("file:///d");
+        assert!(
+            url.contains("kdf=argon2id-m19456-t2-p1&kdf_salt=0123"),
+            "{url}"
+        );
+        assert_eq!(CodecSpec::split_url(&url).unwrap().1, derived);
+        let check = format!("key_check={}", "0".repeat(32));
         for bad in [
-            "file:///d?compression=zstd",
-            "file:///d?encryption=chacha20-poly1305",
-            "file:///d?key_check=zz",
+            "file:///d?compression=zstd".to_string(),
+            "file:///d?encryption=chacha20-poly1305".to_string(),
+            "file:///d?key_check=zz".to_string(),
+            format!(
+                "file:///d?encryption=chacha20-poly1305&{check}&kdf=scrypt&kdf_salt={}",
+                "0".repeat(32)
+            ),
+            format!("file:///d?encryption=chacha20-poly1305&{check}&kdf=argon2id-m19456-t2-p1"),
         ] {
-            assert!(CodecSpec::split_url(bad).is_err(), "{bad}");
+            assert!(CodecSpec::split_url(&bad).is_err(), "{bad}");
         }
     }
 }

@@ -72,14 +72,23 @@ pub enum BlocksError {
     },
 
     /// The volume is encrypted and no key was given.
-    #[error("the objects of {url} are encrypted: give the volume's key file with --key-file (or BATON_KEY_FILE)")]
+    #[error("the objects of {url} are encrypted: give the volume's key file with --key-file (or BATON_KEY_FILE), or its passphrase with --passphrase-file (or BATON_PASSPHRASE_FILE)")]
     KeyNeeded {
         /// The store URL.
         url: String,
     },
 
+    /// A key file was given for a passphrase volume, or the reverse.
+    #[error("wrong kind of key for {url}: {reason}")]
+    KeyKind {
+        /// The store URL.
+        url: String,
+        /// Which kind the volume needs.
+        reason: String,
+    },
+
     /// The key given is not the volume's.
-    #[error("the key does not match the one {url} was formatted with: give the volume's key file; nothing was read or written")]
+    #[error("the key does not match the one {url} was formatted with (a wrong key file or passphrase): give the volume's own; nothing was read or written")]
     WrongKey {
         /// The store URL.
         url: String,

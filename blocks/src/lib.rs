@@ -75,6 +75,7 @@ mod codec;
 mod error;
 mod faulty_store;
 mod key;
+mod passphrase;
 mod s3;
 mod staging;
 mod store;
@@ -87,6 +88,9 @@ pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BY
 pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use key::{ObjectKey, KEY_PREFIX};
+pub use passphrase::{
+    derive_key, key_for, new_salt, read_passphrase_file, KeySource, KDF_ARGON2ID,
+};
 pub use s3::{
     with_s3_settings, S3Location, S3_BACKOFF_MS_INITIAL, S3_BACKOFF_MS_MAX, S3_CONNECT_TIMEOUT_MS,
     S3_REQUEST_TIMEOUT_MS, S3_RETRY_COUNT_MAX, S3_RETRY_WINDOW_MS_MAX,

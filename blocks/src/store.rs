@@ -170,6 +170,15 @@ impl BlockStore {
         Ok(store)
     }
 
+    /// Opens the store with the key `source` gives (a key file, or a
+    /// passphrase derived with the volume's salt); refuses a missing,
+    /// wrong or wrong-kind key before anything is read or written.
+    pub fn open_with_key_source(url: &str, source: Option<&crate::KeySource>) -> Result<Self> {
+        let (_, spec) = CodecSpec::split_url(url)?;
+        let key = crate::passphrase::key_for(url, &spec, source)?;
+        Self::open_with_key(url, key.as_ref())
+    }
+
     /// Opens the store without its codec: for listing and deleting objects
     /// (`fsctl gc`), never for reading blocks.
     pub fn open_undecoded(url: &str) -> Result<Self> {

@@ -237,6 +237,7 @@ fn an_encrypted_compressed_store_round_trips_and_hides_the_bytes() {
     let spec = CodecSpec {
         compress: true,
         key_check: Some(key_check(&key)),
+        kdf_salt: None,
     };
     let url = spec.add_to_url(&file_url(root.path()));
     let store = BlockStore::open_with_key(&url, Some(&key)).unwrap();

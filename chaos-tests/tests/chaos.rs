@@ -15,7 +15,7 @@ use chaos_tests::mount_guard::{workspace_binary, ChildGuard};
 use serde_json::Value;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(900);
-const CI_SCENARIOS: [&str; 10] = [
+const CI_SCENARIOS: [&str; 11] = [
     "kill-warm",
     "oom",
     "storage-flaky",
@@ -24,6 +24,7 @@ const CI_SCENARIOS: [&str; 10] = [
     "point-after-read",
     "point-after-commit",
     "point-during-upload",
+    "point-during-clear",
     "upgrade",
     "supervisor",
 ];

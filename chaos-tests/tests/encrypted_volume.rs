@@ -3,7 +3,10 @@
 //! compressible file takes less room; a mount without the key or with
 //! another key fails before mount(2) with a clear message and leaves
 //! nothing mounted; the right key (by flag or BATON_KEY_FILE) reads the
-//! data back intact; fsck and gc work without the key.
+//! data back intact; fsck and gc work without the key. A volume formatted
+//! with `--passphrase-file` (Argon2id, salt recorded in the volume): a wrong
+//! passphrase or a key file is refused before mount(2), the right
+//! passphrase (by flag or BATON_PASSPHRASE_FILE) reads the data back.
 
 #![allow(clippy::unwrap_used)] // Test code: a failed setup step should stop the test.
 use std::fs;
@@ -39,12 +42,19 @@ fn spawn_mount(base: &Path, mnt: &Path, key: Option<(&str, &Path)>) -> ChildGuar
         .arg("--base-dir")
         .arg(base)
         .env_remove("BATON_KEY_FILE")
+        .env_remove("BATON_PASSPHRASE_FILE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     match key {
         Some(("flag", path)) => {
             command.arg("--key-file").arg(path);
+        }
+        Some(("passphrase", path)) => {
+            command.arg("--passphrase-file").arg(path);
+        }
+        Some(("passphrase-env", path)) => {
+            command.env("BATON_PASSPHRASE_FILE", path);
         }
         Some((_, path)) => {
             command.env("BATON_KEY_FILE", path);
@@ -172,4 +182,75 @@ fn an_encrypted_compressed_volume_needs_its_key_and_keeps_data_intact() {
     assert!(text(&out).contains(" 0 missing or short"), "{}", text(&out));
     let out = fsctl(&["gc", "vol", "--dry-run", "--base-dir", base_arg]);
     assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
+fn a_passphrase_volume_refuses_a_wrong_passphrase_before_mount_and_reads_back_with_the_right_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let pass = base.join("pass");
+    fs::write(&pass, "correct horse battery staple\n").unwrap();
+    let wrong = base.join("wrong");
+    fs::write(&wrong, "correct horse battery stapler\n").unwrap();
+    let key = base.join("volume.key");
+    fs::write(&key, [0x5a; 32]).unwrap();
+    let out = fsctl(&[
+        "format",
+        "vol",
+        "--block-size",
+        "256K",
+        "--passphrase-file",
+        pass.to_str().unwrap(),
+        "--base-dir",
+        base.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = text(&out);
+    assert!(
+        said.contains("kdf=argon2id") && said.contains("kdf_salt="),
+        "{said}"
+    );
+    // Both kinds at once are refused.
+    let out = fsctl(&[
+        "format",
+        "vol2",
+        "--passphrase-file",
+        pass.to_str().unwrap(),
+        "--encryption-key-file",
+        key.to_str().unwrap(),
+        "--base-dir",
+        base.to_str().unwrap(),
+    ]);
+    assert!(
+        !out.status.success(),
+        "a key file and a passphrase were both accepted"
+    );
+
+    let mnt = base.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let body = MARKER.repeat(20_000);
+    let mounted = mount(base, &mnt, ("passphrase", &pass));
+    fs::write(mnt.join("secret"), &body).unwrap();
+    unmount(&mnt, mounted);
+    for object in objects(&base.join("vol/data")) {
+        let stored = fs::read(object).unwrap();
+        assert!(
+            !stored.windows(MARKER.len()).any(|w| w == MARKER),
+            "plaintext found in an object"
+        );
+    }
+
+    let said = refused_mount(base, &mnt, Some(("passphrase", &wrong)));
+    assert!(said.contains("does not match"), "{said}");
+    let said = refused_mount(base, &mnt, Some(("flag", &key)));
+    assert!(said.contains("--passphrase-file"), "{said}");
+    let said = refused_mount(base, &mnt, None);
+    assert!(said.contains("--passphrase-file"), "{said}");
+
+    let mounted = mount(base, &mnt, ("passphrase-env", &pass));
+    assert!(
+        fs::read(mnt.join("secret")).unwrap() == body,
+        "the data is intact"
+    );
+    unmount(&mnt, mounted);
 }

@@ -21,6 +21,20 @@ const URL_ENV: &str = "BATON_TEST_POSTGRES_URL";
 const DEADLINE: Duration = Duration::from_secs(30);
 const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
 
+/// The single value `sql` returns, as text.
+fn psql_value(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args(["-qtA", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
+        .output()
+        .expect("psql (postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 fn psql(url: &str, sql: &str) -> Output {
     Command::new("psql")
         .args(["-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
@@ -53,6 +67,8 @@ impl Host {
             .arg(&socket)
             .args(["--cgroup-parent", &cgroup_parent])
             .env("RUST_LOG", "info")
+            // Generations inherit it: a dead mount's session expires in 1 s.
+            .env("BATON_SESSION_EXPIRY_MS", "1000")
             .stdin(Stdio::null())
             .stderr(log)
             .spawn()
@@ -228,6 +244,22 @@ fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
     });
     assert!(seen, "a sees b's file");
 
+    // a has a file open that b unlinks: a's session holds it.
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let held_body: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+    std::fs::write(b.mnt().join("held"), &held_body).unwrap();
+    let seen = wait_until(Duration::from_secs(5), || a.mnt().join("held").exists());
+    assert!(seen, "a sees b's file");
+    let held = std::fs::File::open(a.mnt().join("held")).unwrap();
+    let ino = held.metadata().unwrap().ino();
+    std::fs::remove_file(b.mnt().join("held")).unwrap();
+    let inode_exists = || {
+        psql_value(
+            &url,
+            &format!("SELECT count(*) FROM inodes WHERE ino = {ino}"),
+        ) == "1"
+    };
+
     // kill -9 of a's filesystem process: its supervisor starts the next
     // generation on the same mount; b is unaffected.
     let pid = a.status()["pid"].as_i64().expect("a serving pid") as i32;
@@ -239,6 +271,33 @@ fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
         std::fs::read(a.mnt().join("during")).is_ok_and(|d| d == b"b during a's restart")
     });
     assert!(seen, "a's new generation sees b's file");
+
+    // The new generation continued a's session (same connection): after
+    // several expiry periods the file a's kernel still has open is intact.
+    std::thread::sleep(Duration::from_millis(3_000));
+    assert_eq!(psql_value(&url, "SELECT count(*) FROM sessions"), "2");
+    assert!(
+        inode_exists(),
+        "the orphan a holds survived the generation kill"
+    );
+    let mut read = vec![0; held_body.len()];
+    held.read_exact_at(&mut read, 0).unwrap();
+    assert!(
+        read == held_body,
+        "a reads the unlinked file whole after the takeover"
+    );
+    // The handle came from the dead generation, so this one cannot know
+    // when the kernel's last handle goes: it keeps the hold until the mount
+    // ends; then the orphan is reclaimed.
+    drop(held);
+    let out = a.fsctl(&["umount", a.mnt().to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reclaimed = wait_until(DEADLINE, || !inode_exists());
+    assert!(reclaimed, "reclaimed once a's mount ended\n{}", a.logs());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     assert!(!mounts.contains("postgres://"), "no URL in /proc/mounts");
 }

@@ -35,6 +35,38 @@ fn server(test: &str) -> Option<String> {
     }
 }
 
+/// The single value `sql` returns, as text.
+fn psql_value(url: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args(["-qtA", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
+        .output()
+        .expect("psql (postgresql-client)");
+    assert!(
+        out.status.success(),
+        "psql {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Regular files under `dir`, recursively (the objects of a file:// store).
+fn object_count(dir: &Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                object_count(&path)
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
 fn psql(url: &str, sql: &str) {
     let out = Command::new("psql")
         .args(["-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
@@ -93,6 +125,11 @@ impl PgVolume {
 
     /// Mount `host` (its own mountpoint and local state directory).
     fn mount(&self, host: &str) -> Mounted {
+        self.mount_with(host, &[])
+    }
+
+    /// [`PgVolume::mount`] with more fsclient arguments.
+    fn mount_with(&self, host: &str, extra: &[&str]) -> Mounted {
         let mnt = self.dir.path().join(format!("mnt-{host}"));
         fs::create_dir_all(&mnt).unwrap();
         let mut child = ChildGuard(
@@ -102,6 +139,7 @@ impl PgVolume {
                 .arg("--base-dir")
                 .arg(self.dir.path().join(format!("host-{host}")))
                 .args(["--attr-ttl-ms", "0"])
+                .args(extra)
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
                 .spawn()
@@ -291,4 +329,149 @@ fn exerciser_agrees_with_a_plain_directory_on_postgres_across_a_remount() {
     if let Some(m) = mounted.take() {
         m.stop();
     }
+}
+
+/// Session expiry of the session tests: short, so a dead mount is noticed
+/// within seconds (heartbeats every 400 ms).
+const TEST_SESSION_EXPIRY_MS: &str = "2000";
+
+impl PgVolume {
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Whether inode `ino` still exists, and its block-map rows.
+    fn inode_rows(&self, ino: u64) -> (bool, u64) {
+        let exists = psql_value(
+            &self.url,
+            &format!("SELECT count(*) FROM inodes WHERE ino = {ino}"),
+        );
+        let blocks = psql_value(
+            &self.url,
+            &format!("SELECT count(*) FROM blocks WHERE ino = {ino}"),
+        );
+        (exists == "1", blocks.parse().unwrap())
+    }
+
+    fn session_count(&self) -> u64 {
+        psql_value(&self.url, "SELECT count(*) FROM sessions")
+            .parse()
+            .unwrap()
+    }
+}
+
+fn mount_pair(vol: &PgVolume) -> (Mounted, Mounted) {
+    let expiry = ["--session-expiry-ms", TEST_SESSION_EXPIRY_MS];
+    (vol.mount_with("a", &expiry), vol.mount_with("b", &expiry))
+}
+
+#[test]
+fn a_file_unlinked_on_one_mount_stays_whole_on_another_that_has_it_open_until_it_closes() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(admin) = server("postgres unlink while open elsewhere") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let (a, b) = mount_pair(&vol);
+    assert!(
+        wait_until(DEADLINE, || vol.session_count() == 2),
+        "two sessions"
+    );
+    let objects_before = object_count(&vol.data());
+
+    let body = pattern(300_000, 3);
+    fs::write(a.p("victim"), &body).unwrap();
+    let objects_with_file = object_count(&vol.data());
+    assert!(
+        objects_with_file >= objects_before + 5,
+        "300 KB in 64 KiB blocks"
+    );
+    let held = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.p("victim"))
+        .unwrap();
+    let ino = held.metadata().unwrap().ino();
+    fs::remove_file(a.p("victim")).unwrap();
+    assert!(fs::metadata(b.p("victim")).is_err(), "b sees the unlink");
+
+    // Several heartbeats and ticks of both mounts pass: nothing reclaims
+    // the file b has open.
+    std::thread::sleep(Duration::from_millis(2_500));
+    assert_eq!(
+        vol.inode_rows(ino),
+        (true, 5),
+        "the orphan and its blocks are kept"
+    );
+    assert_eq!(object_count(&vol.data()), objects_with_file);
+    let mut read = vec![0; body.len()];
+    held.read_exact_at(&mut read, 0).unwrap();
+    assert!(read == body, "b reads the unlinked file whole");
+    held.write_all_at(b"still writable", 100_000).unwrap();
+    let mut back = vec![0; 14];
+    held.read_exact_at(&mut back, 100_000).unwrap();
+    assert_eq!(&back, b"still writable");
+    held.sync_all().unwrap();
+    held.read_exact_at(&mut read, 0).unwrap();
+    let mut expected = body.clone();
+    expected[100_000..100_014].copy_from_slice(b"still writable");
+    assert!(read == expected, "b reads its own write back after fsync");
+
+    // b closes it: b's mount lets go and reclaims it, objects included.
+    drop(held);
+    let reclaimed = wait_until(DEADLINE, || vol.inode_rows(ino) == (false, 0));
+    assert!(reclaimed, "the orphan is reclaimed after b closed it");
+    let objects_gone = wait_until(DEADLINE, || object_count(&vol.data()) == objects_before);
+    assert!(
+        objects_gone,
+        "its objects are deleted: {} left",
+        object_count(&vol.data())
+    );
+    a.stop();
+    b.stop();
+    assert_eq!(
+        vol.session_count(),
+        0,
+        "clean unmounts close their sessions"
+    );
+}
+
+#[test]
+fn a_killed_mounts_open_unlinked_file_is_reclaimed_by_the_other_after_the_expiry() {
+    use std::os::unix::fs::MetadataExt;
+    let Some(admin) = server("postgres dead session expiry") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let (a, b) = mount_pair(&vol);
+    let objects_before = object_count(&vol.data());
+    fs::write(a.p("victim"), pattern(200_000, 9)).unwrap();
+    let held = fs::File::open(b.p("victim")).unwrap();
+    let ino = held.metadata().unwrap().ino();
+    fs::remove_file(a.p("victim")).unwrap();
+    assert!(
+        wait_until(DEADLINE, || vol.session_count() == 2),
+        "two sessions"
+    );
+
+    // b dies with the file open and no successor: its session stops
+    // beating. Right after, the orphan is still held.
+    b.kill9();
+    drop(held);
+    assert_eq!(
+        vol.inode_rows(ino),
+        (true, 4),
+        "held by b's session until it expires"
+    );
+    // After the expiry a deletes b's session and reclaims the orphan.
+    let reclaimed = wait_until(DEADLINE, || vol.inode_rows(ino) == (false, 0));
+    assert!(reclaimed, "a reclaimed the dead mount's orphan");
+    assert_eq!(vol.session_count(), 1, "only a's session is left");
+    let objects_gone = wait_until(DEADLINE, || object_count(&vol.data()) == objects_before);
+    assert!(
+        objects_gone,
+        "its objects are deleted: {} left",
+        object_count(&vol.data())
+    );
+    a.stop();
 }

@@ -1847,3 +1847,175 @@ fn a_successor_that_fails_before_taking_the_fds_leaves_a_normal_shutdown() {
         "data after the failed handover: {out} {err}"
     );
 }
+
+/// The nice value of every thread of `pid`.
+fn thread_nices(pid: i64) -> Vec<i64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+                // Field 19 (nice), counted after the ")" that ends comm.
+                .filter_map(|stat| {
+                    stat.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(16)?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_standby_starts_at_low_priority_and_serves_at_normal_priority() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let active = fx.wait_serving(1)["pid"].as_i64().expect("pid");
+    let standby = fx.wait_until_standby();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo x > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let serving = thread_nices(active);
+    assert!(
+        !serving.is_empty() && serving.iter().all(|n| *n == 0),
+        "the serving generation's threads: {serving:?}"
+    );
+    let waiting = thread_nices(standby);
+    assert!(
+        !waiting.is_empty() && waiting.iter().all(|n| *n == 10),
+        "the standby's threads: {waiting:?}"
+    );
+    kill(Pid::from_raw(active as i32), Signal::SIGKILL).expect("kill the generation");
+    let status = fx.wait_serving(2);
+    assert_eq!(
+        status["pid"].as_i64(),
+        Some(standby),
+        "the standby took over"
+    );
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let promoted = thread_nices(standby);
+    assert!(
+        !promoted.is_empty() && promoted.iter().all(|n| *n == 0),
+        "the promoted standby's threads: {promoted:?}"
+    );
+}
+
+/// flock and POSIX locks live in the filesystem process; the callers that
+/// hold them outlive its crash, so the successor must know them.
+#[test]
+fn locks_held_across_a_generation_kill_9_still_exclude_others() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/flock {m}/posix")).finish();
+    assert!(ok, "{err}");
+    // A holds a flock; C holds a POSIX write lock (python's fcntl.lockf)
+    // on the whole of another file; B waits for the flock (a parked
+    // SETLKW, re-queued by RESEND after the kill).
+    let holder = App::sh(
+        &fx.mnt,
+        &format!("flock {m}/flock -c 'sleep 3; echo released'"),
+    );
+    let posix = App::sh(
+        &fx.mnt,
+        &format!(
+            "python3 -c 'import fcntl,time; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX); print(\"held\", flush=True); time.sleep(3)'"
+        ),
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/flock -c 'echo got'"));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(waiter.running(), "B got a lock A holds");
+
+    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
+    fx.wait_serving(generation + 1);
+
+    // The successor knows both locks: a try-lock of either fails.
+    let (ok, out, _) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo stolen'")).finish();
+    assert!(
+        !ok && out.is_empty(),
+        "a flock held before the crash was granted again: {out}"
+    );
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!(
+            "python3 -c 'import fcntl; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB); print(\"stolen\")'"
+        ),
+    )
+    .finish();
+    assert!(
+        !ok && out.is_empty(),
+        "a POSIX lock held before the crash was granted again: {out}{err}"
+    );
+    assert!(waiter.running(), "B got the flock while A still holds it");
+    let (ok, out, err) = holder.finish_or(|| fx.logs());
+    assert!(ok && out == "released\n", "A: {out}{err}");
+    let (ok, out, err) = waiter.finish_or(|| fx.logs());
+    assert!(
+        ok && out == "got\n",
+        "B never got the lock after A released it: {out}{err}"
+    );
+    let (ok, out, err) = posix.finish_or(|| fx.logs());
+    assert!(ok && out == "held\n", "C: {out}{err}");
+    // Released on close: free for anyone now.
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo free'")).finish();
+    assert!(ok && out == "free\n", "{out}{err}");
+}
+
+/// A truncation leaves a floor in staging (committed bytes past it read as
+/// zeros until the next commit). The generation is killed after the commit
+/// that wrote past the floor, while it clears staging: the floor must not
+/// survive the blocks, or the successor's flush cuts the file at the floor
+/// again and the bytes written after the truncation become zeros.
+#[test]
+fn a_generation_killed_while_clearing_staging_after_a_truncation_loses_nothing() {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "during-clear#2"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let script = format!(
+        r#"
+import mmap, os
+p = "{m}/f"
+fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+a = bytes((i * 7) % 251 + 1 for i in range(300000))
+b = bytes((i * 13) % 251 + 1 for i in range(50000))
+os.pwrite(fd, a, 0)
+os.fsync(fd)
+os.ftruncate(fd, 100000)
+os.pwrite(fd, b, 100000)
+os.fsync(fd)
+os.close(fd)
+# What the filesystem has (not the page cache): O_DIRECT.
+fd = os.open(p, os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 155648)
+n = os.readv(fd, [buf])
+got = buf[:n]
+want = a[:100000] + b
+if got == want:
+    print("intact")
+else:
+    first = next((i for i in range(min(len(got), len(want))) if got[i] != want[i]), min(len(got), len(want)))
+    print("len", len(got), "want", len(want), "first difference at", first)
+"#
+    );
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "intact", "{}", fx.logs());
+    // The fault did fire: generation 1 was killed and replaced.
+    assert!(
+        fx.status()["generation"].as_u64() >= Some(2),
+        "the fault never fired: {}",
+        fx.logs()
+    );
+}

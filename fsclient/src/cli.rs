@@ -10,6 +10,9 @@ use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR, DEFAULT_CACHE_SIZE_BYTES};
 
 /// Environment variable naming the key file when `--key-file` is absent.
 pub const KEY_FILE_ENV: &str = "BATON_KEY_FILE";
+/// Environment variable naming the passphrase file when
+/// `--passphrase-file` is absent.
+pub const PASSPHRASE_FILE_ENV: &str = "BATON_PASSPHRASE_FILE";
 
 /// Worker threads by default.
 pub const DEFAULT_THREADS: usize = 4;
@@ -81,11 +84,21 @@ pub struct VolumeArgs {
     #[arg(long)]
     pub s3_region: Option<String>,
     /// Key file of an encrypted volume [default: $BATON_KEY_FILE].
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "passphrase_file")]
     pub key_file: Option<PathBuf>,
+    /// Passphrase file of a volume formatted with `--passphrase-file`
+    /// [default: $BATON_PASSPHRASE_FILE].
+    #[arg(long, value_name = "FILE")]
+    pub passphrase_file: Option<PathBuf>,
     /// How long the kernel caches entries and attributes, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub attr_ttl_ms: u64,
+    /// How long after its last heartbeat another mount of the volume counts
+    /// as dead (its open-but-unlinked files are then reclaimed), in
+    /// milliseconds; heartbeats are sent five times as often [default:
+    /// $BATON_SESSION_EXPIRY_MS, else 30000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(crate::session::SESSION_EXPIRY_MS_MIN..))]
+    pub session_expiry_ms: Option<u64>,
 }
 
 impl VolumeArgs {
@@ -102,12 +115,31 @@ impl VolumeArgs {
                 .key_file
                 .clone()
                 .or_else(|| std::env::var_os(KEY_FILE_ENV).map(PathBuf::from)),
+            passphrase_file: self
+                .passphrase_file
+                .clone()
+                .or_else(|| std::env::var_os(PASSPHRASE_FILE_ENV).map(PathBuf::from)),
         }
     }
 
     /// The attribute cache time.
     pub fn attr_ttl(&self) -> Duration {
         Duration::from_millis(self.attr_ttl_ms)
+    }
+
+    /// The session expiry: the flag, else the environment, else the
+    /// default; at least [`crate::session::SESSION_EXPIRY_MS_MIN`].
+    pub fn session_expiry(&self) -> Duration {
+        use crate::session::{
+            SESSION_EXPIRY_ENV, SESSION_EXPIRY_MS_DEFAULT, SESSION_EXPIRY_MS_MIN,
+        };
+        let ms = self.session_expiry_ms.unwrap_or_else(|| {
+            std::env::var(SESSION_EXPIRY_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(SESSION_EXPIRY_MS_DEFAULT)
+        });
+        Duration::from_millis(ms.max(SESSION_EXPIRY_MS_MIN))
     }
 }
 
@@ -179,5 +211,9 @@ mod tests {
         assert_eq!(options.threads, DEFAULT_THREADS);
         assert_eq!(options.base_dir, PathBuf::from(DEFAULT_BASE_DIR));
         assert_eq!(options.attr_ttl(), Duration::from_secs(1));
+        assert!(
+            Cli::try_parse_from(["fsclient", "mount", "v", "/m", "--session-expiry-ms", "5"])
+                .is_err()
+        );
     }
 }

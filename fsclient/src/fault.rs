@@ -1,7 +1,8 @@
 //! Test-only fault hooks: named points where a generation can be made to
 //! die by SIGKILL, so the chaos tests can kill it exactly between two steps
 //! (after a request was read, after its metadata committed but before the
-//! reply, while a block uploads, while handing over).
+//! reply, while a block uploads, while staging is cleared after a commit,
+//! while handing over).
 //!
 //! Armed only by the environment, read once at start:
 //!
@@ -39,6 +40,9 @@ pub enum Point {
     AfterCommit,
     /// A block upload started; the block map is not committed.
     DuringUpload,
+    /// Staged data committed; its staging is half cleared (the size record
+    /// settled, the block files not removed yet).
+    DuringClear,
     /// The handover state is written; the next generation has not taken it.
     DuringHandover,
 }
@@ -49,6 +53,7 @@ impl Point {
             "after-read" => Point::AfterRead,
             "after-commit" => Point::AfterCommit,
             "during-upload" => Point::DuringUpload,
+            "during-clear" => Point::DuringClear,
             "during-handover" => Point::DuringHandover,
             _ => return None,
         })
@@ -68,7 +73,7 @@ static DELAY: OnceLock<Option<(u32, std::time::Duration)>> = OnceLock::new();
 
 /// A malformed fault specification.
 #[derive(Debug, thiserror::Error)]
-#[error("{variable}={value} is not a fault specification: {reason} (expected <point>[@<opcode>][#<n>], points: after-read, after-commit, during-upload, during-handover)")]
+#[error("{variable}={value} is not a fault specification: {reason} (expected <point>[@<opcode>][#<n>], points: after-read, after-commit, during-upload, during-clear, during-handover)")]
 pub struct FaultSpecError {
     variable: &'static str,
     value: String,

@@ -146,8 +146,10 @@ impl Generation {
                 "handover state loaded"
             );
         } else if adoption.resend {
-            // No other generation is alive: commit what the dead one left.
+            // No other generation is alive: commit what the dead one left,
+            // and take over the locks its callers still hold.
             fs.recover(false)?;
+            fs.restore_held_locks();
         }
         let channel = Arc::new(Channel::new(fd));
         let params = from_record(&adoption.init);
@@ -188,17 +190,39 @@ impl Generation {
     }
 
     /// Serves until SIGTERM/SIGINT (then stops between requests, cancels
-    /// parked lock requests and flushes) or the connection ends.
-    pub fn run(self: &Arc<Self>, signals: &SigSet) -> Result<()> {
+    /// parked lock requests and flushes) or the connection ends. Returns
+    /// whether the connection ended (the mount is gone).
+    pub fn run(self: &Arc<Self>, signals: &SigSet) -> Result<bool> {
         self.spawn_control();
         self.spawn_stats();
         let signal = signals.wait().map_err(crate::runtime::signal_error)?;
         tracing::info!(?signal, "stopping between requests");
+        let ended = self.stopper().and_then(|s| s.ended()).is_some();
         if let Some(workers) = lock(&self.workers).take() {
             workers.stop();
         }
         self.fs.cancel_lock_waiters();
-        self.fs.flush_all()
+        self.fs.flush_all().map(|()| ended)
+    }
+
+    /// Registers the mount's session, or continues it (a generation after
+    /// the first: same connection, same session, same holds).
+    pub fn open_session(&self, volume: &str) -> Result<()> {
+        let mount = format!("{volume} (supervised)");
+        self.fs.open_session(&crate::session::host_name(), &mount)
+    }
+
+    /// The mount is gone: ends its session (failures are logged; the
+    /// session then expires and other mounts clean up).
+    pub fn close_session(&self) {
+        if let Err(err) = self.fs.close_session() {
+            tracing::warn!(%err, "session not closed; it expires and other mounts clean up");
+        }
+    }
+
+    /// The filesystem served.
+    pub fn fs(&self) -> Arc<BatonFs> {
+        Arc::clone(&self.fs)
     }
 
     fn send(&self, message: &Message) {

@@ -10,7 +10,8 @@
 //! generation whose table was lost in a crash) is accepted for I/O, which
 //! works by nodeid only, and its release is a no-op here. Such a table is
 //! *inherited*: open counts may miss handles the kernel holds, so an orphan
-//! is never reclaimed by it (the next fresh mount reclaims it).
+//! is never released by it: the session keeps its hold until the mount
+//! ends (see `fs/orphans.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -130,22 +131,29 @@ impl Handles {
         self.lock().open_count.get(&ino).copied().unwrap_or(0)
     }
 
-    /// `ino` lost its last name. Returns true if it may be reclaimed now
-    /// (nothing open); otherwise the last release will say so.
-    pub fn orphaned(&self, ino: u64) -> bool {
+    /// Whether the kernel may hold handles this table never saw (an
+    /// earlier generation's, lost in a crash).
+    pub fn inherited(&self) -> bool {
+        self.inherited.load(Ordering::Relaxed)
+    }
+
+    /// Marks `ino` as an orphan kept alive by this table's open handles
+    /// (its last release will say `reclaim`). Returns false, marking
+    /// nothing, when no handle is open on it.
+    pub fn mark_orphan(&self, ino: u64) -> bool {
         let mut inner = self.lock();
-        if self.inherited.load(Ordering::Relaxed) {
-            // An earlier generation's handle may still be open: keep it
-            // until a fresh mount. Not tracked as an open orphan, so its
-            // data stays flushable.
-            return false;
-        }
         if inner.open_count.contains_key(&ino) {
             inner.orphans.insert(ino);
-            false
-        } else {
             true
+        } else {
+            inner.orphans.remove(&ino);
+            false
         }
+    }
+
+    /// The orphans this table keeps alive.
+    pub fn open_orphans(&self) -> Vec<u64> {
+        self.lock().orphans.iter().copied().collect()
     }
 
     /// Every open handle, the next number and the open orphans (handover).
@@ -195,7 +203,7 @@ mod tests {
         let h = Handles::default();
         let a = h.open(file(5)).unwrap();
         let b = h.open(file(5)).unwrap();
-        assert!(!h.orphaned(5));
+        assert!(h.mark_orphan(5));
         assert!(!h.release(a).reclaim);
         assert!(h.release(b).reclaim);
         assert_eq!(h.open_count(5), 0);
@@ -204,15 +212,15 @@ mod tests {
     #[test]
     fn an_unopened_orphan_is_reclaimed_at_once() {
         let h = Handles::default();
-        assert!(h.orphaned(9));
+        assert!(!h.mark_orphan(9));
         assert!(!h.is_open_orphan(9));
     }
 
     #[test]
-    fn an_inherited_table_never_reclaims_and_numbers_past_earlier_generations() {
+    fn an_inherited_table_says_so_and_numbers_past_earlier_generations() {
         let h = Handles::default();
         h.start_generation(3, true);
-        assert!(!h.orphaned(9));
+        assert!(h.inherited());
         let fh = h.open(file(9)).unwrap();
         assert_eq!(fh, 3 << FH_GENERATION_SHIFT);
         assert!(!h.release(fh).reclaim);
@@ -223,7 +231,7 @@ mod tests {
         let old = Handles::default();
         old.start_generation(1, false);
         let a = old.open(file(5)).unwrap();
-        assert!(!old.orphaned(5));
+        assert!(old.mark_orphan(5));
         let (handles, next, orphans) = old.export();
         let new = Handles::default();
         new.start_generation(2, true);

@@ -34,10 +34,12 @@
 //! - Reads see staged bytes over committed ones; holes cost nothing.
 //! - Writes, truncations and flushes of one inode are serialized by a
 //!   per-inode (striped) mutex; different files proceed in parallel.
-//! - An unlinked inode stays readable and writable until its last release,
-//!   then it is reclaimed (staging discarded, metadata deleted, objects
-//!   deleted). A fresh `mount` reclaims orphans left by a dead process;
-//!   `serve` leaves them (the kernel may still have them open).
+//! - An unlinked inode stays readable and writable while any mount of the
+//!   volume (this one, another generation of it, another host) has it
+//!   open; every mount is a session with a heartbeat, and the last session
+//!   to let go of an orphan reclaims it (staging discarded, metadata
+//!   deleted, objects deleted). A dead mount's session expires and the
+//!   others reclaim what it held (`fs/orphans.rs`, [`session`]).
 //! - No operation ever answers ENOSYS; every failure maps to an errno from
 //!   `MetaError::errno` or `BlocksError::errno`.
 //! - Locks live in this process only; a new generation starts without them.
@@ -47,8 +49,9 @@
 //!   record (`fs/once.rs`).
 //! - Handle numbers carry the generation that issued them in their high
 //!   bits, so a new generation never reissues a number the kernel holds.
-//!   After a crash (handles not handed over) orphans are kept until the
-//!   next fresh mount: the kernel may still have them open.
+//!   After a crash (handles not handed over) the new generation continues
+//!   the same session and keeps every orphan it holds until the mount ends:
+//!   the kernel may still have them open.
 //!
 //! # Example
 //! ```no_run
@@ -66,6 +69,7 @@
 //!     s3_endpoint: None,
 //!     s3_region: None,
 //!     key_file: None,
+//!     passphrase_file: None,
 //! };
 //! let volume = Volume::open(&paths, &options, LockMode::Exclusive)?;
 //! let (fs, _lock) = BatonFs::from_volume(volume, FsConfig::default());
@@ -87,6 +91,7 @@ pub mod generation;
 pub mod handles;
 pub mod locks;
 pub mod runtime;
+pub mod session;
 pub mod volume;
 
 pub use error::{Error, Result};

@@ -231,6 +231,8 @@ pub struct LockTable<W> {
     inodes: HashMap<u64, InodeLocks>,
     waiters: VecDeque<Waiter<W>>,
     interrupted: VecDeque<u64>,
+    /// Bumped by every change of the held locks (not of the waiters).
+    changes: u64,
 }
 
 impl<W> Default for LockTable<W> {
@@ -239,6 +241,7 @@ impl<W> Default for LockTable<W> {
             inodes: HashMap::new(),
             waiters: VecDeque::new(),
             interrupted: VecDeque::new(),
+            changes: 0,
         }
     }
 }
@@ -253,6 +256,7 @@ impl<W> LockTable<W> {
     pub fn set(&mut self, ino: u64, req: LockRequest, wait: Option<(u64, W)>) -> SetOutcome<W> {
         if self.conflict(ino, &req).is_none() {
             self.inodes.entry(ino).or_default().apply(&req);
+            self.changes += 1;
             return SetOutcome::Done {
                 granted: self.wake(ino),
                 own: wait.map(|(_, w)| w),
@@ -302,6 +306,7 @@ impl<W> LockTable<W> {
         if !removed {
             return Vec::new();
         }
+        self.changes += 1;
         self.wake(ino)
     }
 
@@ -336,6 +341,7 @@ impl<W> LockTable<W> {
 
     /// Takes over a predecessor's held locks (handover, before serving).
     pub fn import_held(&mut self, held: &[(u64, LockKind, HeldLock)]) {
+        self.changes += 1;
         for (ino, kind, lock) in held {
             let list = self.inodes.entry(*ino).or_default().list_mut(*kind);
             list.push(*lock);
@@ -346,6 +352,12 @@ impl<W> LockTable<W> {
     /// The parked requests, oldest first, left in place (handover).
     pub fn parked(&self) -> impl Iterator<Item = &W> {
         self.waiters.iter().map(|w| &w.waiter)
+    }
+
+    /// A number that changes whenever the held locks do (so a copy of
+    /// them is rewritten only when needed).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Number of parked requests.
@@ -371,6 +383,7 @@ impl<W> LockTable<W> {
             if w.ino == ino && self.conflict(ino, &w.req).is_none() {
                 if let Some(w) = self.waiters.remove(index) {
                     self.inodes.entry(ino).or_default().apply(&w.req);
+                    self.changes += 1;
                     granted.push(w.waiter);
                 }
                 index = 0;

@@ -21,6 +21,7 @@ use crate::cli::{Cli, Command, VolumeArgs};
 use crate::error::{Error, Result};
 use crate::fs::{BatonFs, FsConfig};
 use crate::generation::{receive_adopt, Generation};
+use crate::session::SessionTimer;
 use crate::volume::{check_mountpoint, LockMode, Volume, VolumePaths};
 
 /// Runs the command line.
@@ -87,7 +88,13 @@ fn mount(
 ) -> Result<ExitCode> {
     check_mountpoint(mountpoint)?;
     let (fs, held) = open_fs(volume, options, LockMode::Exclusive)?;
+    fs.set_connection(upgrade_protocol::connection_identity(), 1, false);
+    // A SQLite volume under our exclusive lock has no other live mount.
     fs.recover(!held.shared)?;
+    fs.open_session(
+        &crate::session::host_name(),
+        &mountpoint.display().to_string(),
+    )?;
     let mount_options = fuse_wire::MountOptions {
         source: held.name.clone(),
         subtype: "baton".into(),
@@ -110,14 +117,19 @@ fn mount(
         }
     };
     tracing::info!(volume = %held.name, mountpoint = %mountpoint.display(), "mounted");
-    fs.set_connection(upgrade_protocol::connection_identity(), 1, false);
+    let timer = SessionTimer::start(Arc::clone(&fs), options.session_expiry());
     let (reason, flushed) = serve_until_signal(&fs, channel, params, options.threads, signals)?;
+    timer.stop();
     // Unmount even when the final flush failed: the data stays staged and
     // the next mount commits it.
     if !matches!(reason, ExitReason::Ended(_)) {
         fuse_wire::unmount(mountpoint)?;
     }
     tracing::info!(volume = %held.name, "unmounted");
+    // The mount is gone: so are its handles and its session.
+    if let Err(err) = fs.close_session() {
+        tracing::warn!(%err, "session not closed; it expires and other mounts clean up");
+    }
     flushed?;
     Ok(ExitCode::SUCCESS)
 }
@@ -128,9 +140,15 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let (adoption, fd) = receive_adopt(&socket, connect)?;
     let (generation_number, resend) = (adoption.generation, adoption.resend);
     let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads)?;
+    generation.open_session(&held.name)?;
     tracing::info!(volume = %held.name, generation = generation_number, resend, journaled = journal.requests.len(), "adopted the FUSE connection");
     generation.start(&journal, resend)?;
-    generation.run(signals)?;
+    let timer = SessionTimer::start(generation.fs(), options.session_expiry());
+    let ended = generation.run(signals);
+    timer.stop();
+    if ended? {
+        generation.close_session();
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -119,6 +119,8 @@ pub struct VolumeOptions {
     pub s3_region: Option<String>,
     /// Key file of an encrypted volume.
     pub key_file: Option<PathBuf>,
+    /// Passphrase file of a volume encrypted with a passphrase.
+    pub passphrase_file: Option<PathBuf>,
 }
 
 /// Who else may hold the volume lock.
@@ -224,7 +226,7 @@ impl Volume {
             url: record.storage_url.clone(),
             cause: Box::new(source),
         })?;
-        let store = open_store(&display, &storage_url, options.key_file.as_deref())?;
+        let store = open_store(&display, &storage_url, options)?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
         let block_size_bytes = u64::from(record.block_size_bytes);
@@ -260,7 +262,10 @@ impl Volume {
     }
 }
 
-fn open_store(volume: &str, url: &str, key_file: Option<&Path>) -> Result<Arc<BlockStore>> {
+/// Opens the object store with the key the volume needs: its passphrase
+/// when it records a key derivation, else its key file (so a supervisor
+/// environment may name both for different volumes).
+fn open_store(volume: &str, url: &str, options: &VolumeOptions) -> Result<Arc<BlockStore>> {
     let unreachable = |source| Error::StorageUnreachable {
         volume: volume.to_string(),
         url: url.to_string(),
@@ -270,14 +275,26 @@ fn open_store(volume: &str, url: &str, key_file: Option<&Path>) -> Result<Arc<Bl
         volume: volume.to_string(),
         cause: Box::new(source),
     };
-    let key = key_file
-        .map(baton_blocks::read_key_file)
-        .transpose()
-        .map_err(key_error)?;
-    let store = BlockStore::open_with_key(url, key.as_ref()).map_err(|source| match source {
-        BlocksError::KeyNeeded { .. } | BlocksError::WrongKey { .. } => key_error(source),
-        other => unreachable(other),
-    })?;
+    let derived = baton_blocks::CodecSpec::split_url(url)
+        .map(|(_, spec)| spec.kdf_salt.is_some())
+        .unwrap_or(false);
+    let key_source = match (&options.passphrase_file, &options.key_file) {
+        (Some(file), None) => Some(baton_blocks::KeySource::Passphrase(file.clone())),
+        (None, Some(file)) => Some(baton_blocks::KeySource::File(file.clone())),
+        (Some(file), Some(_)) if derived => Some(baton_blocks::KeySource::Passphrase(file.clone())),
+        (_, Some(file)) => Some(baton_blocks::KeySource::File(file.clone())),
+        (None, None) => None,
+    };
+    let store =
+        BlockStore::open_with_key_source(url, key_source.as_ref()).map_err(
+            |source| match source {
+                BlocksError::KeyNeeded { .. }
+                | BlocksError::WrongKey { .. }
+                | BlocksError::KeyKind { .. }
+                | BlocksError::Key { .. } => key_error(source),
+                other => unreachable(other),
+            },
+        )?;
     store.check_reachable().map_err(unreachable)?;
     Ok(Arc::new(store))
 }

@@ -13,7 +13,10 @@
 //!   plus an explicit [`MetaStore::sync`]),
 //!   created by [`format`] (`fsctl format`) and opened by [`open`].
 //! - [`PostgresMeta`]: the same operations on a PostgreSQL server, for
-//!   volumes mounted by several hosts (`postgres://` URLs).
+//!   volumes mounted by several hosts (`postgres://` URLs, TLS by
+//!   `sslmode=`: [`postgres::tls`]).
+//! - [`SessionInfo`], [`SessionRecord`]: mounts with heartbeats and the
+//!   orphans they hold open.
 //! - [`Attr`], [`CreateArgs`], [`SetAttr`], [`CommitBlocks`], ...: values in
 //!   and out, in [`types`]. [`MetaError`] with [`MetaError::errno`].
 //! - [`record::Recorded`]: the byte encoding of mutation results kept for
@@ -23,8 +26,11 @@
 //! - Inode numbers are allocated monotonically and never reused; the root is
 //!   [`ROOT_INO`] (1). [`Attr::mode`] holds permission bits only.
 //! - An inode whose link count drops to 0 is not deleted: it is recorded as
-//!   an orphan until [`MetaStore::reclaim`], because the kernel may still
-//!   have it open.
+//!   an orphan, held by every registered session (mount), because any of
+//!   them may still have it open; it is reclaimed when the last hold is
+//!   released ([`MetaStore::release_orphan`]) or by [`MetaStore::reclaim`].
+//!   A session whose heartbeat is too old is deleted with its holds
+//!   ([`MetaStore::expire_sessions`]).
 //! - A directory's nlink is 2 + its subdirectories.
 //! - Every block-map row lies within the file: `index * block_size + len <=
 //!   size`.

@@ -24,7 +24,8 @@ use std::time::SystemTime;
 use crate::error::{MetaError, Result};
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
-    RequestKey, SetAttr, StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, TruncatedBlocks, Unlinked,
+    VolumeRecord, XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -181,6 +182,53 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Lifts [`MetaStore::fence`] (the handover was rolled back and this
     /// process serves again).
     fn unfence(&self);
+
+    // Sessions: one per mount (FUSE connection), with a heartbeat. The
+    // transaction that brings an inode to nlink 0 makes every registered
+    // session hold it; a session drops the holds on inodes it has no handle
+    // on ([`MetaStore::release_orphan`]), and the drop of the last hold
+    // reclaims the orphan. A session whose heartbeat is too old is deleted
+    // by any other ([`MetaStore::expire_sessions`]) with its holds.
+
+    /// Registers the session, or takes over the row with the same id (a
+    /// generation continuing its dead predecessor's connection keeps its
+    /// holds). Sets the heartbeat to now.
+    fn open_session(&self, info: &SessionInfo) -> Result<()>;
+
+    /// Renews the session's heartbeat. `Ok(false)`: the session is gone
+    /// (another expired it; its holds were dropped).
+    fn heartbeat(&self, session: u64) -> Result<bool>;
+
+    /// Ends the session (its mount is gone): deletes it and its holds, and
+    /// returns the inodes it held, for [`MetaStore::release_orphan`] with
+    /// no session.
+    fn close_session(&self, session: u64) -> Result<Vec<u64>>;
+
+    /// Deletes every session whose heartbeat is older than `max_age` (by
+    /// the store's clock), with its holds; returns their ids. Orphans they
+    /// held alone are then in [`MetaStore::unheld_orphans`].
+    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>>;
+
+    /// Every registered session, by id.
+    fn sessions(&self) -> Result<Vec<SessionRecord>>;
+
+    /// The orphans `session` holds, ascending.
+    fn held_orphans(&self, session: u64) -> Result<Vec<u64>>;
+
+    /// Orphans no session holds (their holders ended or expired, or none
+    /// was registered when they lost their last name), ascending, at most
+    /// `limit`.
+    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>>;
+
+    /// `session` has `ino` open and found it at nlink 0: records its hold
+    /// (no-op if held). `NotFound` if the inode was reclaimed meanwhile.
+    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()>;
+
+    /// Drops `session`'s hold on `ino` (`None`: drops nothing), then, in
+    /// the same transaction, reclaims `ino` if it is an orphan nobody
+    /// holds. Returns the objects to delete after the call when it was
+    /// reclaimed, `None` when it is still held, linked again or gone.
+    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>>;
 }
 
 /// Where a metadata store lives, parsed from a URL or path.

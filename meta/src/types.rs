@@ -382,3 +382,31 @@ impl std::fmt::Display for RequestKey {
         write!(f, "{:016x}/{}", self.connection, self.unique)
     }
 }
+
+/// Who a session is: one FUSE connection of one mount, on one host. Every
+/// generation serving that connection uses the same id (the connection's
+/// random identity), so a generation that takes over after a crash
+/// continues its predecessor's session and keeps its holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session id: the FUSE connection's identity.
+    pub id: u64,
+    /// Host name of the mount.
+    pub host: String,
+    /// Process serving it now.
+    pub pid: u32,
+    /// Mountpoint (or the volume, when serving through a holder).
+    pub mount: String,
+}
+
+/// A registered session as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// Who it is.
+    pub info: SessionInfo,
+    /// When it was first registered, in ms since the epoch (store clock).
+    pub started_ms: i64,
+    /// Its last heartbeat, in ms since the epoch (store clock: the server's
+    /// for PostgreSQL, so hosts' clocks need not agree).
+    pub heartbeat_ms: i64,
+}

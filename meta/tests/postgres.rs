@@ -70,6 +70,16 @@ fn a_volume_formatted_at_an_older_schema_is_migrated_on_open() {
         .unwrap()
         .get(0);
     assert_eq!(index, 1, "migration 2 ran");
+    // Migration 4: sessions and orphan holds work on the migrated volume.
+    let info = baton_meta::SessionInfo {
+        id: 5,
+        host: "h".into(),
+        pid: 1,
+        mount: "/m".into(),
+    };
+    meta.open_session(&info).unwrap();
+    meta.unlink(ROOT_INO, n("before"), None).unwrap();
+    assert_eq!(meta.held_orphans(5).unwrap(), vec![f.ino]);
     // A second open finds nothing to do.
     drop(meta);
     baton_meta::open(&db.url).unwrap();

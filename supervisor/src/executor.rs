@@ -415,9 +415,11 @@ impl Mount {
             (Some(upgrade), Role::Standby, State::Upgrading { .. }) => upgrade.binary.clone(),
             _ => self.client_binary.clone(),
         };
+        let held_locks = env.state.held_locks_path(&self.id);
         let launch = Launch {
             client_binary: &binary,
             socket: &self.socket_path,
+            held_locks: &held_locks,
             volume: &self.volume,
             base_dir: &self.base_dir,
             options: &self.options,
@@ -472,6 +474,7 @@ impl Mount {
             "mount {}: a second adopter while a generation holds the fd",
             self.id
         );
+        process.raise_priority();
         let message = Message::Adopt {
             generation: process.generation,
             connection: self.connection,
@@ -859,6 +862,7 @@ impl Mount {
     pub fn close(&mut self, env: &Env, outcome: Result<String, String>) {
         self.channel = None;
         let _ = std::fs::remove_file(&self.socket_path);
+        let _ = std::fs::remove_file(env.state.held_locks_path(&self.id));
         if let Err(err) = env.state.remove_record(&self.id) {
             tracing::warn!(mount = %self.id, %err, "cannot remove the state record");
         }

@@ -25,6 +25,12 @@ use crate::cgroup::Cgroup;
 use crate::lifecycle::mount::Cause;
 use crate::Error;
 
+/// The nice value a generation starts at: while it starts (exec, volume
+/// open) as a standby or an upgrade's incoming generation, the serving one
+/// and the applications come first on a busy machine. [`Process::raise_priority`]
+/// makes it normal right before it gets the fd.
+pub const STARTUP_NICE: i32 = 10;
+
 /// How to start one generation.
 #[derive(Debug)]
 pub struct Launch<'a> {
@@ -32,6 +38,8 @@ pub struct Launch<'a> {
     pub client_binary: &'a Path,
     /// The mount's generation socket.
     pub socket: &'a Path,
+    /// Where the generation keeps the held locks (`BATON_HELD_LOCKS_FILE`).
+    pub held_locks: &'a Path,
     /// The volume (name or URL).
     pub volume: &'a str,
     /// Where named volumes live.
@@ -182,11 +190,19 @@ impl Process {
         }
         // The log is a file: no terminal colour codes in it.
         command.env("NO_COLOR", "1");
+        command.env("BATON_HELD_LOCKS_FILE", launch.held_locks);
         if let Some(procs) = procs {
             // SAFETY: join_cgroup only makes async-signal-safe syscalls.
             unsafe {
                 command.pre_exec(move || join_cgroup(&procs));
             }
+        }
+        // SAFETY: setpriority is a plain syscall (async-signal-safe).
+        unsafe {
+            command.pre_exec(|| {
+                libc::setpriority(libc::PRIO_PROCESS, 0, STARTUP_NICE);
+                Ok(())
+            });
         }
         let mut child = command
             .spawn()
@@ -198,6 +214,25 @@ impl Process {
                 let _ = child.kill();
                 let _ = child.wait();
                 Err(err)
+            }
+        }
+    }
+
+    /// Gives every thread of the process normal priority again (it was
+    /// started at [`STARTUP_NICE`]); called just before it gets the fd.
+    /// Threads it starts later inherit from their creator, so they are
+    /// normal too. Best effort: a failure only leaves it slower.
+    pub fn raise_priority(&self) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return;
+        };
+        for tid in tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        {
+            // SAFETY: setpriority on a thread id of our own child.
+            if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 0) } != 0 {
+                tracing::debug!(pid = self.pid, tid, err = %std::io::Error::last_os_error(), "cannot raise a generation thread's priority");
             }
         }
     }
@@ -285,6 +320,7 @@ mod tests {
             threads: Some(2),
         };
         let launch = Launch {
+            held_locks: Path::new("/nonexistent/locks"),
             client_binary: Path::new("/bin/fsclient"),
             socket: Path::new("/state/run/m.sock"),
             volume: "vol",
@@ -319,6 +355,7 @@ mod tests {
         let log = tempfile::tempfile().unwrap();
         let options = ClientOptions::default();
         let launch = Launch {
+            held_locks: Path::new("/nonexistent/locks"),
             client_binary: Path::new("/bin/false"),
             socket: Path::new("/nonexistent"),
             volume: "v",

@@ -57,6 +57,12 @@ impl StateDir {
         self.root.join("run").join(format!("{mount_id}.sock"))
     }
 
+    /// `run/<id>.locks`: the locks held on the mount, kept by its serving
+    /// generation for a successor after a crash.
+    pub fn held_locks_path(&self, mount_id: &str) -> PathBuf {
+        self.root.join("run").join(format!("{mount_id}.locks"))
+    }
+
     /// `logs/<id>.log`.
     pub fn log_path(&self, mount_id: &str) -> PathBuf {
         self.root.join("logs").join(format!("{mount_id}.log"))

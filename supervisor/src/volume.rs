@@ -34,6 +34,9 @@ pub enum VolumeError {
     /// The data store does not answer.
     #[error(transparent)]
     Storage(#[from] baton_blocks::BlocksError),
+    /// Both a key file and a passphrase were given.
+    #[error("give either an encryption key file or a passphrase file, not both")]
+    TwoKeys,
 }
 
 /// The default locations of volume `name` under `base`.
@@ -91,6 +94,9 @@ pub struct FormatRequest {
     pub compression: bool,
     /// Encrypt objects with the key in this file (32 bytes, raw or hex).
     pub key_file: Option<PathBuf>,
+    /// Encrypt objects with a key derived (Argon2id, random salt recorded
+    /// in the volume) from the passphrase in this file. Not with `key_file`.
+    pub passphrase_file: Option<PathBuf>,
 }
 
 /// What was created.
@@ -123,14 +129,21 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
     if let Some(data_dir) = storage_url.strip_prefix("file://") {
         create_dir(Path::new(data_dir))?;
     }
-    let key = request
-        .key_file
-        .as_deref()
-        .map(baton_blocks::read_key_file)
-        .transpose()?;
+    let (key, kdf_salt) = match (&request.key_file, &request.passphrase_file) {
+        (Some(file), None) => (Some(baton_blocks::read_key_file(file)?), None),
+        (None, Some(file)) => {
+            let passphrase = baton_blocks::read_passphrase_file(file)?;
+            let salt = baton_blocks::new_salt()?;
+            let key = baton_blocks::derive_key(&passphrase, &salt)?;
+            (Some(key), Some(salt))
+        }
+        (None, None) => (None, None),
+        (Some(_), Some(_)) => return Err(VolumeError::TwoKeys),
+    };
     let codec = baton_blocks::CodecSpec {
         compress: request.compression,
         key_check: key.as_ref().map(baton_blocks::key_check),
+        kdf_salt,
     };
     let storage_url = codec.add_to_url(&storage_url);
     baton_blocks::BlockStore::open_with_key(&storage_url, key.as_ref())?.check_reachable()?;

@@ -14,6 +14,7 @@ fn request(base: &std::path::Path, name: &str) -> FormatRequest {
         block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
         compression: false,
         key_file: None,
+        passphrase_file: None,
     }
 }
 

@@ -36,7 +36,11 @@ pub const JOURNAL_ENTRIES_MAX: u32 = 1 << 16;
 /// One journaled request at most (a 1 MiB write plus headers).
 pub const JOURNAL_ENTRY_LEN_MAX: u32 = (1 << 20) + (1 << 16);
 
+/// The held-locks format this binary writes and the highest major it reads.
+pub const HELD_LOCKS_FORMAT_MAJOR: u16 = 1;
+
 const STATE_MAGIC: &[u8; 4] = b"BATS";
+const HELD_LOCKS_MAGIC: &[u8; 4] = b"BATL";
 const JOURNAL_MAGIC: &[u8; 4] = b"BATJ";
 const STATE_HEADER_LEN: usize = 16;
 const JOURNAL_HEADER_LEN: usize = 12;
@@ -100,55 +104,99 @@ pub struct HandoverState {
 
 /// Encodes a state document. Pure.
 pub fn encode_state(state: &HandoverState) -> Result<Vec<u8>, ProtocolError> {
-    let body = serde_json::to_vec(state)?;
-    let mut out = Vec::with_capacity(STATE_HEADER_LEN + body.len());
-    out.extend_from_slice(STATE_MAGIC);
-    out.extend_from_slice(&STATE_FORMAT_MAJOR.to_le_bytes());
-    out.extend_from_slice(&STATE_FORMAT_MINOR.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+    Ok(frame(
+        STATE_MAGIC,
+        STATE_FORMAT_MAJOR,
+        STATE_FORMAT_MINOR,
+        &serde_json::to_vec(state)?,
+    ))
 }
 
 /// Decodes a state document, refusing a newer major version, a bad magic,
 /// a truncated body or a checksum mismatch. Pure.
 pub fn decode_state(bytes: &[u8]) -> Result<HandoverState, ProtocolError> {
+    let body = unframe(bytes, STATE_MAGIC, STATE_FORMAT_MAJOR, "handover state")?;
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// The locks held on one connection, kept on local disk by the serving
+/// generation at every change, so that one taking over after a crash
+/// (which leaves no [`HandoverState`]) knows what the kernel's callers
+/// still hold. Same layout as the state file, magic `BATL`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldLocks {
+    /// The connection they are held on: a file left by another
+    /// connection (an earlier mount) holds nothing for this one.
+    pub connection: u64,
+    /// Held locks.
+    pub locks: Vec<LockState>,
+}
+
+impl HeldLocks {
+    /// Encodes the record. Pure.
+    pub fn encode(&self) -> Result<Vec<u8>, ProtocolError> {
+        Ok(frame(
+            HELD_LOCKS_MAGIC,
+            HELD_LOCKS_FORMAT_MAJOR,
+            0,
+            &serde_json::to_vec(self)?,
+        ))
+    }
+
+    /// Decodes a record, refusing what [`decode_state`] refuses. Pure.
+    pub fn decode(bytes: &[u8]) -> Result<HeldLocks, ProtocolError> {
+        let body = unframe(
+            bytes,
+            HELD_LOCKS_MAGIC,
+            HELD_LOCKS_FORMAT_MAJOR,
+            "held locks",
+        )?;
+        Ok(serde_json::from_slice(body)?)
+    }
+}
+
+/// `magic | major | minor | len | crc32 | body`. Pure.
+fn frame(magic: &[u8; 4], major: u16, minor: u16, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STATE_HEADER_LEN + body.len());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&major.to_le_bytes());
+    out.extend_from_slice(&minor.to_le_bytes());
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The checked body of a [`frame`]d file called `what`. Pure.
+fn unframe<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+    supported_major: u16,
+    what: &'static str,
+) -> Result<&'a [u8], ProtocolError> {
+    let corrupt = |reason| ProtocolError::Corrupt { what, reason };
     let header = bytes
         .get(..STATE_HEADER_LEN)
-        .ok_or(ProtocolError::Corrupt {
-            what: "handover state",
-            reason: "shorter than its header",
-        })?;
-    if &header[..4] != STATE_MAGIC {
-        return Err(ProtocolError::Corrupt {
-            what: "handover state",
-            reason: "bad magic (not a Baton handover state)",
-        });
+        .ok_or(corrupt("shorter than its header"))?;
+    if &header[..4] != magic {
+        return Err(corrupt("bad magic (not this kind of Baton file)"));
     }
     let major = u16::from_le_bytes([header[4], header[5]]);
-    if major > STATE_FORMAT_MAJOR {
+    if major > supported_major {
         return Err(ProtocolError::UnsupportedVersion {
             found: major,
-            supported: STATE_FORMAT_MAJOR,
+            supported: supported_major,
         });
     }
     let len = u32::from_le_bytes([header[8], header[9], header[10], header[11]]) as usize;
     let crc = u32::from_le_bytes([header[12], header[13], header[14], header[15]]);
-    let body =
-        bytes
-            .get(STATE_HEADER_LEN..STATE_HEADER_LEN + len)
-            .ok_or(ProtocolError::Corrupt {
-                what: "handover state",
-                reason: "truncated body",
-            })?;
+    let body = bytes
+        .get(STATE_HEADER_LEN..STATE_HEADER_LEN + len)
+        .ok_or(corrupt("truncated body"))?;
     if crc32fast::hash(body) != crc {
-        return Err(ProtocolError::Corrupt {
-            what: "handover state",
-            reason: "checksum mismatch",
-        });
+        return Err(corrupt("checksum mismatch"));
     }
-    Ok(serde_json::from_slice(body)?)
+    Ok(body)
 }
 
 /// The in-flight journal: raw requests in the order they were read.

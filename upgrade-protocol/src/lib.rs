@@ -55,8 +55,8 @@ pub use error::ProtocolError;
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};
 pub use handover::{
     connection_identity, decode_state, encode_state, monotonic_ns, HandleState, HandoverState,
-    InflightJournal, LockState, JOURNAL_ENTRIES_MAX, JOURNAL_ENTRY_LEN_MAX, JOURNAL_FORMAT_MAJOR,
-    STATE_FORMAT_MAJOR, STATE_FORMAT_MINOR,
+    HeldLocks, InflightJournal, LockState, HELD_LOCKS_FORMAT_MAJOR, JOURNAL_ENTRIES_MAX,
+    JOURNAL_ENTRY_LEN_MAX, JOURNAL_FORMAT_MAJOR, STATE_FORMAT_MAJOR, STATE_FORMAT_MINOR,
 };
 pub use message::{
     decode, encode, Message, NegotiatedInit, FORMAT_VERSION, MAGIC, MESSAGE_LEN_MAX,

@@ -140,3 +140,33 @@ fn the_first_state_format_still_loads() {
     assert_eq!(&bytes[4..8], &[1, 0, 0, 0], "the fixture is format 1.0");
     assert_eq!(decode_state(&bytes).unwrap(), state());
 }
+
+#[test]
+fn held_locks_round_trip_and_damage_is_refused() {
+    let held = upgrade_protocol::HeldLocks {
+        connection: 0xfeed,
+        locks: vec![upgrade_protocol::LockState {
+            ino: 9,
+            owner: 77,
+            start: 0,
+            end: u64::MAX,
+            kind: 1, // F_WRLCK
+            pid: 1234,
+            flock: true,
+        }],
+    };
+    let bytes = held.encode().unwrap();
+    assert_eq!(&bytes[..4], b"BATL");
+    assert_eq!(upgrade_protocol::HeldLocks::decode(&bytes).unwrap(), held);
+    // A flipped body byte, a cut file and a handover state are all refused.
+    let mut flipped = bytes.clone();
+    *flipped.last_mut().unwrap() ^= 1;
+    assert!(upgrade_protocol::HeldLocks::decode(&flipped).is_err());
+    assert!(upgrade_protocol::HeldLocks::decode(&bytes[..bytes.len() - 1]).is_err());
+    let mut newer = bytes.clone();
+    newer[4] = 2;
+    assert!(matches!(
+        upgrade_protocol::HeldLocks::decode(&newer),
+        Err(upgrade_protocol::ProtocolError::UnsupportedVersion { found: 2, .. })
+    ));
+}

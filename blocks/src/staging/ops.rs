@@ -278,6 +278,12 @@ impl Staging {
             seq,
             floor_seq,
         };
+        tracing::debug!(
+            ino,
+            size_bytes,
+            floor_bytes,
+            "staged size set (truncation floor)"
+        );
         self.write_record(ino, &new)
     }
 
@@ -331,21 +337,35 @@ impl Staging {
     /// Removes what `set` took, after the caller committed it. Blocks or
     /// records changed since the take stay staged for the next flush.
     pub fn clear(&self, set: &UploadSet) -> Result<()> {
+        self.clear_with(set, &|| {})
+    }
+
+    /// [`Staging::clear`], calling `between` after the size record was
+    /// settled and before any block file is removed (a test hook).
+    ///
+    /// The record goes first: its truncation floor was applied by the
+    /// commit, and a floor that outlived the blocks written past it would
+    /// make the next flush cut the committed data at the floor again, data
+    /// the application wrote after the truncation. So a crash in between
+    /// leaves blocks without the record (recommitted as they are, the same
+    /// bytes), and a failed record write (a full disk) leaves both.
+    pub fn clear_with(&self, set: &UploadSet, between: &dyn Fn()) -> Result<()> {
         let ino = set.ino;
         let mut stripe = self.stripe(ino);
-        for block in &set.blocks {
-            let current = stripe
-                .block_seq
-                .get(&(ino, block.index))
-                .copied()
-                .unwrap_or(0);
-            if current == block.seq {
-                let path = self.block_path(ino, block.index);
-                remove_optional(&path).map_err(|e| self.err("remove block", &path, e))?;
-                stripe.block_seq.remove(&(ino, block.index));
-            }
-        }
-        let remaining = self.block_indices(ino)?;
+        let unchanged: Vec<u64> = set
+            .blocks
+            .iter()
+            .filter(|b| {
+                let current = stripe.block_seq.get(&(ino, b.index)).copied();
+                current.unwrap_or(0) == b.seq
+            })
+            .map(|b| b.index)
+            .collect();
+        let remaining: Vec<u64> = self
+            .block_indices(ino)?
+            .into_iter()
+            .filter(|index| !unchanged.contains(index))
+            .collect();
         if let Some(rec) = self.record(ino)? {
             if Some(rec.seq) == set.record_seq && remaining.is_empty() {
                 let path = self.inode_dir(ino).join(SIZE_FILE);
@@ -361,6 +381,12 @@ impl Staging {
                 };
                 self.write_record(ino, &new)?;
             }
+        }
+        between();
+        for index in unchanged {
+            let path = self.block_path(ino, index);
+            remove_optional(&path).map_err(|e| self.err("remove block", &path, e))?;
+            stripe.block_seq.remove(&(ino, index));
         }
         if remaining.is_empty() && self.record(ino)?.is_none() {
             // Fails harmlessly if something else appeared.

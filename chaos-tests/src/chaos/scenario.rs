@@ -25,7 +25,7 @@ pub enum Fault {
     /// `nth` time it reaches `point` for `opcode` (armed through
     /// `BATON_FAULT` when the supervisor starts).
     NamedPoint {
-        /// `after-read`, `after-commit` or `during-upload`.
+        /// `after-read`, `after-commit`, `during-upload` or `during-clear`.
         point: String,
         /// A FUSE opcode name, or any.
         opcode: Option<String>,
@@ -257,10 +257,10 @@ fn base(name: &'static str, seconds: u64, big: bool) -> Scenario {
 /// `--duration`); None for an unknown profile.
 pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
     // kill-warm, kill-cold (soak only), oom, storage-flaky, storage-outage,
-    // staging-full, the three named points, upgrades, supervisor upgrades.
-    let (big, seconds): (bool, [u64; 11]) = match name {
-        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 10, 12]),
-        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 15, 10]),
+    // staging-full, the four named points, upgrades, supervisor upgrades.
+    let (big, seconds): (bool, [u64; 12]) = match name {
+        "ci" => (false, [16, 0, 8, 10, 10, 10, 6, 6, 6, 6, 10, 12]),
+        "soak" => (true, [25, 15, 10, 10, 10, 10, 5, 5, 5, 5, 15, 10]),
         _ => return None,
     };
     let weights_sum: u64 = seconds.iter().sum();
@@ -305,11 +305,17 @@ pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
     ];
     full.expected_errors = vec!["ENOSPC"];
     full.plan = Plan::FullStaging;
-    let points = ["after-read", "after-commit", "during-upload"];
+    let points = [
+        "after-read",
+        "after-commit",
+        "during-upload",
+        "during-clear",
+    ];
     let names = [
         "point-after-read",
         "point-after-commit",
         "point-during-upload",
+        "point-during-clear",
     ];
     let mut scenarios = vec![kill_warm];
     if name == "soak" {
@@ -321,13 +327,13 @@ pub fn profile(name: &str, total: Option<Duration>) -> Option<Vec<Scenario>> {
         s.plan = Plan::Point { point };
         scenarios.push(s);
     }
-    let mut upgrade = base("upgrade", share(9), big);
+    let mut upgrade = base("upgrade", share(10), big);
     upgrade.plan = Plan::Upgrades {
         min_ms: 1500,
         max_ms: 3000,
     };
     scenarios.push(upgrade);
-    let mut supervisor = base("supervisor", share(10), big);
+    let mut supervisor = base("supervisor", share(11), big);
     supervisor.plan = Plan::SupervisorUpgrades {
         min_ms: 1500,
         max_ms: 3000,

@@ -137,7 +137,10 @@ impl Supervisor {
             .args(["--cgroup-parent", &self.cgroup_parent])
             .args(&options.args)
             .envs(options.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("BATON_CHAOS_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -368,5 +371,27 @@ impl Drop for Supervisor {
         if let Some(staging) = &self.staging {
             let _ = nix::mount::umount2(staging, nix::mount::MntFlags::MNT_DETACH);
         }
+        // For a post-mortem: the whole scenario dir (volume, staging,
+        // logs), copied once the mount is gone.
+        if let Some(keep) = std::env::var_os(KEEP_ENV) {
+            let to = std::path::Path::new(&keep).join(
+                self.dir
+                    .path()
+                    .file_name()
+                    .unwrap_or_else(|| std::ffi::OsStr::new("scenario")),
+            );
+            let copied = Command::new("cp")
+                .arg("-a")
+                .arg(self.dir.path())
+                .arg(&to)
+                .status();
+            eprintln!(
+                "baton-chaos: scenario dir kept at {} ({copied:?})",
+                to.display()
+            );
+        }
     }
 }
+
+/// `BATON_CHAOS_KEEP=DIR`: copy every scenario's dir there at the end.
+pub const KEEP_ENV: &str = "BATON_CHAOS_KEEP";

@@ -94,7 +94,21 @@ impl<'a> Rows<'a> {
 }
 
 impl BatonFs {
+    /// OPEN. The handle is registered BEFORE the inode is read, so that a
+    /// session decision about an orphan sees it (`orphans.rs`); an inode
+    /// found at nlink 0 (another host unlinked it) is held by this session.
     pub(super) fn do_open(&self, ino: u64, open_flags: u32) -> Result<u64> {
+        let fh = self.register(ino, open_flags, false)?;
+        match self.check_open(ino, open_flags) {
+            Ok(()) => Ok(fh),
+            Err(e) => {
+                self.unregister(fh);
+                Err(e)
+            }
+        }
+    }
+
+    fn check_open(&self, ino: u64, open_flags: u32) -> Result<()> {
         let attr = self.meta.getattr(ino)?;
         let flags = open_flags as i32;
         if attr.kind == FileKind::Directory && flags & libc::O_ACCMODE != libc::O_RDONLY {
@@ -104,13 +118,27 @@ impl BatonFs {
                 Errno::EISDIR,
             ));
         }
+        if attr.nlink == 0 {
+            self.hold_open_orphan(ino)?;
+        }
         if attr.kind == FileKind::Regular
             && flags & libc::O_TRUNC != 0
             && flags & libc::O_ACCMODE != libc::O_RDONLY
         {
-            self.truncate(ino, 0)?;
+            // The handle just registered is the only one: commit at once.
+            self.truncate_open(ino, 0, 1)?;
         }
-        self.register(ino, open_flags, false)
+        Ok(())
+    }
+
+    /// Forgets a handle OPEN registered but could not complete.
+    pub(super) fn unregister(&self, fh: u64) {
+        let released = self.handles.release(fh);
+        if let (Some(handle), true) = (released.handle, released.reclaim) {
+            if let Err(err) = self.settle_orphan(handle.ino) {
+                tracing::warn!(nodeid = handle.ino, %err, "orphan kept after a failed open");
+            }
+        }
     }
 
     pub(super) fn register(&self, ino: u64, open_flags: u32, dir: bool) -> Result<u64> {

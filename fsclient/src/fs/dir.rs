@@ -20,16 +20,33 @@ use crate::error::{Error, Result};
 const DIRENT_BYTES_MIN: u32 = 32;
 
 impl BatonFs {
+    /// OPENDIR: registered before the inode is read, as OPEN (`data.rs`).
     pub(super) fn do_opendir(&self, ino: u64, open_flags: u32) -> Result<u64> {
-        let attr = self.meta.getattr(ino)?;
-        if attr.kind != FileKind::Directory {
-            return Err(Error::refused(
-                ino,
-                "opendir of a non-directory",
-                Errno::ENOTDIR,
-            ));
+        let fh = self.register(ino, open_flags, true)?;
+        let checked = self
+            .meta
+            .getattr(ino)
+            .map_err(Error::from)
+            .and_then(|attr| {
+                if attr.kind != FileKind::Directory {
+                    return Err(Error::refused(
+                        ino,
+                        "opendir of a non-directory",
+                        Errno::ENOTDIR,
+                    ));
+                }
+                if attr.nlink == 0 {
+                    self.hold_open_orphan(ino)?;
+                }
+                Ok(())
+            });
+        match checked {
+            Ok(()) => Ok(fh),
+            Err(e) => {
+                self.unregister(fh);
+                Err(e)
+            }
         }
-        self.register(ino, open_flags, true)
     }
 
     pub(super) fn do_readdir(
@@ -72,7 +89,7 @@ impl BatonFs {
     pub(super) fn do_releasedir(&self, fh: u64) -> Result<()> {
         let released = self.handles.release(fh);
         match released.handle {
-            Some(handle) if released.reclaim => self.reclaim(handle.ino),
+            Some(handle) if released.reclaim => self.settle_orphan(handle.ino),
             _ => Ok(()),
         }
     }

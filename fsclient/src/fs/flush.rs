@@ -95,9 +95,19 @@ impl BatonFs {
     }
 
     /// Commits what a dead process left staged, before serving. With
-    /// `reclaim_orphans` (a fresh mount: nothing is open) orphans are
-    /// deleted too.
-    pub fn recover(&self, reclaim_orphans: bool) -> Result<()> {
+    /// `others_dead` (this process holds the volume's exclusive lock, so
+    /// no other mount can be serving it) every registered session is
+    /// deleted with its holds: the first session tick then reclaims the
+    /// orphans they held.
+    pub fn recover(&self, others_dead: bool) -> Result<()> {
+        if others_dead {
+            let expired = self.meta.expire_sessions(std::time::Duration::ZERO)?;
+            if !expired.is_empty() {
+                tracing::info!(sessions = ?expired, "sessions of earlier mounts deleted");
+            }
+            // What only they held goes now, before serving.
+            self.reclaim_unheld_orphans()?;
+        }
         for ino in self.staging.recover()? {
             let attr = match self.meta.getattr(ino) {
                 Ok(attr) => attr,
@@ -113,11 +123,6 @@ impl BatonFs {
             } else if attr.nlink > 0 {
                 self.flush_inode(ino)?;
                 tracing::info!(nodeid = ino, "recovered staged data committed");
-            }
-        }
-        if reclaim_orphans {
-            for ino in self.meta.orphans()? {
-                self.reclaim(ino)?;
             }
         }
         Ok(())
@@ -195,7 +200,11 @@ impl BatonFs {
         for ((_, data), key) in plan.uploads.iter().zip(&keys) {
             self.cache.insert(key, data);
         }
-        self.staging.clear(set)?;
+        // Test hook: committed, staging half cleared (record settled, block
+        // files still there). No opcode filter, like DuringUpload.
+        self.staging.clear_with(set, &|| {
+            crate::fault::hit(crate::fault::Point::DuringClear, 0)
+        })?;
         self.delete_objects(released.iter().map(|o| o.key.as_str()));
         tracing::debug!(
             nodeid = ino,
@@ -241,6 +250,7 @@ impl BatonFs {
             let sizes = (attr.size, size);
             self.floor_rows(ino, floor, sizes, &staged, &mut punched, &mut uploads)?;
         }
+        tracing::debug!(nodeid = ino, committed_size = attr.size, size, set_size = ?set.size, floor = ?set.floor_bytes, uploads = ?uploads.iter().map(|(i, d)| (*i, d.len())).collect::<Vec<_>>(), punched = ?punched, "commit plan");
         punched.sort_unstable();
         punched.dedup();
         if uploads.len() + punched.len() > COMMIT_BLOCKS_ROWS_MAX {
@@ -313,7 +323,7 @@ impl BatonFs {
     }
 
     pub(super) fn do_flush(&self, ino: u64, arg: &abi::FlushIn) -> Result<()> {
-        let granted = super::lock(&self.locks).release_owner(ino, LockKind::Posix, arg.lock_owner);
+        let granted = self.release_locks(ino, LockKind::Posix, arg.lock_owner);
         granted.into_iter().for_each(|w| w.ok());
         if self.handles.is_open_orphan(ino) {
             return Ok(());
@@ -344,13 +354,12 @@ impl BatonFs {
 
     pub(super) fn do_release(&self, ino: u64, arg: &abi::ReleaseIn) -> Result<()> {
         if arg.release_flags & flags::RELEASE_FLOCK_UNLOCK != 0 {
-            let granted =
-                super::lock(&self.locks).release_owner(ino, LockKind::Flock, arg.lock_owner);
+            let granted = self.release_locks(ino, LockKind::Flock, arg.lock_owner);
             granted.into_iter().for_each(|w| w.ok());
         }
         let released = self.handles.release(arg.fh);
         if released.reclaim {
-            return self.reclaim(ino);
+            return self.settle_orphan(ino);
         }
         if self.handles.is_open_orphan(ino) {
             return Ok(());

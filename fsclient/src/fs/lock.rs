@@ -115,7 +115,12 @@ impl BatonFs {
         } else {
             (None, Some(reply))
         };
-        let outcome = lock(&self.locks).set(ino, req, wait);
+        let outcome = {
+            let mut table = lock(&self.locks);
+            let outcome = table.set(ino, req, wait);
+            self.save_held_locks(&table);
+            outcome
+        };
         match outcome {
             SetOutcome::Done { granted, own } => {
                 granted.into_iter().chain(own).for_each(ParkedLock::ok);
@@ -143,6 +148,15 @@ impl BatonFs {
                 waiter.error(Errno::from_raw(errno));
             }
         }
+    }
+
+    /// Drops `owner`'s locks of `kind` on `ino` (close); returns the
+    /// parked requests this grants.
+    pub(super) fn release_locks(&self, ino: u64, kind: LockKind, owner: u64) -> Vec<ParkedLock> {
+        let mut table = lock(&self.locks);
+        let granted = table.release_owner(ino, kind, owner);
+        self.save_held_locks(&table);
+        granted
     }
 
     pub(super) fn do_interrupt(&self, unique: u64) {

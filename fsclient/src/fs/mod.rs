@@ -4,7 +4,8 @@
 //! submodule doing the work and turns its `Result` into the reply:
 //!
 //! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
-//!   unlink, rmdir, rename, readlink, and orphan reclaim;
+//!   unlink, rmdir, rename, readlink;
+//! - [`orphans`]: this mount's session and when an orphan is reclaimed;
 //! - [`data`]: open, create, read, write, fallocate, lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
@@ -20,9 +21,11 @@ mod data;
 mod dir;
 mod dispatch;
 mod flush;
+pub mod held_locks;
 pub mod lock;
 mod namespace;
 mod once;
+mod orphans;
 mod xattr;
 
 use std::collections::HashMap;
@@ -37,12 +40,13 @@ use fuse_wire::{Errno, InitParams, Request};
 
 use crate::error::{Error, Result};
 use crate::handles::Handles;
-use crate::locks::{HeldLock, LockKind, LockTable, LockType};
+use crate::locks::LockTable;
 use crate::volume::Volume;
 use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
+pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
@@ -86,6 +90,10 @@ pub struct BatonFs {
     writeback: AtomicBool,
     handles: Handles,
     locks: Mutex<LockTable<lock::ParkedLock>>,
+    /// Where the held locks are kept for a successor after a crash, and
+    /// the table's change count last written there.
+    held_locks_file: Option<held_locks::HeldLocksFile>,
+    held_locks_saved: AtomicU64,
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
@@ -97,6 +105,10 @@ pub struct BatonFs {
     recovered: AtomicU64,
     /// Requests by opcode, latencies, bytes (for the supervisor's metrics).
     counters: counters::RequestCounters,
+    /// This mount's session, once registered (`orphans.rs`).
+    session: Mutex<Option<baton_meta::SessionInfo>>,
+    /// Since when every session tick succeeded (`orphans.rs`).
+    session_healthy_since: Mutex<Option<std::time::Instant>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -126,6 +138,8 @@ impl BatonFs {
             writeback: AtomicBool::new(true),
             handles: Handles::default(),
             locks: Mutex::new(LockTable::default()),
+            held_locks_file: held_locks::HeldLocksFile::from_env(),
+            held_locks_saved: AtomicU64::new(0),
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),
@@ -135,6 +149,8 @@ impl BatonFs {
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
+            session: Mutex::new(None),
+            session_healthy_since: Mutex::new(None),
         }
     }
 
@@ -226,52 +242,55 @@ impl BatonFs {
     /// requests stay parked here in case the handover is rolled back.
     pub fn export_locks(&self) -> (Vec<LockState>, Vec<Vec<u8>>) {
         let locks = lock(&self.locks);
-        let held = locks
-            .held_locks()
-            .into_iter()
-            .map(|(ino, kind, l)| LockState {
-                ino,
-                owner: l.owner,
-                start: l.start,
-                end: l.end,
-                kind: match l.typ {
-                    LockType::Read => libc::F_RDLCK as u32,
-                    LockType::Write => libc::F_WRLCK as u32,
-                },
-                pid: l.pid,
-                flock: kind == LockKind::Flock,
-            })
-            .collect();
+        let held = held_locks::lock_states(&locks);
         let parked = locks.parked().map(|p| p.raw().to_vec()).collect();
         (held, parked)
     }
 
     /// Takes over a predecessor's held locks (before serving).
     pub fn import_locks(&self, held: &[LockState]) {
-        let held: Vec<_> = held
-            .iter()
-            .map(|l| {
-                let kind = if l.flock {
-                    LockKind::Flock
-                } else {
-                    LockKind::Posix
-                };
-                let typ = if l.kind == libc::F_RDLCK as u32 {
-                    LockType::Read
-                } else {
-                    LockType::Write
-                };
-                let held = HeldLock {
-                    owner: l.owner,
-                    start: l.start,
-                    end: l.end,
-                    typ,
-                    pid: l.pid,
-                };
-                (l.ino, kind, held)
-            })
-            .collect();
-        lock(&self.locks).import_held(&held);
+        let mut table = lock(&self.locks);
+        table.import_held(&held_locks::held_from_states(held));
+        self.save_held_locks(&table);
+    }
+
+    /// After a crash: takes over the locks the dead generation kept on
+    /// disk (see `held_locks.rs`). Call after `set_connection`.
+    pub fn restore_held_locks(&self) {
+        let Some(file) = &self.held_locks_file else {
+            return;
+        };
+        let connection = self.connection.load(Ordering::Relaxed);
+        match file.read(connection) {
+            Ok(held) if held.is_empty() => {}
+            Ok(held) => {
+                tracing::info!(locks = held.len(), file = %file.path().display(), "held locks restored after a crash");
+                self.import_locks(&held);
+            }
+            Err(err) => {
+                tracing::error!(err, "the held locks of the dead generation cannot be read; callers that held locks lose them");
+            }
+        }
+    }
+
+    /// Rewrites the held-locks file if the held locks changed since it was
+    /// last written. Call with the table locked.
+    fn save_held_locks(&self, table: &LockTable<lock::ParkedLock>) {
+        let Some(file) = &self.held_locks_file else {
+            return;
+        };
+        if table.changes() == self.held_locks_saved.load(Ordering::Relaxed) {
+            return;
+        }
+        let connection = self.connection.load(Ordering::Relaxed);
+        match file.write(connection, table) {
+            Ok(()) => self
+                .held_locks_saved
+                .store(table.changes(), Ordering::Relaxed),
+            Err(err) => {
+                tracing::error!(%err, file = %file.path().display(), "cannot keep the held locks on disk; a crash now would lose them");
+            }
+        }
     }
 
     /// The metadata store.

@@ -1,6 +1,6 @@
 //! Names and attributes: lookup, getattr, setattr (incl. truncation through
 //! the staging floor), mknod, mkdir, symlink, link, unlink, rmdir, rename,
-//! readlink, and reclaiming orphans once nothing has them open.
+//! readlink (orphans: `orphans.rs`).
 //!
 //! Permission checks are the kernel's (`default_permissions`); the kernel
 //! has also applied the umask to every mode (DONT_MASK is not negotiated),
@@ -114,6 +114,12 @@ impl BatonFs {
     /// past it are cut, committed data past it reads as zeros, and the next
     /// flush commits it. Flushed at once when no handle has the file open.
     pub(super) fn truncate(&self, ino: u64, size: u64) -> Result<()> {
+        self.truncate_open(ino, size, 0)
+    }
+
+    /// Truncates; commits at once when at most `handles_max` handles are
+    /// open on the inode (else at their flush or release).
+    pub(super) fn truncate_open(&self, ino: u64, size: u64, handles_max: u32) -> Result<()> {
         let attr = self.meta.getattr(ino)?;
         match attr.kind {
             FileKind::Regular => {}
@@ -142,7 +148,7 @@ impl BatonFs {
         let _guard = self.inode_lock(ino);
         self.staging.set_size(ino, size)?;
         self.invalidate(ino);
-        if self.handles.open_count(ino) == 0 {
+        if self.handles.open_count(ino) <= handles_max {
             self.flush_locked(ino, &[])?;
         }
         Ok(())
@@ -320,34 +326,12 @@ impl BatonFs {
         )
     }
 
-    /// An inode lost a name; at nlink 0 it is reclaimed now, or at its last
-    /// release if something has it open.
+    /// An inode lost a name; at nlink 0 this session lets go of it now,
+    /// or at its last release if something here has it open (`orphans.rs`).
     fn lost_name(&self, gone: Unlinked) -> Result<()> {
-        if gone.nlink_after == 0 && self.handles.orphaned(gone.ino) {
-            self.reclaim(gone.ino)?;
+        if gone.nlink_after == 0 {
+            self.settle_orphan(gone.ino)?;
         }
-        Ok(())
-    }
-
-    /// Deletes an orphan: its staged data, its metadata, then its objects.
-    pub(super) fn reclaim(&self, ino: u64) -> Result<()> {
-        let _guard = self.inode_lock(ino);
-        self.staging.discard(ino)?;
-        let released = match self.meta.reclaim(ino, None) {
-            Ok(released) => released,
-            // Already reclaimed: a replayed unlink or rename (answered from
-            // its exactly-once record) repeats this step, which the earlier
-            // generation had done before it was fenced.
-            Err(baton_meta::MetaError::NotFound { .. }) => {
-                tracing::debug!(nodeid = ino, "orphan already reclaimed");
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
-        };
-        self.invalidate(ino);
-        super::lock(&self.readahead).remove(&ino);
-        self.delete_objects(released.iter().map(|o| o.key.as_str()));
-        tracing::debug!(nodeid = ino, objects = released.len(), "orphan reclaimed");
         Ok(())
     }
 

@@ -202,12 +202,14 @@ pub(crate) fn has_entries(c: &Connection, ino: u64) -> Result<bool> {
     )
 }
 
-/// Records `ino` (now at nlink 0) as an orphan awaiting reclaim.
+/// Records `ino` (now at nlink 0) as an orphan awaiting reclaim, held by
+/// every registered session until it says it has no handle on it.
 pub(crate) fn add_orphan(c: &Connection, ino: u64, now: Timespec) -> Result<()> {
     c.prepare_cached(
         "INSERT INTO orphans (ino, since_sec) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
     )?
     .execute(params![ino, now.sec])?;
+    super::sessions::hold_for_all(c, ino)?;
     Ok(())
 }
 

@@ -12,8 +12,8 @@
 //! one-writer-at-a-time semantics SQLite's `BEGIN IMMEDIATE` gives; reads
 //! run in REPEATABLE READ READ ONLY transactions (one snapshot per call).
 //! Connections: a pool of [`PG_CONNECTIONS_MAX`] clients; a closed client
-//! (server restart) is reconnected before its next use. No TLS: reach a
-//! remote server over a trusted network or a local TLS tunnel.
+//! (server restart) is reconnected before its next use. TLS by the URL's
+//! `sslmode=` and `sslrootcert=` ([`tls`]).
 
 mod blockmap;
 pub(crate) mod db;
@@ -25,7 +25,9 @@ mod rename;
 mod requests;
 mod scan;
 mod schema;
+mod sessions;
 mod setattr;
+pub mod tls;
 mod xattr;
 
 use std::ffi::{OsStr, OsString};
@@ -42,8 +44,8 @@ use crate::record::Recorded;
 use crate::store::MetaStore;
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
-    RequestKey, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord,
-    XattrFlags,
+    RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked,
+    VolumeConfig, VolumeRecord, XattrFlags,
 };
 use crate::FORMAT_VERSION;
 
@@ -126,18 +128,41 @@ impl std::fmt::Debug for PostgresMeta {
 }
 
 fn connect(url: &str) -> Result<Client> {
-    let mut config: ::postgres::Config =
-        url.parse()
-            .map_err(|e: ::postgres::Error| MetaError::Postgres {
-                op: "connect",
-                code: None,
-                message: format!("{} is not a valid PostgreSQL URL: {e}", redact_url(url)),
-            })?;
-    config.connect_timeout(Duration::from_millis(PG_CONNECT_TIMEOUT_MS));
-    config.connect(NoTls).map_err(|e| MetaError::Postgres {
+    let invalid = |why: String| MetaError::Postgres {
         op: "connect",
-        code: e.code().map(|c| c.code().to_string()),
-        message: format!("cannot connect to {}: {e}", redact_url(url)),
+        code: None,
+        message: format!("{} is not a valid PostgreSQL URL: {why}", redact_url(url)),
+    };
+    let options = tls::parse(url).map_err(invalid)?;
+    let mut config: ::postgres::Config = options
+        .url
+        .parse()
+        .map_err(|e: ::postgres::Error| invalid(e.to_string()))?;
+    config.connect_timeout(Duration::from_millis(PG_CONNECT_TIMEOUT_MS));
+    let connected = match tls::connector(&options)? {
+        Some(tls) => config.connect(tls),
+        None => config.connect(NoTls),
+    };
+    connected.map_err(|e| {
+        // A server's refusal says why in its message ("no pg_hba.conf
+        // entry ... no encryption"); the error's Display only "db error".
+        let text = match e.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => e.to_string(),
+        };
+        let hint = if text.contains("certificate") || text.contains("TLS") || text.contains("tls") {
+            "; check that sslrootcert= names the CA that signed the server's certificate \
+             and (verify-full) that the URL's host is in the certificate"
+        } else if text.contains("SSL") || text.contains("no pg_hba.conf entry") {
+            "; if the server requires TLS, add ?sslmode=require (or verify-full&sslrootcert=CA.pem)"
+        } else {
+            ""
+        };
+        MetaError::Postgres {
+            op: "connect",
+            code: e.code().map(|c| c.code().to_string()),
+            message: format!("cannot connect to {}: {text}{hint}", redact_url(url)),
+        }
     })
 }
 
@@ -590,6 +615,73 @@ impl MetaStore for PostgresMeta {
             .fenced
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+    }
+
+    fn open_session(&self, info: &SessionInfo) -> Result<()> {
+        self.write(
+            "open session",
+            None,
+            |c| sessions::open(c, info),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn heartbeat(&self, session: u64) -> Result<bool> {
+        self.write(
+            "heartbeat",
+            None,
+            |c| sessions::heartbeat(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn close_session(&self, session: u64) -> Result<Vec<u64>> {
+        self.write(
+            "close session",
+            None,
+            |c| sessions::close(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
+        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+        self.write(
+            "expire sessions",
+            None,
+            |c| sessions::expire(c, max_age_ms),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionRecord>> {
+        self.read("sessions", sessions::list)
+    }
+
+    fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {
+        self.read("held orphans", |c| sessions::held_by(c, session))
+    }
+
+    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>> {
+        self.read("unheld orphans", |c| sessions::unheld(c, limit))
+    }
+
+    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
+        self.write(
+            "hold orphan",
+            None,
+            |c| sessions::hold(c, session, ino),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
+        self.write(
+            "release orphan",
+            None,
+            |c| sessions::release(c, session, ino),
+            |_| Recorded::Unit,
+        )
     }
 }
 

@@ -101,6 +101,24 @@ CREATE TABLE request_results (
 );
 CREATE INDEX request_results_by_time ON request_results(recorded_sec);
 ",
+    // 4: sessions (one per mount, with a heartbeat) and the orphans each
+    // may hold open (`sessions.rs`).
+    "
+CREATE TABLE sessions (
+    id BIGINT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    mount TEXT NOT NULL,
+    started_ms BIGINT NOT NULL,
+    heartbeat_ms BIGINT NOT NULL
+);
+CREATE TABLE orphan_holds (
+    session BIGINT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    PRIMARY KEY (session, ino)
+);
+CREATE INDEX orphan_holds_by_ino ON orphan_holds(ino);
+",
 ];
 
 /// The schema version this build creates and understands.

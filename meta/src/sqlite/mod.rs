@@ -37,6 +37,7 @@ mod rename;
 mod requests;
 mod scan;
 mod schema;
+mod sessions;
 mod setattr;
 mod xattr;
 
@@ -57,8 +58,8 @@ use crate::record::Recorded;
 use crate::store::{Location, MetaStore};
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
-    RequestKey, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord,
-    XattrFlags,
+    RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked,
+    VolumeConfig, VolumeRecord, XattrFlags,
 };
 use crate::FORMAT_VERSION;
 
@@ -135,6 +136,7 @@ impl SqliteMeta {
         let volume = schema::validate(&path, &conn)?;
         schema::configure_writer(&conn).map_err(|e| e.in_op("open"))?;
         requests::ensure(&conn).map_err(|e| e.in_op("open"))?;
+        sessions::ensure(&conn).map_err(|e| e.in_op("open"))?;
         SqliteMeta::from_writer(path, volume, conn)
     }
 
@@ -584,6 +586,73 @@ impl MetaStore for SqliteMeta {
 
     fn unfence(&self) {
         self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    fn open_session(&self, info: &SessionInfo) -> Result<()> {
+        self.write(
+            "open session",
+            None,
+            |c| sessions::open(c, info),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn heartbeat(&self, session: u64) -> Result<bool> {
+        self.write(
+            "heartbeat",
+            None,
+            |c| sessions::heartbeat(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn close_session(&self, session: u64) -> Result<Vec<u64>> {
+        self.write(
+            "close session",
+            None,
+            |c| sessions::close(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
+        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+        self.write(
+            "expire sessions",
+            None,
+            |c| sessions::expire(c, max_age_ms),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionRecord>> {
+        self.read("sessions", sessions::list)
+    }
+
+    fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {
+        self.read("held orphans", |c| sessions::held_by(c, session))
+    }
+
+    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>> {
+        self.read("unheld orphans", |c| sessions::unheld(c, limit))
+    }
+
+    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
+        self.write(
+            "hold orphan",
+            None,
+            |c| sessions::hold(c, session, ino),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
+        self.write(
+            "release orphan",
+            None,
+            |c| sessions::release(c, session, ino),
+            |_| Recorded::Unit,
+        )
     }
 }
 

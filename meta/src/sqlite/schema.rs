@@ -21,6 +21,9 @@
 //! orphans(ino -> inodes PRIMARY KEY, since_sec)  -- nlink 0, awaiting reclaim
 //! request_results(connection, unique_id, result BLOB, recorded_sec,
 //!        PRIMARY KEY(connection, unique_id))   -- see sqlite/requests.rs
+//! sessions(id PRIMARY KEY, host, pid, mount, started_ms, heartbeat_ms)
+//! orphan_holds(session -> sessions, ino -> inodes, PRIMARY KEY(session, ino))
+//!        -- see sqlite/sessions.rs; both added in place by `open`
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -107,6 +110,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(DDL)?;
     tx.execute_batch(super::requests::DDL)?;
+    tx.execute_batch(super::sessions::DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)

@@ -67,8 +67,14 @@ enum Command {
         /// Encrypt block objects at rest (ChaCha20-Poly1305) with the key in
         /// FILE: 32 raw bytes or 64 hex digits (`head -c 32 /dev/urandom >
         /// FILE`). Mounts need the same file (--key-file or BATON_KEY_FILE).
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "passphrase_file")]
         encryption_key_file: Option<PathBuf>,
+        /// Encrypt block objects at rest with a key derived from the
+        /// passphrase in FILE (Argon2id; a random salt is recorded in the
+        /// volume, never the key). Mounts need the same passphrase
+        /// (--passphrase-file or BATON_PASSPHRASE_FILE).
+        #[arg(long, value_name = "FILE")]
+        passphrase_file: Option<PathBuf>,
         /// Block size, e.g. 4M.
         #[arg(long, default_value = "4M", value_parser = parse_block_size)]
         block_size: u32,
@@ -351,6 +357,7 @@ fn run() -> anyhow::Result<ExitCode> {
             s3_region,
             compression,
             encryption_key_file,
+            passphrase_file,
             block_size,
             base_dir,
         } => {
@@ -364,6 +371,7 @@ fn run() -> anyhow::Result<ExitCode> {
                 block_size_bytes: block_size,
                 compression: compression == "lz4",
                 key_file: encryption_key_file,
+                passphrase_file,
             })?;
             let meta_url = baton_meta::postgres::redact_url(&formatted.meta_url);
             println!(
@@ -815,6 +823,7 @@ fn up(
             block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
             compression: false,
             key_file: None,
+            passphrase_file: None,
         };
         let formatted = format(&request)?;
         println!("formatted volume {name} ({})", formatted.meta_url);

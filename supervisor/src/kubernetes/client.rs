@@ -2,8 +2,10 @@
 //! tokio runtime runs a reflector of this node's pods (field selector) and
 //! publishes what the event loop sends: Events on the pods using a mount,
 //! and the status ConfigMap (server-side apply, at most every
-//! [`STATUS_INTERVAL_MS`]). Failures are logged and retried on the next
-//! update; they never reach the event loop.
+//! [`STATUS_INTERVAL_MS`]; a status held back by that limit is written when
+//! it falls due, not on the next update). Failures are logged (a failed
+//! status write is retried after the interval); they never reach the event
+//! loop.
 //!
 //! Everything after building the [`Client`] is in [`serve`], which takes
 //! any `kube::Client`, so the request sequence is tested against a mock
@@ -37,6 +39,15 @@ enum Update {
     Status(Vec<MountStatus>),
 }
 
+/// What wakes the Kubernetes thread.
+enum Wake {
+    Update(Update),
+    /// A held-back status is due.
+    Due,
+    /// The supervisor dropped its [`Publisher`].
+    Closed,
+}
+
 /// The event loop's handle: sending never blocks.
 pub struct Publisher {
     tx: UnboundedSender<Update>,
@@ -56,8 +67,17 @@ impl Publisher {
     }
 }
 
+/// Installs ring as rustls' process-wide crypto provider. The binary links two
+/// (kube's ring, and aws-lc-rs through object_store's reqwest), and with
+/// two rustls cannot choose and panics on the first TLS connection.
+/// Idempotent: a provider installed earlier stays.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Starts the Kubernetes thread for `node`.
 pub fn start(node: Node) -> std::io::Result<Publisher> {
+    install_tls_provider();
     let (tx, rx) = unbounded_channel();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -89,16 +109,35 @@ async fn serve(
     status_interval: Duration,
 ) {
     let store = watch_pods(&client, &node);
-    let mut last_status: Option<Instant> = None;
-    while let Some(update) = rx.recv().await {
-        match update {
-            Update::Events(events) => publish_events(&client, &store, &node, &events).await,
-            Update::Status(mounts) => {
-                let due = last_status.is_none_or(|at| at.elapsed() >= status_interval);
-                if due {
-                    last_status = Some(Instant::now());
+    let mut throttle = StatusThrottle::new(status_interval);
+    loop {
+        // The next update, or the held-back status falling due.
+        let wake = match throttle.due_in(Instant::now()) {
+            Some(wait) => match tokio::time::timeout(wait, rx.recv()).await {
+                Ok(Some(update)) => Wake::Update(update),
+                Ok(None) => Wake::Closed,
+                Err(_due) => Wake::Due,
+            },
+            None => rx.recv().await.map_or(Wake::Closed, Wake::Update),
+        };
+        match wake {
+            Wake::Update(Update::Events(events)) => {
+                publish_events(&client, &store, &node, &events).await;
+            }
+            Wake::Update(Update::Status(mounts)) => throttle.offer(mounts),
+            Wake::Due => {}
+            Wake::Closed => {
+                // The supervisor is exiting: write what is held back.
+                if let Some(mounts) = throttle.take_pending() {
                     write_status(&client, &node, &mounts).await;
                 }
+                return;
+            }
+        }
+        if let Some(mounts) = throttle.take_due(Instant::now()) {
+            if !write_status(&client, &node, &mounts).await {
+                // Retried when the interval has passed again.
+                throttle.offer(mounts);
             }
         }
     }
@@ -132,17 +171,73 @@ fn watch_pods(client: &Client, node: &Node) -> Store<Pod> {
     store
 }
 
-/// Writes the node's status ConfigMap by server-side apply: one PATCH
-/// creates it the first time and updates it after (no create-then-update
-/// race between supervisor restarts). A refusal is logged; the next
-/// update tries again.
-async fn write_status(client: &Client, node: &Node, mounts: &[MountStatus]) {
+/// Writes the status ConfigMap (server-side apply); false if it failed.
+async fn write_status(client: &Client, node: &Node, mounts: &[MountStatus]) -> bool {
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &node.namespace);
     let cm = status_configmap(node, mounts, Timestamp::now());
     let params = PatchParams::apply("fs-supervisor").force();
     let name = status_configmap_name(&node.name);
-    if let Err(err) = configmaps.patch(&name, &params, &Patch::Apply(&cm)).await {
-        tracing::warn!(%err, configmap = name, namespace = node.namespace, "cannot write the status ConfigMap; check the DaemonSet's RBAC (deploy/kubernetes/rbac.yaml); retrying at the next update");
+    match configmaps.patch(&name, &params, &Patch::Apply(&cm)).await {
+        Ok(_) => true,
+        Err(err) => {
+            tracing::warn!(%err, configmap = name, namespace = node.namespace, "cannot write the status ConfigMap (retrying; check the Role baton-fs-supervisor-status in deploy/kubernetes/rbac.yaml)");
+            false
+        }
+    }
+}
+
+/// At most one status write per [`STATUS_INTERVAL_MS`], and never a lost
+/// one: a status that arrives too soon is held back and written when the
+/// interval has passed, even if nothing else happens on the node (a
+/// quiet node must not show a stale generation).
+pub struct StatusThrottle {
+    interval: Duration,
+    last_write: Option<Instant>,
+    pending: Option<Vec<MountStatus>>,
+}
+
+impl Default for StatusThrottle {
+    fn default() -> Self {
+        StatusThrottle::new(Duration::from_millis(STATUS_INTERVAL_MS))
+    }
+}
+
+impl StatusThrottle {
+    /// At most one write per `interval`.
+    pub fn new(interval: Duration) -> StatusThrottle {
+        StatusThrottle {
+            interval,
+            last_write: None,
+            pending: None,
+        }
+    }
+
+    /// The latest statuses replace any held back.
+    pub fn offer(&mut self, mounts: Vec<MountStatus>) {
+        self.pending = Some(mounts);
+    }
+
+    /// How long until the held-back status is due (`None`: nothing held).
+    pub fn due_in(&self, now: Instant) -> Option<Duration> {
+        self.pending.as_ref()?;
+        Some(match self.last_write {
+            Some(at) => (at + self.interval).saturating_duration_since(now),
+            None => Duration::ZERO,
+        })
+    }
+
+    /// The statuses to write now, if any are held and due; counts as a write.
+    pub fn take_due(&mut self, now: Instant) -> Option<Vec<MountStatus>> {
+        if self.due_in(now)? > Duration::ZERO {
+            return None;
+        }
+        self.last_write = Some(now);
+        self.pending.take()
+    }
+
+    /// Whatever is held back, due or not.
+    pub fn take_pending(&mut self) -> Option<Vec<MountStatus>> {
+        self.pending.take()
     }
 }
 

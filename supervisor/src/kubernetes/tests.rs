@@ -164,3 +164,26 @@ fn the_status_configmap_has_one_entry_per_mount_and_applies_as_is() {
     assert_eq!(json["apiVersion"], "v1");
     assert_eq!(json["kind"], "ConfigMap");
 }
+
+#[test]
+fn a_status_held_back_by_the_interval_is_written_when_it_falls_due() {
+    use super::client::StatusThrottle;
+    use std::time::{Duration, Instant};
+    let interval = Duration::from_millis(STATUS_INTERVAL_MS);
+    let t0 = Instant::now();
+    let mut throttle = StatusThrottle::default();
+    assert_eq!(throttle.due_in(t0), None, "nothing held, nothing due");
+    // The first status is written at once.
+    throttle.offer(Vec::new());
+    assert_eq!(throttle.due_in(t0), Some(Duration::ZERO));
+    assert!(throttle.take_due(t0).is_some());
+    assert_eq!(throttle.due_in(t0), None);
+    // One a second later (a generation died) is held back, not dropped...
+    let t1 = t0 + Duration::from_secs(1);
+    throttle.offer(Vec::new());
+    assert!(throttle.take_due(t1).is_none());
+    assert_eq!(throttle.due_in(t1), Some(interval - Duration::from_secs(1)));
+    // ...and written when the interval has passed, with no new update.
+    assert!(throttle.take_due(t0 + interval).is_some());
+    assert_eq!(throttle.due_in(t0 + interval), None);
+}

@@ -1,0 +1,71 @@
+//! The session timer: a thread that runs [`BatonFs::session_tick`] every
+//! [`heartbeat_interval`] (a fifth of the expiry) while this process serves
+//! a mount, so other mounts of the volume see this one alive and this one
+//! cleans up after dead ones (`fs/orphans.rs` says what a tick does).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::fs::BatonFs;
+
+/// Default time after its last heartbeat at which a session counts as dead.
+pub const SESSION_EXPIRY_MS_DEFAULT: u64 = 30_000;
+/// Shortest expiry accepted (tests use a few hundred ms).
+pub const SESSION_EXPIRY_MS_MIN: u64 = 200;
+/// Environment variable giving the expiry when `--session-expiry-ms` is
+/// absent (generations started by fs-supervisor inherit its environment).
+pub const SESSION_EXPIRY_ENV: &str = "BATON_SESSION_EXPIRY_MS";
+
+/// How often a session renews its heartbeat: five times per expiry, so a
+/// few slow database round trips do not make a live mount look dead.
+pub fn heartbeat_interval(expiry: Duration) -> Duration {
+    expiry / 5
+}
+
+/// This host's name, for the session row (`/proc/sys/kernel/hostname`).
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// The running timer; [`SessionTimer::stop`] ends it.
+pub struct SessionTimer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl SessionTimer {
+    /// Starts ticking (the first tick at once: it reclaims what dead
+    /// mounts left).
+    pub fn start(fs: Arc<BatonFs>, expiry: Duration) -> SessionTimer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let interval = heartbeat_interval(expiry);
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                if let Err(err) = fs.session_tick(expiry) {
+                    // Fenced (handing over) or the store is unreachable:
+                    // the next tick tries again.
+                    tracing::warn!(%err, "session tick failed");
+                }
+                std::thread::park_timeout(interval);
+            }
+        });
+        SessionTimer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops ticking and waits for the thread.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
