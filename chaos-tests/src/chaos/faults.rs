@@ -360,24 +360,48 @@ const FULL_STAGING_LEFT_BYTES: u64 = 256 * 1024;
 
 /// Fills the staging tmpfs with a ballast file the filesystem does not
 /// own (another tenant of the disk), up to [`FULL_STAGING_LEFT_BYTES`]
-/// free. Returns the bytes left.
+/// free, and keeps it that full until the scenario ends. Returns the
+/// bytes left after the first fill.
 fn fill_staging(sup: &Supervisor) -> anyhow::Result<u64> {
     let dir = sup
         .staging_dir()
-        .context("the full-staging fault needs a tmpfs staging dir")?;
-    let free = |dir: &Path| -> anyhow::Result<u64> {
-        let st = nix::sys::statvfs::statvfs(dir).context("statvfs of the staging dir")?;
-        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
-    };
+        .context("the full-staging fault needs a tmpfs staging dir")?
+        .to_path_buf();
     let ballast = dir.join("ballast-not-baton");
     let mut file = std::fs::File::create(&ballast)
         .with_context(|| format!("creating {}", ballast.display()))?;
+    top_up(&dir, &mut file)?;
+    let left = staging_free(&dir)?;
+    // The other tenant keeps the disk full: what Baton frees by committing
+    // its own staged data is taken again, so the room left stays about
+    // FULL_STAGING_LEFT_BYTES (else a fill at a moment with much staged
+    // leaves that much room later, and ENOSPC may never come). Ends when
+    // the staging dir goes away with the scenario.
+    std::thread::spawn(move || {
+        while top_up(&dir, &mut file).is_ok() {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    });
+    Ok(left)
+}
+
+fn staging_free(dir: &Path) -> anyhow::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).context("statvfs of the staging dir")?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+/// Writes to `file` until the room left in `dir` is about
+/// [`FULL_STAGING_LEFT_BYTES`] (a write that finds it full stops early).
+fn top_up(dir: &Path, file: &mut std::fs::File) -> anyhow::Result<()> {
+    use std::io::Write;
     let chunk = vec![0xa5u8; 64 * 1024];
-    while free(dir)? > FULL_STAGING_LEFT_BYTES + chunk.len() as u64 {
-        use std::io::Write;
+    while staging_free(dir)? > FULL_STAGING_LEFT_BYTES + chunk.len() as u64 {
         if file.write_all(&chunk).is_err() {
             break;
         }
     }
-    free(dir)
+    if !dir.join("ballast-not-baton").exists() {
+        anyhow::bail!("the staging dir is gone");
+    }
+    Ok(())
 }
