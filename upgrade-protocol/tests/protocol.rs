@@ -165,6 +165,27 @@ fn fds_arrive_close_on_exec_and_counts_are_checked() {
     ));
 }
 
+fn record() -> MountRecord {
+    MountRecord {
+        format_version: RECORD_FORMAT_VERSION,
+        mount_id: "0123456789abcdef".into(),
+        mountpoint: "/mnt/baton".into(),
+        volume: "vol1".into(),
+        base_dir: "/var/lib/baton".into(),
+        options: ClientOptions::default(),
+        connection_id: 43,
+        connection: 0xfeed,
+        client_binary: Some("/usr/local/bin/fsclient".into()),
+        init: init(),
+        has_resend: true,
+        supervisor_pid: 1,
+        generation: 3,
+        pid: Some(99),
+        created_unix_ms: 5,
+        persistent: false,
+    }
+}
+
 fn mount_request() -> Message {
     Message::Control {
         request: Request::Mount {
@@ -320,24 +341,7 @@ fn control_messages_cross_a_socketpair_without_fds() {
 
 #[test]
 fn state_record_round_trips_and_newer_formats_are_refused() {
-    let record = MountRecord {
-        format_version: RECORD_FORMAT_VERSION,
-        mount_id: "0123456789abcdef".into(),
-        mountpoint: "/mnt/baton".into(),
-        volume: "vol1".into(),
-        base_dir: "/var/lib/baton".into(),
-        options: ClientOptions::default(),
-        connection_id: 43,
-        connection: 0xfeed,
-        client_binary: Some("/usr/local/bin/fsclient".into()),
-        init: init(),
-        has_resend: true,
-        supervisor_pid: 1,
-        generation: 3,
-        pid: Some(99),
-        created_unix_ms: 5,
-        persistent: false,
-    };
+    let record = record();
     let bytes = encode_record(&record).unwrap();
     assert_eq!(decode_record(&bytes).unwrap(), record);
     let newer = String::from_utf8(bytes)
@@ -359,22 +363,10 @@ fn state_record_round_trips_and_newer_formats_are_refused() {
 #[test]
 fn a_mount_passed_to_a_successor_crosses_with_its_fd_and_the_frames_are_pinned() {
     let record = MountRecord {
-        format_version: RECORD_FORMAT_VERSION,
-        mount_id: "0123456789abcdef".into(),
-        mountpoint: "/mnt/baton".into(),
-        volume: "vol1".into(),
-        base_dir: "/var/lib/baton".into(),
-        options: ClientOptions::default(),
-        connection_id: 43,
-        connection: 0xfeed,
         client_binary: None,
-        init: init(),
-        has_resend: true,
-        supervisor_pid: 1,
-        generation: 3,
         pid: None,
-        created_unix_ms: 5,
         persistent: true,
+        ..record()
     };
     let (a, b) = socketpair(
         AddressFamily::Unix,
