@@ -2019,3 +2019,50 @@ else:
         fx.logs()
     );
 }
+
+/// Every line a generation logs once it serves names its mount and its
+/// generation, in every thread (the request workers included).
+#[test]
+fn every_generation_log_line_names_the_mount_and_the_generation() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let status = fx.wait_serving(1);
+    let mount_id = status["mount_id"].as_str().expect("mount id").to_string();
+    // Kill the generation so the next one logs its recovery too.
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo x > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill");
+    fx.wait_serving(2);
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let log = std::fs::read_to_string(fx.path(&format!("state/logs/{mount_id}.log")))
+        .expect("generation log");
+    let adopted: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("adopted the FUSE connection"))
+        .collect();
+    assert_eq!(adopted.len(), 2, "{log}");
+    for (line, generation) in adopted.iter().zip(1..) {
+        assert!(
+            line.contains(&format!("mount={mount_id}"))
+                && line.contains(&format!("generation={generation}")),
+            "no mount and generation fields: {line}"
+        );
+    }
+    // After the first adoption, every line but a starting standby's
+    // (it opens the volume before it knows its generation) has them.
+    let after = log
+        .split_once("adopted the FUSE connection")
+        .map_or("", |(_, rest)| rest);
+    for line in after
+        .lines()
+        .skip(1)
+        .filter(|l| l.contains(" INFO ") || l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| !l.contains("fsclient::volume:"))
+    {
+        assert!(
+            line.contains(&format!("mount={mount_id}")) && line.contains("generation="),
+            "a generation line without its mount and generation: {line}"
+        );
+    }
+}

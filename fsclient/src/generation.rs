@@ -238,7 +238,9 @@ impl Generation {
     /// Reads the supervisor's messages: handover, resume, exit.
     fn spawn_control(self: &Arc<Self>) {
         let this = Arc::clone(self);
+        let span = tracing::Span::current();
         std::thread::spawn(move || loop {
+            let _in_span = span.enter();
             match recv_message(this.socket.as_fd()) {
                 Ok((Message::Handover { dir }, _)) => {
                     let answer = match this.hand_over(&dir) {
@@ -284,7 +286,9 @@ impl Generation {
     /// Reports counters and prunes old exactly-once records, periodically.
     fn spawn_stats(self: &Arc<Self>) {
         let this = Arc::clone(self);
+        let span = tracing::Span::current();
         std::thread::spawn(move || {
+            let _in_span = span.enter();
             let mut reported = (0, GenerationCounters::default());
             let mut since_prune = Duration::ZERO;
             loop {
@@ -498,7 +502,9 @@ fn load_handover(path: &Path) -> Result<(HandoverState, InflightJournal)> {
 /// were stopped (shutdown or handover).
 fn spawn_waiter(stopper: Stopper) {
     const CHECK_INTERVAL: Duration = Duration::from_millis(100);
+    let span = tracing::Span::current();
     std::thread::spawn(move || loop {
+        let _in_span = span.enter();
         if let Some(errno) = stopper.ended() {
             tracing::info!(%errno, "FUSE connection ended");
             let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);

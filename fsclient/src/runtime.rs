@@ -134,11 +134,19 @@ fn mount(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The environment variable the supervisor sets to the mount's id.
+pub const MOUNT_ID_ENV: &str = "BATON_MOUNT_ID";
+
 fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -> Result<ExitCode> {
     let (fs, held) = open_fs(volume, options, LockMode::Shared)?;
     let socket = connect_seqpacket(connect)?;
     let (adoption, fd) = receive_adopt(&socket, connect)?;
     let (generation_number, resend) = (adoption.generation, adoption.resend);
+    // Every line from here on, in every thread of this generation, names
+    // the mount and the generation.
+    let mount = std::env::var(MOUNT_ID_ENV).unwrap_or_else(|_| held.name.clone());
+    let span = tracing::info_span!("generation", mount = %mount, generation = generation_number);
+    let _in_span = span.enter();
     let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads)?;
     generation.open_session(&held.name)?;
     tracing::info!(volume = %held.name, generation = generation_number, resend, journaled = journal.requests.len(), "adopted the FUSE connection");

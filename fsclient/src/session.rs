@@ -44,7 +44,9 @@ impl SessionTimer {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let interval = heartbeat_interval(expiry);
+        let span = tracing::Span::current();
         let thread = std::thread::spawn(move || {
+            let _in_span = span.enter();
             while !flag.load(Ordering::Relaxed) {
                 if let Err(err) = fs.session_tick(expiry) {
                     // Fenced (handing over) or the store is unreachable:

@@ -141,9 +141,12 @@ impl<F: Filesystem> Session<F> {
                 params: self.params,
                 served: Arc::clone(&self.served),
             };
+            // Workers log in the caller's span (its fields, e.g. which
+            // mount and generation, on every line).
+            let span = tracing::Span::current();
             let handle = std::thread::Builder::new()
                 .name(format!("fuse-worker-{index}"))
-                .spawn(move || worker.run())
+                .spawn(move || span.in_scope(|| worker.run()))
                 .map_err(Error::Spawn)?;
             handles.push(handle);
         }

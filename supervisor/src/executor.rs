@@ -420,6 +420,7 @@ impl Mount {
             client_binary: &binary,
             socket: &self.socket_path,
             held_locks: &held_locks,
+            mount_id: &self.id,
             volume: &self.volume,
             base_dir: &self.base_dir,
             options: &self.options,

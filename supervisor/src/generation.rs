@@ -40,6 +40,9 @@ pub struct Launch<'a> {
     pub socket: &'a Path,
     /// Where the generation keeps the held locks (`BATON_HELD_LOCKS_FILE`).
     pub held_locks: &'a Path,
+    /// The mount's id, a field of every line the generation logs
+    /// (`BATON_MOUNT_ID`).
+    pub mount_id: &'a str,
     /// The volume (name or URL).
     pub volume: &'a str,
     /// Where named volumes live.
@@ -191,6 +194,7 @@ impl Process {
         // The log is a file: no terminal colour codes in it.
         command.env("NO_COLOR", "1");
         command.env("BATON_HELD_LOCKS_FILE", launch.held_locks);
+        command.env("BATON_MOUNT_ID", launch.mount_id);
         if let Some(procs) = procs {
             // SAFETY: join_cgroup only makes async-signal-safe syscalls.
             unsafe {
@@ -321,6 +325,7 @@ mod tests {
         };
         let launch = Launch {
             held_locks: Path::new("/nonexistent/locks"),
+            mount_id: "m",
             client_binary: Path::new("/bin/fsclient"),
             socket: Path::new("/state/run/m.sock"),
             volume: "vol",
@@ -356,6 +361,7 @@ mod tests {
         let options = ClientOptions::default();
         let launch = Launch {
             held_locks: Path::new("/nonexistent/locks"),
+            mount_id: "m",
             client_binary: Path::new("/bin/false"),
             socket: Path::new("/nonexistent"),
             volume: "v",
