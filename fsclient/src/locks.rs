@@ -341,7 +341,9 @@ impl<W> LockTable<W> {
 
     /// Takes over a predecessor's held locks (handover, before serving).
     pub fn import_held(&mut self, held: &[(u64, LockKind, HeldLock)]) {
-        self.changes += 1;
+        if !held.is_empty() {
+            self.changes += 1;
+        }
         for (ino, kind, lock) in held {
             let list = self.inodes.entry(*ino).or_default().list_mut(*kind);
             list.push(*lock);

@@ -147,10 +147,19 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let mount = std::env::var(MOUNT_ID_ENV).unwrap_or_else(|_| held.name.clone());
     let span = tracing::info_span!("generation", mount = %mount, generation = generation_number);
     let _in_span = span.enter();
+    let planned = adoption.handover.is_some();
     let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads)?;
-    generation.open_session(&held.name)?;
+    // A planned upgrade continues the predecessor's session (same id, its
+    // holds in place): renewing it can wait until this one reads, out of
+    // the applications' stall. Otherwise it is registered before serving.
+    if !planned {
+        generation.open_session(&held.name)?;
+    }
     tracing::info!(volume = %held.name, generation = generation_number, resend, journaled = journal.requests.len(), "adopted the FUSE connection");
     generation.start(&journal, resend)?;
+    if planned {
+        generation.open_session(&held.name)?;
+    }
     let timer = SessionTimer::start(generation.fs(), options.session_expiry());
     let ended = generation.run(signals);
     timer.stop();
