@@ -45,18 +45,24 @@ pub fn allowed_peer(peer_uid: u32, own_uid: u32) -> bool {
     peer_uid == 0 || peer_uid == own_uid
 }
 
+/// Whether a process accepts connections on the socket at `path` (a
+/// socket file nobody listens on any more is stale).
+pub fn answers(path: &Path) -> bool {
+    path.exists() && connect_seqpacket(path).is_ok()
+}
+
 /// Binds the control socket at `path` (mode 0600), refusing if another
 /// supervisor answers there and replacing a stale socket file.
 pub fn bind(path: &Path) -> Result<OwnedFd, Error> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(Error::io("creating", parent))?;
     }
+    if answers(path) {
+        return Err(Error::AlreadyRunning {
+            path: path.to_path_buf(),
+        });
+    }
     if path.exists() {
-        if connect_seqpacket(path).is_ok() {
-            return Err(Error::AlreadyRunning {
-                path: path.to_path_buf(),
-            });
-        }
         std::fs::remove_file(path).map_err(Error::io("removing stale socket", path))?;
     }
     listen_seqpacket(path, 0o600).map_err(|source| Error::Protocol {

@@ -189,7 +189,7 @@ pub fn run(config: Config) -> Result<(), Error> {
     let signals = shutdown_signals()?;
     let mut stored_fds = stored_fds;
     let mut predecessor = None;
-    if config.successor && succession::answers(&config.socket) {
+    if config.successor && control::answers(&config.socket) {
         match succession::wait_for_predecessor(&state, &signals)? {
             succession::Succession::Mounts(mut passed) => {
                 stored_fds.extend(std::mem::take(&mut passed.fds));

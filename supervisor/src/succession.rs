@@ -57,6 +57,7 @@ use upgrade_protocol::{
 };
 
 use super::Daemon;
+use crate::control::answers;
 use crate::state_file::StateDir;
 
 /// How long each step of a handover to a successor may take.
@@ -84,6 +85,8 @@ pub enum Succession {
 /// [`Predecessor::confirm`] before it kills its generations.
 pub struct Predecessor {
     conn: OwnedFd,
+    /// The successor socket it came through (for errors).
+    path: PathBuf,
     /// The passed fds, by mount id.
     pub fds: BTreeMap<String, OwnedFd>,
 }
@@ -121,17 +124,11 @@ pub fn wait_for_predecessor(
     signals: &SignalFd,
 ) -> Result<Succession, SuccessionError> {
     let path = successor_socket(state);
-    let socket_error = |source| SuccessionError::Socket {
-        path: path.clone(),
-        source,
-    };
-    if path.exists() {
-        if connect_seqpacket(&path).is_ok() {
-            return Err(SuccessionError::AlreadyWaiting { path });
-        }
-        let _ = std::fs::remove_file(&path);
+    if answers(&path) {
+        return Err(SuccessionError::AlreadyWaiting { path });
     }
-    let listener = listen_seqpacket(&path, 0o600).map_err(socket_error)?;
+    let _ = std::fs::remove_file(&path);
+    let listener = listen_seqpacket(&path, 0o600).map_err(|e| socket_error(&path, e))?;
     tracing::info!(socket = %path.display(), "another fs-supervisor serves this state directory; waiting for it to stop and hand its mounts over");
     let conn = loop {
         let mut fds = [
@@ -142,7 +139,10 @@ pub fn wait_for_predecessor(
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(errno) => {
                 let _ = std::fs::remove_file(&path);
-                return Err(socket_error(ProtocolError::Socket { op: "poll", errno }));
+                return Err(socket_error(
+                    &path,
+                    ProtocolError::Socket { op: "poll", errno },
+                ));
             }
         }
         if fds[1].any().unwrap_or(false) {
@@ -160,17 +160,20 @@ pub fn wait_for_predecessor(
     // One predecessor: nobody else may connect from now on.
     drop(listener);
     let _ = std::fs::remove_file(&path);
-    let fds = receive_mounts(&conn)?;
-    Ok(Succession::Mounts(Predecessor { conn, fds }))
+    let fds = receive_mounts(&conn, &path)?;
+    Ok(Succession::Mounts(Predecessor { conn, path, fds }))
 }
 
 /// Receives every passed mount (record + fd) up to `PassDone`.
-fn receive_mounts(conn: &OwnedFd) -> Result<BTreeMap<String, OwnedFd>, SuccessionError> {
+fn receive_mounts(
+    conn: &OwnedFd,
+    path: &Path,
+) -> Result<BTreeMap<String, OwnedFd>, SuccessionError> {
     let mut mounts = BTreeMap::new();
     let timeout = TimeVal::new(STEP_TIMEOUT.as_secs() as _, 0);
     let _ = setsockopt(conn, sockopt::ReceiveTimeout, &timeout);
     loop {
-        match recv_message(conn.as_fd()).map_err(received_error)? {
+        match recv_message(conn.as_fd()).map_err(|e| socket_error(path, e))? {
             (Message::PassMount { record }, mut fds) if fds.len() == 1 => {
                 tracing::info!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "received a mount from the stopping fs-supervisor");
                 mounts.insert(record.mount_id, fds.remove(0));
@@ -181,9 +184,9 @@ fn receive_mounts(conn: &OwnedFd) -> Result<BTreeMap<String, OwnedFd>, Successio
     }
 }
 
-fn received_error(source: ProtocolError) -> SuccessionError {
+fn socket_error(path: &Path, source: ProtocolError) -> SuccessionError {
     SuccessionError::Socket {
-        path: PathBuf::from("run/successor.sock"),
+        path: path.to_path_buf(),
         source,
     }
 }
@@ -195,7 +198,7 @@ impl Predecessor {
     /// RESEND.
     pub fn confirm(self, held: Vec<String>) -> Result<(), SuccessionError> {
         let received = Message::PassReceived { mounts: held };
-        send_message(self.conn.as_fd(), &received, &[]).map_err(received_error)?;
+        send_message(self.conn.as_fd(), &received, &[]).map_err(|e| socket_error(&self.path, e))?;
         // Longer than the predecessor's own wait for its generations.
         let release = TimeVal::new((STEP_TIMEOUT + EXIT_WAIT).as_secs() as _, 0);
         let _ = setsockopt(&self.conn, sockopt::ReceiveTimeout, &release);
@@ -321,9 +324,4 @@ fn stop_processes(mount: &mut crate::executor::Mount) {
             }
         }
     }
-}
-
-/// Whether a supervisor answers on `socket` (the control socket).
-pub fn answers(socket: &Path) -> bool {
-    socket.exists() && connect_seqpacket(socket).is_ok()
 }
