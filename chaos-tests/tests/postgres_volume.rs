@@ -475,3 +475,130 @@ fn a_killed_mounts_open_unlinked_file_is_reclaimed_by_the_other_after_the_expiry
     );
     a.stop();
 }
+
+/// A POSIX lock request on all of `file` (`typ`: F_RDLCK, F_WRLCK or
+/// F_UNLCK) by this process.
+fn posix_lock(typ: i32) -> libc::flock {
+    // SAFETY: `flock` is a C struct of integers; all zeroes is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl
+}
+
+/// F_SETLK of the whole file: `Err(errno)` when refused.
+fn set_lock(file: &fs::File, typ: i32) -> Result<(), nix::errno::Errno> {
+    use nix::fcntl::{fcntl, FcntlArg};
+    fcntl(file, FcntlArg::F_SETLK(&posix_lock(typ))).map(|_| ())
+}
+
+/// F_GETLK for a write lock of the whole file: the type of the lock that
+/// blocks it (F_UNLCK if none).
+fn blocking_lock_type(file: &fs::File) -> i32 {
+    use nix::fcntl::{fcntl, FcntlArg};
+    let mut fl = posix_lock(libc::F_WRLCK);
+    fcntl(file, FcntlArg::F_GETLK(&mut fl)).unwrap();
+    i32::from(fl.l_type)
+}
+
+/// Runs `flock ARGS` (util-linux) in the background.
+fn flock_command(args: &str) -> ChildGuard {
+    ChildGuard(
+        Command::new("sh")
+            .args(["-c", &format!("exec flock {args}")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("run flock (util-linux)"),
+    )
+}
+
+/// Whether `flock -n -x FILE true` gets the lock at once.
+fn flock_free(file: &Path) -> bool {
+    Command::new("flock")
+        .args(["-n", "-x"])
+        .arg(file)
+        .arg("true")
+        .status()
+        .expect("run flock (util-linux)")
+        .success()
+}
+
+#[test]
+fn locks_exclude_each_other_across_mounts_and_a_dead_mounts_locks_expire() {
+    let Some(admin) = server("postgres locks across mounts") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let (a, b) = mount_pair(&vol);
+    fs::write(a.p("shared"), b"x").unwrap();
+    let on_a = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(a.p("shared"))
+        .unwrap();
+    let on_b = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(b.p("shared"))
+        .unwrap();
+
+    // POSIX record locks: a's write lock refuses b's and shows in F_GETLK.
+    set_lock(&on_a, libc::F_WRLCK).unwrap();
+    assert_eq!(
+        set_lock(&on_b, libc::F_RDLCK),
+        Err(nix::errno::Errno::EAGAIN)
+    );
+    assert_eq!(blocking_lock_type(&on_b), libc::F_WRLCK);
+    // Shared locks coexist across mounts; a's downgrade lets b read-lock.
+    set_lock(&on_a, libc::F_RDLCK).unwrap();
+    set_lock(&on_b, libc::F_RDLCK).unwrap();
+    assert_eq!(
+        set_lock(&on_a, libc::F_WRLCK),
+        Err(nix::errno::Errno::EAGAIN)
+    );
+    set_lock(&on_b, libc::F_UNLCK).unwrap();
+    set_lock(&on_a, libc::F_WRLCK).unwrap();
+    drop(on_a); // close drops a's POSIX locks
+    set_lock(&on_b, libc::F_WRLCK).unwrap();
+    drop(on_b);
+
+    // flock: a holder on a; a blocking waiter on b parks until the holder
+    // is killed (its close releases the lock), then gets it.
+    let mut holder = flock_command(&format!("-x -o {} sleep 600", a.p("shared").display()));
+    assert!(
+        wait_until(DEADLINE, || !flock_free(&b.p("shared"))),
+        "a's flock is seen on b"
+    );
+    let mut waiter = flock_command(&format!("-x {} true", b.p("shared").display()));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        waiter.0.try_wait().unwrap().is_none(),
+        "b's waiter must wait while a holds the lock"
+    );
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    let status = waiter
+        .wait_timeout(DEADLINE)
+        .expect("b's waiter gets the lock");
+    assert!(status.success(), "flock on b: {status}");
+
+    // A mount killed while one of its processes holds a lock: the others
+    // are refused until its session expires, then the lock is free.
+    let mut holder = flock_command(&format!("-x -o {} sleep 600", a.p("shared").display()));
+    assert!(
+        wait_until(DEADLINE, || !flock_free(&b.p("shared"))),
+        "a's flock is seen on b"
+    );
+    a.kill9();
+    assert!(
+        !flock_free(&b.p("shared")),
+        "still held right after the kill"
+    );
+    assert!(
+        wait_until(DEADLINE, || flock_free(&b.p("shared"))),
+        "a dead mount's lock is freed after its session expires"
+    );
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    b.stop();
+}

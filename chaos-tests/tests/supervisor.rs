@@ -133,7 +133,10 @@ impl Fixture {
             .args(["--cgroup-parent", &self.cgroup_parent])
             .args(extra)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("BATON_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stderr(log)
             .spawn()
@@ -252,6 +255,38 @@ impl Fixture {
                     entry.path().display(),
                     tail(entry.path())
                 ));
+            }
+        }
+        out
+    }
+
+    /// The warnings and errors of every log (the last 60), for a failure
+    /// whose cause is not at the logs' tail.
+    fn log_problems(&self) -> String {
+        let mut paths = vec![self.path("supervisor.log")];
+        if let Ok(entries) = std::fs::read_dir(self.path("state/logs")) {
+            paths.extend(entries.flatten().map(|e| e.path()));
+        }
+        let mut out = String::from("--- warnings and errors ---\n");
+        // BATON_TEST_KEEP_LOGS=DIR: keep every log whole for a post-mortem.
+        if let Some(keep) = std::env::var_os("BATON_TEST_KEEP_LOGS") {
+            let keep = Path::new(&keep).join(format!("{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&keep);
+            for path in &paths {
+                if let Some(name) = path.file_name() {
+                    let _ = std::fs::copy(path, keep.join(name));
+                }
+            }
+            out.push_str(&format!("(logs kept in {})\n", keep.display()));
+        }
+        for path in paths {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .collect();
+            for line in &lines[lines.len().saturating_sub(60)..] {
+                out.push_str(&format!("{}: {line}\n", path.display()));
             }
         }
         out
@@ -773,7 +808,11 @@ fn kill_series(fx: &Fixture, errors: &dyn Fn() -> Vec<String>, kills: u64) -> Ve
         let pause = 150 + (kill_number * 37) % 100;
         std::thread::sleep(Duration::from_millis(pause));
         let seen = errors();
-        assert!(seen.is_empty(), "kill {kill_number}: {seen:?}");
+        assert!(
+            seen.is_empty(),
+            "kill {kill_number}: {seen:?}\n{}",
+            fx.log_problems()
+        );
         kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill");
         let after = fx.wait_serving(generation + 1);
         if after["last_recovery"]["died_generation"].as_u64() == Some(generation) {

@@ -13,11 +13,23 @@
 //! of the same type touch (they are merged); locks of different owners
 //! never conflict (a conflicting request is refused or parked).
 //!
+//! Other mounts of the volume (other hosts) hold locks too: before a lock
+//! takes effect here, the table publishes the inode's new lock list through
+//! its [`LockRegistry`] (the volume's shared lock rows, `fs/lock.rs`),
+//! which refuses it if another mount holds a conflicting lock. A request
+//! blocked only by another mount stays parked and is retried by
+//! [`LockTable::retry`] (the owner of the table polls while anything
+//! waits); an unlock whose publish failed takes effect here at once and is
+//! published again by the next retry.
+//!
 //! Limits: at most [`WAITERS_MAX`] parked requests (ENOLCK past it) and
 //! [`INTERRUPTED_MAX`] remembered early INTERRUPTs. The table lives in the
-//! process: a new generation starts with no locks.
+//! process: a new generation starts with no locks unless it imports its
+//! predecessor's.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::error::Error;
 
 /// The largest offset (`OFFSET_MAX`): a lock to EOF ends here.
 pub const OFFSET_MAX: u64 = i64::MAX as u64;
@@ -36,7 +48,7 @@ pub enum LockType {
 }
 
 /// POSIX record lock or BSD flock: two independent lock spaces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LockKind {
     /// fcntl byte-range lock, owned by a lock owner (process files table).
     Posix,
@@ -115,10 +127,11 @@ impl InodeLocks {
             .copied()
     }
 
-    fn apply(&mut self, req: &LockRequest) {
-        let list = self.list_mut(req.kind);
+    /// The list of `req.kind` after applying `req`.
+    fn applied(&self, req: &LockRequest) -> Vec<HeldLock> {
+        let list = self.list(req.kind);
         let mut kept = Vec::with_capacity(list.len() + 2);
-        for l in list.drain(..) {
+        for &l in list {
             if l.owner != req.owner || !l.overlaps(req.start, req.end) {
                 kept.push(l);
                 continue;
@@ -136,10 +149,9 @@ impl InodeLocks {
                 });
             }
         }
-        *list = kept;
         if let Some(typ) = req.typ {
             insert_merged(
-                list,
+                &mut kept,
                 HeldLock {
                     owner: req.owner,
                     start: req.start,
@@ -149,13 +161,16 @@ impl InodeLocks {
                 },
             );
         }
+        kept
     }
 
-    fn remove_owner(&mut self, kind: LockKind, owner: u64) -> bool {
-        let list = self.list_mut(kind);
-        let before = list.len();
-        list.retain(|l| l.owner != owner);
-        list.len() != before
+    /// The list of `kind` without `owner`'s locks, if it had any.
+    fn without_owner(&self, kind: LockKind, owner: u64) -> Option<Vec<HeldLock>> {
+        let list = self.list(kind);
+        if !list.iter().any(|l| l.owner == owner) {
+            return None;
+        }
+        Some(list.iter().filter(|l| l.owner != owner).copied().collect())
     }
 
     fn is_empty(&self) -> bool {
@@ -186,6 +201,17 @@ fn insert_merged(list: &mut Vec<HeldLock>, mut new: HeldLock) {
     list.sort_by_key(|l| (l.owner, l.start));
 }
 
+/// The lock `req` asks for, as a held lock (`None` for an unlock).
+fn wanted(req: &LockRequest) -> Option<HeldLock> {
+    req.typ.map(|typ| HeldLock {
+        owner: req.owner,
+        start: req.start,
+        end: req.end,
+        typ,
+        pid: req.pid,
+    })
+}
+
 /// What a SETLK/SETLKW did.
 #[derive(Debug)]
 pub enum SetOutcome<W> {
@@ -207,6 +233,14 @@ pub enum SetOutcome<W> {
         /// Parked requests granted meanwhile: answer each OK.
         granted: Vec<W>,
     },
+    /// The lock could not be checked against the other mounts (the
+    /// metadata store failed or is fenced): nothing changed.
+    Failed {
+        /// The caller's waiter, if it gave one.
+        waiter: Option<W>,
+        /// Why.
+        error: Error,
+    },
     /// Not parked (too many waiters, or interrupted already): answer with
     /// the errno.
     Refused {
@@ -226,6 +260,56 @@ struct Waiter<W> {
     waiter: W,
 }
 
+/// Where this mount's locks meet those of the volume's other mounts.
+pub trait LockRegistry: Send {
+    /// Makes `held` this mount's locks of `kind` on `ino` as the other
+    /// mounts see them, unless `wanted` conflicts with a lock another mount
+    /// holds: then returns that lock and changes nothing.
+    fn publish(
+        &mut self,
+        ino: u64,
+        kind: LockKind,
+        wanted: Option<&HeldLock>,
+        held: &[HeldLock],
+    ) -> Result<Option<HeldLock>, Error>;
+
+    /// A lock another mount holds that conflicts with `wanted` (F_GETLK).
+    fn conflict(
+        &mut self,
+        ino: u64,
+        kind: LockKind,
+        wanted: &HeldLock,
+    ) -> Result<Option<HeldLock>, Error>;
+
+    /// Replaces everything this mount published with `held` (after taking
+    /// over a predecessor's table).
+    fn replace_all(&mut self, held: &[(u64, LockKind, HeldLock)]) -> Result<(), Error>;
+}
+
+/// The registry of a volume no other mount shares locks with (unit tests,
+/// and a table before its connection is known).
+pub struct NoOtherMounts;
+
+impl LockRegistry for NoOtherMounts {
+    fn publish(
+        &mut self,
+        _: u64,
+        _: LockKind,
+        _: Option<&HeldLock>,
+        _: &[HeldLock],
+    ) -> Result<Option<HeldLock>, Error> {
+        Ok(None)
+    }
+
+    fn conflict(&mut self, _: u64, _: LockKind, _: &HeldLock) -> Result<Option<HeldLock>, Error> {
+        Ok(None)
+    }
+
+    fn replace_all(&mut self, _: &[(u64, LockKind, HeldLock)]) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
 /// All locks of a volume and the parked SETLKW requests.
 pub struct LockTable<W> {
     inodes: HashMap<u64, InodeLocks>,
@@ -233,6 +317,11 @@ pub struct LockTable<W> {
     interrupted: VecDeque<u64>,
     /// Bumped by every change of the held locks (not of the waiters).
     changes: u64,
+    registry: Box<dyn LockRegistry>,
+    /// Lock lists changed here whose publish failed (retried).
+    unpublished: HashSet<(u64, LockKind)>,
+    /// Everything must be published again (imported from a predecessor).
+    republish_all: bool,
 }
 
 impl<W> Default for LockTable<W> {
@@ -242,25 +331,82 @@ impl<W> Default for LockTable<W> {
             waiters: VecDeque::new(),
             interrupted: VecDeque::new(),
             changes: 0,
+            registry: Box::new(NoOtherMounts),
+            unpublished: HashSet::new(),
+            republish_all: false,
         }
     }
 }
 
 impl<W> LockTable<W> {
-    /// The lock that blocks `req` (F_GETLK), if any.
+    /// Consults `registry` about other mounts from now on.
+    pub fn set_registry(&mut self, registry: Box<dyn LockRegistry>) {
+        self.registry = registry;
+    }
+
+    /// The lock of this mount that blocks `req`, if any.
     pub fn conflict(&self, ino: u64, req: &LockRequest) -> Option<HeldLock> {
         self.inodes.get(&ino)?.conflict(req)
+    }
+
+    /// The lock, of this mount or another, that blocks `req` (F_GETLK);
+    /// another mount's is reported with pid 0 (its pid means nothing here).
+    pub fn conflict_anywhere(
+        &mut self,
+        ino: u64,
+        req: &LockRequest,
+    ) -> Result<Option<HeldLock>, Error> {
+        if let Some(local) = self.conflict(ino, req) {
+            return Ok(Some(local));
+        }
+        let Some(wanted) = wanted(req) else {
+            return Ok(None);
+        };
+        let remote = self.registry.conflict(ino, req.kind, &wanted)?;
+        Ok(remote.map(|l| HeldLock { pid: 0, ..l }))
+    }
+
+    /// Applies `req` here if the other mounts let it: `Ok(Some(lock))` when
+    /// another mount's lock blocks it. An unlock always takes effect here;
+    /// if its publish fails it is retried later.
+    fn apply(&mut self, ino: u64, req: &LockRequest) -> Result<Option<HeldLock>, Error> {
+        let new = self.inodes.entry(ino).or_default().applied(req);
+        let wanted = wanted(req);
+        match self.registry.publish(ino, req.kind, wanted.as_ref(), &new) {
+            Ok(Some(blocking)) => return Ok(Some(blocking)),
+            Ok(None) => {
+                self.unpublished.remove(&(ino, req.kind));
+            }
+            Err(err) if wanted.is_none() => {
+                tracing::warn!(nodeid = ino, %err, "unlock not yet visible to the volume's other mounts; retrying");
+                self.unpublished.insert((ino, req.kind));
+            }
+            Err(err) => return Err(err),
+        }
+        *self.inodes.entry(ino).or_default().list_mut(req.kind) = new;
+        self.changes += 1;
+        Ok(None)
     }
 
     /// SETLK (`wait == None`) or SETLKW (`wait == Some((unique, waiter))`).
     pub fn set(&mut self, ino: u64, req: LockRequest, wait: Option<(u64, W)>) -> SetOutcome<W> {
         if self.conflict(ino, &req).is_none() {
-            self.inodes.entry(ino).or_default().apply(&req);
-            self.changes += 1;
-            return SetOutcome::Done {
-                granted: self.wake(ino),
-                own: wait.map(|(_, w)| w),
-            };
+            match self.apply(ino, &req) {
+                Ok(None) => {
+                    return SetOutcome::Done {
+                        granted: self.wake(ino),
+                        own: wait.map(|(_, w)| w),
+                    }
+                }
+                // Blocked by another mount: as by a local conflict.
+                Ok(Some(_)) => {}
+                Err(error) => {
+                    return SetOutcome::Failed {
+                        waiter: wait.map(|(_, w)| w),
+                        error,
+                    }
+                }
+            }
         }
         // A flock conversion releases the old lock before waiting for the
         // new one, so two shared holders upgrading cannot deadlock.
@@ -299,15 +445,67 @@ impl<W> LockTable<W> {
     /// Drops every lock of `kind` held by `owner` on `ino` (close); returns
     /// the waiters granted as a result.
     pub fn release_owner(&mut self, ino: u64, kind: LockKind, owner: u64) -> Vec<W> {
-        let removed = match self.inodes.get_mut(&ino) {
-            Some(locks) => locks.remove_owner(kind, owner),
-            None => false,
-        };
-        if !removed {
+        let Some(new) = self
+            .inodes
+            .get(&ino)
+            .and_then(|l| l.without_owner(kind, owner))
+        else {
             return Vec::new();
+        };
+        match self.registry.publish(ino, kind, None, &new) {
+            Ok(_) => {
+                self.unpublished.remove(&(ino, kind));
+            }
+            Err(err) => {
+                tracing::warn!(nodeid = ino, %err, "released locks not yet visible to the volume's other mounts; retrying");
+                self.unpublished.insert((ino, kind));
+            }
+        }
+        if let Some(locks) = self.inodes.get_mut(&ino) {
+            *locks.list_mut(kind) = new;
         }
         self.changes += 1;
         self.wake(ino)
+    }
+
+    /// Whether [`LockTable::retry`] has work: requests parked (possibly
+    /// blocked by another mount) or changes not yet published.
+    pub fn needs_retry(&self) -> bool {
+        !self.waiters.is_empty() || !self.unpublished.is_empty() || self.republish_all
+    }
+
+    /// Publishes what failed to publish, then grants the parked requests
+    /// that no mount blocks any more; returns them.
+    pub fn retry(&mut self) -> Vec<W> {
+        if self.republish_all {
+            let held = self.held_locks();
+            match self.registry.replace_all(&held) {
+                Ok(()) => {
+                    self.republish_all = false;
+                    self.unpublished.clear();
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "held locks not yet published to the volume's other mounts; retrying");
+                }
+            }
+        }
+        let unpublished: Vec<(u64, LockKind)> = self.unpublished.iter().copied().collect();
+        for (ino, kind) in unpublished {
+            let held = self.held(ino, kind);
+            if self.registry.publish(ino, kind, None, &held).is_ok() {
+                self.unpublished.remove(&(ino, kind));
+            }
+        }
+        let mut inodes: Vec<u64> = self.waiters.iter().map(|w| w.ino).collect();
+        inodes.sort_unstable();
+        inodes.dedup();
+        inodes.into_iter().flat_map(|ino| self.wake(ino)).collect()
+    }
+
+    /// Everything held must be published again (this mount's entry in the
+    /// volume may have been lost, e.g. its session expired).
+    pub fn republish_all(&mut self) {
+        self.republish_all = true;
     }
 
     /// INTERRUPT of `unique`: the parked request, to answer EINTR. If it is
@@ -340,10 +538,13 @@ impl<W> LockTable<W> {
     }
 
     /// Takes over a predecessor's held locks (handover, before serving).
+    /// What the predecessor published may differ (an unlock it could not
+    /// publish), so the whole set is published again by the next retry.
     pub fn import_held(&mut self, held: &[(u64, LockKind, HeldLock)]) {
         if !held.is_empty() {
             self.changes += 1;
         }
+        self.republish_all = true;
         for (ino, kind, lock) in held {
             let list = self.inodes.entry(*ino).or_default().list_mut(*kind);
             list.push(*lock);
@@ -377,18 +578,36 @@ impl<W> LockTable<W> {
 
     /// Grants parked requests on `ino` that no longer conflict, in arrival
     /// order (an earlier grant may block a later waiter).
+    /// A waiter blocked by another mount (or whose check failed) stays
+    /// parked for the next [`LockTable::retry`].
     fn wake(&mut self, ino: u64) -> Vec<W> {
         let mut granted = Vec::new();
+        let mut blocked_elsewhere = HashSet::new();
         let mut index = 0;
         while index < self.waiters.len() {
             let w = &self.waiters[index];
-            if w.ino == ino && self.conflict(ino, &w.req).is_none() {
-                if let Some(w) = self.waiters.remove(index) {
-                    self.inodes.entry(ino).or_default().apply(&w.req);
-                    self.changes += 1;
-                    granted.push(w.waiter);
+            if w.ino == ino
+                && !blocked_elsewhere.contains(&w.unique)
+                && self.conflict(ino, &w.req).is_none()
+            {
+                let (unique, req) = (w.unique, w.req);
+                match self.apply(ino, &req) {
+                    Ok(None) => {
+                        if let Some(w) = self.waiters.remove(index) {
+                            granted.push(w.waiter);
+                        }
+                        index = 0;
+                    }
+                    Ok(Some(_)) => {
+                        blocked_elsewhere.insert(unique);
+                        index += 1;
+                    }
+                    Err(err) => {
+                        tracing::debug!(nodeid = ino, %err, "parked lock request not checked against other mounts; retrying");
+                        blocked_elsewhere.insert(unique);
+                        index += 1;
+                    }
                 }
-                index = 0;
                 continue;
             }
             index += 1;
@@ -622,6 +841,161 @@ mod tests {
             _ => panic!("the waiter list is full"),
         }
         assert_eq!(t.drain_waiters().len(), WAITERS_MAX);
+    }
+
+    /// Another mount's locks (one list for every inode), and whether the
+    /// store answers; shared with the test through the `Arc`.
+    #[derive(Clone, Default)]
+    struct OtherMount {
+        locks: std::sync::Arc<std::sync::Mutex<Vec<HeldLock>>>,
+        down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        published: std::sync::Arc<std::sync::Mutex<Vec<HeldLock>>>,
+    }
+
+    impl OtherMount {
+        fn check(&self) -> Result<(), Error> {
+            if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(Error::refused(7, "store down", fuse_wire::Errno::EIO));
+            }
+            Ok(())
+        }
+    }
+
+    impl LockRegistry for OtherMount {
+        fn publish(
+            &mut self,
+            _: u64,
+            _: LockKind,
+            wanted: Option<&HeldLock>,
+            held: &[HeldLock],
+        ) -> Result<Option<HeldLock>, Error> {
+            self.check()?;
+            if let Some(w) = wanted {
+                let blocking = self.locks.lock().unwrap().iter().copied().find(|l| {
+                    l.overlaps(w.start, w.end)
+                        && (l.typ == LockType::Write || w.typ == LockType::Write)
+                });
+                if blocking.is_some() {
+                    return Ok(blocking);
+                }
+            }
+            *self.published.lock().unwrap() = held.to_vec();
+            Ok(None)
+        }
+
+        fn conflict(
+            &mut self,
+            ino: u64,
+            kind: LockKind,
+            w: &HeldLock,
+        ) -> Result<Option<HeldLock>, Error> {
+            let mut probe = self.clone();
+            probe.published = Default::default();
+            probe.publish(ino, kind, Some(w), &[])
+        }
+
+        fn replace_all(&mut self, held: &[(u64, LockKind, HeldLock)]) -> Result<(), Error> {
+            self.check()?;
+            *self.published.lock().unwrap() = held.iter().map(|h| h.2).collect();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_request_blocked_by_another_mount_parks_until_a_retry_finds_it_free() {
+        let other = OtherMount::default();
+        let mut t = LockTable::<u32>::default();
+        t.set_registry(Box::new(other.clone()));
+        other.locks.lock().unwrap().push(HeldLock {
+            owner: 99,
+            start: 0,
+            end: OFFSET_MAX,
+            typ: Write,
+            pid: 1234,
+        });
+        assert!(matches!(
+            t.set(7, posix(1, 0, 9, Some(Read)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        let seen = t
+            .conflict_anywhere(7, &posix(1, 0, 9, Some(Read)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (seen.owner, seen.pid),
+            (99, 0),
+            "another mount's pid is not ours to report"
+        );
+        assert!(matches!(
+            t.set(7, posix(1, 0, 9, Some(Read)), Some((5, 50))),
+            SetOutcome::Parked { .. }
+        ));
+        assert!(t.needs_retry());
+        assert!(t.retry().is_empty(), "still held elsewhere");
+        other.locks.lock().unwrap().clear();
+        assert_eq!(t.retry(), vec![50]);
+        assert_eq!(ranges(&t, LockKind::Posix), vec![(1, 0, 9, Read)]);
+        assert_eq!(
+            other.published.lock().unwrap().len(),
+            1,
+            "granted and published"
+        );
+        assert!(!t.needs_retry());
+    }
+
+    #[test]
+    fn a_lock_the_store_cannot_check_is_refused_but_an_unlock_still_happens_and_is_published_later()
+    {
+        let other = OtherMount::default();
+        let mut t = LockTable::<u32>::default();
+        t.set_registry(Box::new(other.clone()));
+        done(t.set(7, posix(1, 0, 9, Some(Write)), None));
+        other.down.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(matches!(
+            t.set(7, posix(2, 20, 29, Some(Write)), Some((3, 30))),
+            SetOutcome::Failed {
+                waiter: Some(30),
+                ..
+            }
+        ));
+        assert_eq!(t.held(7, LockKind::Posix).len(), 1, "nothing taken");
+        // The holder closes while the store is down: unlocked here at once.
+        assert!(t.release_owner(7, LockKind::Posix, 1).is_empty());
+        assert!(t.held(7, LockKind::Posix).is_empty());
+        assert_eq!(
+            other.published.lock().unwrap().len(),
+            1,
+            "the others still see it"
+        );
+        assert!(t.needs_retry());
+        other
+            .down
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        t.retry();
+        assert!(
+            other.published.lock().unwrap().is_empty(),
+            "published on retry"
+        );
+        assert!(!t.needs_retry());
+    }
+
+    #[test]
+    fn imported_locks_are_published_again_as_a_whole() {
+        let other = OtherMount::default();
+        let mut t = LockTable::<u32>::default();
+        t.set_registry(Box::new(other.clone()));
+        let lock = HeldLock {
+            owner: 1,
+            start: 0,
+            end: 9,
+            typ: Write,
+            pid: 1,
+        };
+        t.import_held(&[(7, LockKind::Posix, lock)]);
+        assert!(t.needs_retry());
+        t.retry();
+        assert_eq!(*other.published.lock().unwrap(), vec![lock]);
+        assert!(!t.needs_retry());
     }
 
     #[test]

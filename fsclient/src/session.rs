@@ -2,11 +2,15 @@
 //! [`heartbeat_interval`] (a fifth of the expiry) while this process serves
 //! a mount, so other mounts of the volume see this one alive and this one
 //! cleans up after dead ones (`fs/orphans.rs` says what a tick does).
+//! The same thread retries lock requests parked behind another mount's
+//! lock (`fs/lock.rs`), every `LOCK_RETRY_INTERVAL` while any wait.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::fs::LOCK_RETRY_INTERVAL;
 
 use crate::fs::BatonFs;
 
@@ -47,13 +51,24 @@ impl SessionTimer {
         let span = tracing::Span::current();
         let thread = std::thread::spawn(move || {
             let _in_span = span.enter();
+            fs.set_lock_retry_thread();
+            let mut next_tick = Instant::now();
             while !flag.load(Ordering::Relaxed) {
-                if let Err(err) = fs.session_tick(expiry) {
-                    // Fenced (handing over) or the store is unreachable:
-                    // the next tick tries again.
-                    tracing::warn!(%err, "session tick failed");
+                if Instant::now() >= next_tick {
+                    if let Err(err) = fs.session_tick(expiry) {
+                        // Fenced (handing over) or the store is
+                        // unreachable: the next tick tries again.
+                        tracing::warn!(%err, "session tick failed");
+                    }
+                    next_tick = Instant::now() + interval;
                 }
-                std::thread::park_timeout(interval);
+                let until_tick = next_tick.saturating_duration_since(Instant::now());
+                let sleep = if fs.retry_locks() {
+                    until_tick.min(LOCK_RETRY_INTERVAL)
+                } else {
+                    until_tick
+                };
+                std::thread::park_timeout(sleep);
             }
         });
         SessionTimer {

@@ -48,6 +48,7 @@ mod mount;
 pub mod notify;
 pub mod reply;
 mod request;
+mod request_buffer;
 mod session;
 
 pub use channel::{Channel, ReadOutcome};

@@ -40,6 +40,7 @@ use crate::filesystem::Filesystem;
 use crate::init::InitParams;
 use crate::reply::{send_message, ReplyChannel};
 use crate::request::{DecodeError, DecodeOptions, Request};
+use crate::request_buffer::RequestBuffer;
 use crate::{abi, Error};
 
 /// Worker threads per session at most.
@@ -377,10 +378,11 @@ impl<F: Filesystem> Worker<F> {
     fn run(self) {
         let slot = &self.shared.workers[self.index];
         *slot.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(pthread_self());
-        let mut buf = vec![0u8; self.params.read_buffer_len()];
+        let mut buffer = RequestBuffer::new(self.params.read_buffer_len());
+        let buf = buffer.as_mut_slice();
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
         let options = self.params.decode_options();
-        while let Some(len) = self.next_request(slot, &mut buf) {
+        while let Some(len) = self.next_request(slot, buf) {
             let request = &buf[..len];
             slot.publish(request);
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

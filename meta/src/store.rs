@@ -23,9 +23,9 @@ use std::time::SystemTime;
 
 use crate::error::{MetaError, Result};
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
-    RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, TruncatedBlocks, Unlinked,
-    VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
+    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, TruncatedBlocks,
+    Unlinked, VolumeRecord, XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -229,6 +229,44 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// holds. Returns the objects to delete after the call when it was
     /// reclaimed, `None` when it is still held, linked again or gone.
     fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>>;
+
+    // Locks shared by the volume's mounts: each session publishes the
+    // locks its mount holds, per inode and lock space; a mount takes a lock
+    // only if no other session's published lock conflicts with it, checked
+    // and published in one transaction. A session's locks go with it
+    // (close, expiry) and with the inode (reclaim).
+
+    /// Replaces `session`'s locks of `space` on `ino` with `held`, unless
+    /// `wanted` conflicts with a lock another session holds there: then
+    /// returns that lock and changes nothing. One transaction.
+    fn publish_locks(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: Option<&RangeLock>,
+        held: &[RangeLock],
+    ) -> Result<Option<RangeLock>>;
+
+    /// A lock another session holds on `ino` that conflicts with `wanted`.
+    fn conflicting_lock(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: &RangeLock,
+    ) -> Result<Option<RangeLock>>;
+
+    /// Replaces every lock `session` publishes with `held` (a generation
+    /// taking over a connection states what it holds).
+    fn replace_session_locks(
+        &self,
+        session: u64,
+        held: &[(u64, LockSpace, RangeLock)],
+    ) -> Result<()>;
+
+    /// Every lock `session` publishes, by inode (tests, status).
+    fn session_locks(&self, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>>;
 }
 
 /// Where a metadata store lives, parsed from a URL or path.

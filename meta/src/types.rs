@@ -410,3 +410,56 @@ pub struct SessionRecord {
     /// for PostgreSQL, so hosts' clocks need not agree).
     pub heartbeat_ms: i64,
 }
+
+/// Which lock space a lock lives in: fcntl record locks and BSD `flock`
+/// locks never conflict with each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LockSpace {
+    /// fcntl F_SETLK byte-range locks, owned by a lock owner.
+    Posix,
+    /// flock whole-file locks, owned by an open file description.
+    Flock,
+}
+
+impl LockSpace {
+    /// The stored code.
+    pub(crate) fn code(self) -> i64 {
+        match self {
+            LockSpace::Posix => 0,
+            LockSpace::Flock => 1,
+        }
+    }
+
+    /// The space of a stored code.
+    pub(crate) fn from_code(code: i64) -> LockSpace {
+        if code == 1 {
+            LockSpace::Flock
+        } else {
+            LockSpace::Posix
+        }
+    }
+}
+
+/// A byte-range lock held by a mount, as the volume's other mounts see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeLock {
+    /// The lock owner on the holding mount (FUSE `lock_owner`; only
+    /// meaningful there).
+    pub owner: u64,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive (`i64::MAX`: to the end of the file).
+    pub end: u64,
+    /// Exclusive (write) or shared (read).
+    pub exclusive: bool,
+    /// The process that took it, on the holding mount's host.
+    pub pid: u32,
+}
+
+impl RangeLock {
+    /// Whether `self` and `other` cannot both be held (by different
+    /// mounts): they overlap and one of them is exclusive.
+    pub fn conflicts_with(&self, other: &RangeLock) -> bool {
+        self.start <= other.end && other.start <= self.end && (self.exclusive || other.exclusive)
+    }
+}

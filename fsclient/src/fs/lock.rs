@@ -5,14 +5,113 @@
 //! worker thread ever blocks on a lock. The reply is answered OK by whoever
 //! removes the conflict (unlock, close, release), or EINTR by an INTERRUPT
 //! or at shutdown.
+//!
+//! Locks are shared with the volume's other mounts through the metadata
+//! store ([`VolumeLocks`]): a lock is granted only if no other session
+//! holds a conflicting one. A request blocked by another mount stays
+//! parked; [`BatonFs::retry_locks`] (every [`LOCK_RETRY_INTERVAL`] while
+//! anything waits, from the session timer's thread) checks it again. There
+//! is no cross-host wake-up: a lock released on another host is seen here
+//! within one retry interval.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton_meta::{LockSpace, MetaStore, RangeLock};
 use fuse_wire::abi::{self, flags};
 use fuse_wire::reply::ReplyEmpty;
 use fuse_wire::{Errno, Request};
 
 use super::{lock, BatonFs};
 use crate::error::{Error, Result};
-use crate::locks::{LockKind, LockRequest, LockType, SetOutcome, OFFSET_MAX};
+use crate::locks::{
+    HeldLock, LockKind, LockRegistry, LockRequest, LockType, SetOutcome, OFFSET_MAX,
+};
+
+/// How often requests parked behind another mount's lock are checked again.
+pub const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The volume's shared lock rows, as this mount's session sees them.
+pub struct VolumeLocks {
+    meta: Arc<dyn MetaStore>,
+    session: u64,
+}
+
+impl VolumeLocks {
+    /// The registry of `session` (this connection's id) in `meta`.
+    pub fn new(meta: Arc<dyn MetaStore>, session: u64) -> VolumeLocks {
+        VolumeLocks { meta, session }
+    }
+}
+
+fn space(kind: LockKind) -> LockSpace {
+    match kind {
+        LockKind::Posix => LockSpace::Posix,
+        LockKind::Flock => LockSpace::Flock,
+    }
+}
+
+fn range(l: &HeldLock) -> RangeLock {
+    RangeLock {
+        owner: l.owner,
+        start: l.start,
+        end: l.end,
+        exclusive: l.typ == LockType::Write,
+        pid: l.pid,
+    }
+}
+
+fn held(l: &RangeLock) -> HeldLock {
+    HeldLock {
+        owner: l.owner,
+        start: l.start,
+        end: l.end,
+        typ: if l.exclusive {
+            LockType::Write
+        } else {
+            LockType::Read
+        },
+        pid: l.pid,
+    }
+}
+
+impl LockRegistry for VolumeLocks {
+    fn publish(
+        &mut self,
+        ino: u64,
+        kind: LockKind,
+        wanted: Option<&HeldLock>,
+        locks: &[HeldLock],
+    ) -> Result<Option<HeldLock>> {
+        let wanted = wanted.map(range);
+        let locks: Vec<RangeLock> = locks.iter().map(range).collect();
+        let blocking =
+            self.meta
+                .publish_locks(self.session, ino, space(kind), wanted.as_ref(), &locks)?;
+        Ok(blocking.as_ref().map(held))
+    }
+
+    fn conflict(
+        &mut self,
+        ino: u64,
+        kind: LockKind,
+        wanted: &HeldLock,
+    ) -> Result<Option<HeldLock>> {
+        let found = self
+            .meta
+            .conflicting_lock(self.session, ino, space(kind), &range(wanted))?;
+        Ok(found.as_ref().map(held))
+    }
+
+    fn replace_all(&mut self, locks: &[(u64, LockKind, HeldLock)]) -> Result<()> {
+        let rows: Vec<(u64, LockSpace, RangeLock)> = locks
+            .iter()
+            .map(|(ino, kind, l)| (*ino, space(*kind), range(l)))
+            .collect();
+        self.meta.replace_session_locks(self.session, &rows)?;
+        Ok(())
+    }
+}
 
 /// A parked SETLKW: its reply, and its raw bytes so a handover can journal
 /// it for the next generation (parking is rare; the copy is cheap enough).
@@ -30,6 +129,11 @@ impl ParkedLock {
     /// Refuses it.
     pub fn error(self, errno: Errno) {
         self.reply.error(errno);
+    }
+
+    /// Leaves it unanswered (journaled for the next generation).
+    pub fn abandon(self) {
+        self.reply.abandon();
     }
 
     /// The request as read from /dev/fuse.
@@ -76,7 +180,7 @@ fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
 impl BatonFs {
     pub(super) fn do_getlk(&self, ino: u64, arg: &abi::LkIn) -> Result<abi::FileLock> {
         let req = request(ino, arg)?;
-        let found = lock(&self.locks).conflict(ino, &req);
+        let found = lock(&self.locks).conflict_anywhere(ino, &req)?;
         Ok(match found {
             Some(held) => abi::FileLock {
                 start: held.start,
@@ -121,6 +225,7 @@ impl BatonFs {
             self.save_held_locks(&table);
             outcome
         };
+        let mut parked = false;
         match outcome {
             SetOutcome::Done { granted, own } => {
                 granted.into_iter().chain(own).for_each(ParkedLock::ok);
@@ -131,6 +236,7 @@ impl BatonFs {
                 direct.into_iter().for_each(|d| d.error(Errno::EAGAIN));
             }
             SetOutcome::Parked { granted } => {
+                parked = true;
                 granted.into_iter().for_each(ParkedLock::ok);
                 tracing::debug!(
                     nodeid = ino,
@@ -147,7 +253,38 @@ impl BatonFs {
                 granted.into_iter().for_each(ParkedLock::ok);
                 waiter.error(Errno::from_raw(errno));
             }
+            SetOutcome::Failed { waiter, error } => {
+                if error.is_fenced() {
+                    waiter.into_iter().for_each(ParkedLock::abandon);
+                    direct.into_iter().for_each(ReplyEmpty::abandon);
+                    return;
+                }
+                // The other mounts' locks cannot be checked: no lock.
+                self.fail("setlk", r, ino, &error);
+                waiter.into_iter().for_each(|w| w.error(Errno::ENOLCK));
+                direct.into_iter().for_each(|d| d.error(Errno::ENOLCK));
+            }
         }
+        if parked {
+            self.wake_lock_retry();
+        }
+    }
+
+    /// Publishes lock changes that failed to publish and grants parked
+    /// requests no mount blocks any more. `true` while there is more to
+    /// retry.
+    pub fn retry_locks(&self) -> bool {
+        let (granted, more) = {
+            let mut table = lock(&self.locks);
+            if !table.needs_retry() {
+                return false;
+            }
+            let granted = table.retry();
+            self.save_held_locks(&table);
+            (granted, table.needs_retry())
+        };
+        granted.into_iter().for_each(ParkedLock::ok);
+        more
     }
 
     /// Drops `owner`'s locks of `kind` on `ino` (close); returns the

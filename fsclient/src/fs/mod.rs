@@ -45,6 +45,7 @@ use crate::volume::Volume;
 use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;
+pub use lock::LOCK_RETRY_INTERVAL;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
 pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
 
@@ -94,6 +95,9 @@ pub struct BatonFs {
     /// the table's change count last written there.
     held_locks_file: Option<held_locks::HeldLocksFile>,
     held_locks_saved: AtomicU64,
+    /// The thread that runs [`BatonFs::retry_locks`] (the session timer's),
+    /// woken when a request parks.
+    lock_retry_thread: Mutex<Option<std::thread::Thread>>,
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
@@ -140,6 +144,7 @@ impl BatonFs {
             locks: Mutex::new(LockTable::default()),
             held_locks_file: held_locks::HeldLocksFile::from_env(),
             held_locks_saved: AtomicU64::new(0),
+            lock_retry_thread: Mutex::new(None),
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),
@@ -200,6 +205,10 @@ impl BatonFs {
     pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
         self.connection.store(connection, Ordering::Relaxed);
         self.handles.start_generation(generation, inherited);
+        lock(&self.locks).set_registry(Box::new(lock::VolumeLocks::new(
+            Arc::clone(&self.meta),
+            connection,
+        )));
     }
 
     /// Fences this process for a handover: no metadata change and no
@@ -291,6 +300,24 @@ impl BatonFs {
                 tracing::error!(%err, file = %file.path().display(), "cannot keep the held locks on disk; a crash now would lose them");
             }
         }
+    }
+
+    /// Makes the current thread the one [`BatonFs::retry_locks`] runs on:
+    /// it is unparked whenever a lock request parks.
+    pub fn set_lock_retry_thread(&self) {
+        *lock(&self.lock_retry_thread) = Some(std::thread::current());
+    }
+
+    fn wake_lock_retry(&self) {
+        if let Some(thread) = lock(&self.lock_retry_thread).as_ref() {
+            thread.unpark();
+        }
+    }
+
+    /// Publishes every held lock again (this session's rows may be gone).
+    fn republish_locks(&self) {
+        lock(&self.locks).republish_all();
+        self.wake_lock_retry();
     }
 
     /// The metadata store.

@@ -103,6 +103,8 @@ impl BatonFs {
             );
             self.meta.open_session(&info)?;
             *super::lock(&self.session_healthy_since) = Some(std::time::Instant::now());
+            // Its published locks went with the expired session.
+            self.republish_locks();
             for ino in self.handles.open_orphans() {
                 match self.hold_open_orphan(ino) {
                     Ok(()) => {}

@@ -18,6 +18,7 @@
 mod blockmap;
 pub(crate) mod db;
 mod inode;
+mod locks;
 mod namespace;
 mod orphan;
 mod readdir;
@@ -43,9 +44,9 @@ use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
 use crate::record::Recorded;
 use crate::store::MetaStore;
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, ObjectRef, RenameFlags, Renamed,
-    RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec, TruncatedBlocks, Unlinked,
-    VolumeConfig, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
+    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec,
+    TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord, XattrFlags,
 };
 use crate::FORMAT_VERSION;
 
@@ -682,6 +683,51 @@ impl MetaStore for PostgresMeta {
             |c| sessions::release(c, session, ino),
             |_| Recorded::Unit,
         )
+    }
+
+    fn publish_locks(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: Option<&RangeLock>,
+        held: &[RangeLock],
+    ) -> Result<Option<RangeLock>> {
+        self.write(
+            "publish locks",
+            None,
+            |c| locks::publish(c, session, ino, space, wanted, held),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn conflicting_lock(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: &RangeLock,
+    ) -> Result<Option<RangeLock>> {
+        self.read("conflicting lock", |c| {
+            locks::conflicting(c, session, ino, space, wanted)
+        })
+    }
+
+    fn replace_session_locks(
+        &self,
+        session: u64,
+        held: &[(u64, LockSpace, RangeLock)],
+    ) -> Result<()> {
+        self.write(
+            "replace session locks",
+            None,
+            |c| locks::replace_all(c, session, held),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn session_locks(&self, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
+        self.read("session locks", |c| locks::of_session(c, session))
     }
 }
 

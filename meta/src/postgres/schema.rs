@@ -119,6 +119,22 @@ CREATE TABLE orphan_holds (
 );
 CREATE INDEX orphan_holds_by_ino ON orphan_holds(ino);
 ",
+    // 5: the locks each session (mount) holds, so that mounts on several
+    // hosts exclude each other (`locks.rs`).
+    "
+CREATE TABLE locks (
+    session BIGINT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    space BIGINT NOT NULL,
+    owner BIGINT NOT NULL,
+    start_byte BIGINT NOT NULL,
+    end_byte BIGINT NOT NULL,
+    exclusive BIGINT NOT NULL,
+    pid BIGINT NOT NULL,
+    PRIMARY KEY (session, ino, space, owner, start_byte)
+);
+CREATE INDEX locks_by_ino ON locks(ino, space);
+",
 ];
 
 /// The schema version this build creates and understands.

@@ -111,6 +111,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(DDL)?;
     tx.execute_batch(super::requests::DDL)?;
     tx.execute_batch(super::sessions::DDL)?;
+    tx.execute_batch(super::locks::DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)
