@@ -103,3 +103,78 @@ fn step<T>(
         Err(e) => Some(Err(SqlError::Sqlite(e))),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::sql::{params, OptionalExtension};
+
+    fn db() -> Connection {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch(
+            "CREATE TABLE t (k INTEGER PRIMARY KEY, v INTEGER);
+             INSERT INTO t VALUES (1, 10), (2, NULL), (3, 30);",
+        )
+        .unwrap();
+        c
+    }
+
+    #[test]
+    fn rows_are_collected_and_extended_in_order_with_nulls_as_none() {
+        let c = db();
+        let mut stmt =
+            Db::prepare_cached(&c, "SELECT k, v FROM t WHERE k >= ?1 ORDER BY k").unwrap();
+        let all: Vec<(u64, Option<i64>)> = stmt
+            .collect_rows(params![1u64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        assert_eq!(all, vec![(1, Some(10)), (2, None), (3, Some(30))]);
+        let mut keys = vec![0u64];
+        stmt.extend_rows(params![2u64], &mut keys, |r| r.get::<_, u64>(0))
+            .unwrap();
+        assert_eq!(keys, vec![0, 2, 3]);
+    }
+
+    #[test]
+    fn a_failing_row_stops_the_collection_with_its_error() {
+        let c = db();
+        let mut stmt = Db::prepare_cached(&c, "SELECT v FROM t ORDER BY k").unwrap();
+        let got: SqlResult<Vec<i64>> = stmt.collect_rows(params![], |r| r.get(0));
+        assert!(matches!(
+            got,
+            Err(SqlError::Sqlite(rusqlite::Error::InvalidColumnType(..)))
+        ));
+    }
+
+    #[test]
+    fn no_row_is_none_and_none_binds_null() {
+        let c = db();
+        let missing = Db::query_row(&c, "SELECT v FROM t WHERE k = ?1", params![9i64], |r| {
+            r.get::<_, Option<i64>>(0)
+        });
+        assert_eq!(missing.optional().unwrap(), None);
+        let none: Option<u32> = None;
+        let n = Stmt::execute(
+            &mut Db::prepare_cached(&c, "UPDATE t SET v = ?2 WHERE k = ?1").unwrap(),
+            params![1i64, none],
+        )
+        .unwrap();
+        assert_eq!(n, 1);
+        let v: Option<i64> =
+            Db::query_row(&c, "SELECT v FROM t WHERE k = 1", params![], |r| r.get(0)).unwrap();
+        assert_eq!(v, None);
+    }
+
+    #[test]
+    fn an_array_parameter_is_refused_on_sqlite_with_the_way_out() {
+        let c = db();
+        let keys: Vec<i64> = vec![1, 2];
+        let err = Db::query_row(&c, "SELECT ?1", params![keys], |r| r.get::<_, i64>(0))
+            .err()
+            .unwrap();
+        let SqlError::Sqlite(e) = err else {
+            panic!("expected a SQLite error, got {err:?}");
+        };
+        assert!(e.to_string().contains("SQLite variant"), "{e}");
+    }
+}
