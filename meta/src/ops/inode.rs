@@ -50,12 +50,6 @@ macro_rules! attr_columns {
 }
 
 fn row_attr(r: &Row<'_>) -> SqlResult<Attr> {
-    let time = |s, n| -> SqlResult<Timespec> {
-        Ok(Timespec {
-            sec: r.get(s)?,
-            nsec: r.get(n)?,
-        })
-    };
     Ok(Attr {
         ino: r.get(0)?,
         kind: r.get(1)?,
@@ -65,9 +59,18 @@ fn row_attr(r: &Row<'_>) -> SqlResult<Attr> {
         gid: r.get(5)?,
         rdev: r.get(6)?,
         size: r.get(7)?,
-        atime: time(8, 9)?,
-        mtime: time(10, 11)?,
-        ctime: time(12, 13)?,
+        atime: Timespec {
+            sec: r.get(8)?,
+            nsec: r.get(9)?,
+        },
+        mtime: Timespec {
+            sec: r.get(10)?,
+            nsec: r.get(11)?,
+        },
+        ctime: Timespec {
+            sec: r.get(12)?,
+            nsec: r.get(13)?,
+        },
         generation: r.get(14)?,
     })
 }
