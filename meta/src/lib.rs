@@ -82,8 +82,10 @@
 mod answered;
 mod error;
 pub mod limits;
+mod ops;
 pub mod postgres;
 pub mod record;
+mod sql;
 pub mod sqlite;
 pub mod store;
 pub mod types;

@@ -1,7 +1,8 @@
-//! A thin statement layer over one PostgreSQL transaction with the shape
-//! of the rusqlite calls the metadata operations use (`prepare_cached`,
-//! `query_row`, `query_map`, `execute`, `params!`, `optional`), so the
-//! PostgreSQL engine runs the same operation code as the SQLite one.
+//! One PostgreSQL transaction as a statement layer: the [`crate::sql`]
+//! implementation the shared operations (`crate::ops`) run on, and the
+//! same calls with rusqlite's shape (`prepare_cached`, `query_row`,
+//! `query_map`, `execute`, `params!`, `optional`) for this engine's own
+//! schema and migration code.
 //!
 //! Placeholders are written `?N` and rewritten to `$N`; every integer
 //! column is BIGINT and every integer parameter is sent as one (u64 values
@@ -14,6 +15,7 @@ use std::collections::HashMap;
 use ::postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 use ::postgres::Statement;
 
+use crate::sql::{extend_until_error, Dialect, Param, Row as SqlRow, SqlError, SqlResult};
 use crate::types::FileKind;
 
 /// Errors of one statement.
@@ -371,11 +373,84 @@ impl Stmt<'_, '_> {
 
     /// Runs the statement; returns the number of rows changed.
     pub(crate) fn execute<P: Params>(&mut self, params: P) -> RowResult<usize> {
-        let values = params.values();
+        self.execute_values(&params.values())
+    }
+
+    fn execute_values(&mut self, values: &[Value]) -> RowResult<usize> {
         let refs: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let n = self.conn.tx.borrow_mut().execute(&self.statement, &refs)?;
         usize::try_from(n).map_err(|_| DbError::Range(format!("{n} rows")))
+    }
+}
+
+/// The shared operations ([`crate::ops`]) on one PostgreSQL transaction.
+impl<'t> crate::sql::Db for Connection<'t> {
+    const DIALECT: Dialect = Dialect::Postgres;
+
+    type Stmt<'c>
+        = Stmt<'c, 't>
+    where
+        Self: 'c;
+
+    fn prepare_cached(&self, sql: &str) -> SqlResult<Stmt<'_, 't>> {
+        Ok(Connection::prepare_cached(self, sql)?)
+    }
+
+    fn last_insert_rowid(&self) -> SqlResult<i64> {
+        Err(SqlError::Postgres(DbError::Range(
+            "last_insert_rowid is SQLite's; a PostgreSQL INSERT says RETURNING".into(),
+        )))
+    }
+
+    fn now_ms(&self) -> SqlResult<i64> {
+        Ok(Connection::query_row(
+            self,
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT",
+            params![],
+            |r| r.get(0),
+        )?)
+    }
+}
+
+fn values(params: &[&dyn Param]) -> Vec<Value> {
+    params.iter().map(|p| p.to_postgres()).collect()
+}
+
+impl crate::sql::Stmt for Stmt<'_, '_> {
+    fn execute(&mut self, params: &[&dyn Param]) -> SqlResult<usize> {
+        Ok(self.execute_values(&values(params))?)
+    }
+
+    fn query_row<T>(
+        &mut self,
+        params: &[&dyn Param],
+        f: impl FnOnce(&SqlRow<'_>) -> SqlResult<T>,
+    ) -> SqlResult<T> {
+        let rows = self.conn.rows(&self.statement, &values(params))?;
+        rows.first()
+            .map_or(Err(SqlError::Postgres(DbError::NoRows)), |r| {
+                f(&SqlRow::Postgres(r))
+            })
+    }
+
+    fn extend_rows<T, B: Extend<T>>(
+        &mut self,
+        params: &[&dyn Param],
+        out: &mut B,
+        mut f: impl FnMut(&SqlRow<'_>) -> SqlResult<T>,
+    ) -> SqlResult<()> {
+        let rows = self.conn.rows(&self.statement, &values(params))?;
+        extend_until_error(out, rows.iter().map(|r| f(&SqlRow::Postgres(r))))
+    }
+
+    fn collect_rows<T, B: FromIterator<T>>(
+        &mut self,
+        params: &[&dyn Param],
+        mut f: impl FnMut(&SqlRow<'_>) -> SqlResult<T>,
+    ) -> SqlResult<B> {
+        let rows = self.conn.rows(&self.statement, &values(params))?;
+        rows.iter().map(|r| f(&SqlRow::Postgres(r))).collect()
     }
 }
 

@@ -1,9 +1,10 @@
 //! [`PostgresMeta`]: a PostgreSQL server behind [`MetaStore`], so that
 //! mounts on several hosts can share one volume.
 //!
-//! The operations are the SQLite engine's, run through [`db`], a statement
-//! layer with rusqlite's shape over a PostgreSQL transaction; the schema
-//! and its migrations are in [`schema`].
+//! The operations are `crate::ops`, shared with the SQLite engine, run on
+//! a PostgreSQL transaction through [`db`] (its implementation of the
+//! statement layer `crate::sql`); the schema and its migrations are in
+//! [`schema`].
 //!
 //! Transactions: every mutation (with its exactly-once record, when it has
 //! a request key) is one SERIALIZABLE transaction, retried from the start
@@ -15,21 +16,9 @@
 //! (server restart) is reconnected before its next use. TLS by the URL's
 //! `sslmode=` and `sslrootcert=` ([`tls`]).
 
-mod blockmap;
 pub(crate) mod db;
-mod inode;
-mod locks;
-mod namespace;
-mod orphan;
-mod readdir;
-mod rename;
-mod requests;
-mod scan;
 mod schema;
-mod sessions;
-mod setattr;
 pub mod tls;
-mod xattr;
 
 use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,6 +30,8 @@ use ::postgres::{Client, IsolationLevel, NoTls};
 use self::db::{Connection, DbError, StatementCache};
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
+use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
+use crate::ops::{locks, sessions, setattr, xattr};
 use crate::record::Recorded;
 use crate::store::MetaStore;
 use crate::types::{
@@ -493,7 +484,7 @@ impl MetaStore for PostgresMeta {
     }
 
     fn orphans(&self) -> Result<Vec<u64>> {
-        self.read("orphans", orphan::list)
+        self.read("orphans", |c| orphan::list(c))
     }
 
     fn readlink(&self, ino: u64) -> Result<OsString> {
@@ -656,7 +647,7 @@ impl MetaStore for PostgresMeta {
     }
 
     fn sessions(&self) -> Result<Vec<SessionRecord>> {
-        self.read("sessions", sessions::list)
+        self.read("sessions", |c| sessions::list(c))
     }
 
     fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {

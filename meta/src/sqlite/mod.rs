@@ -28,19 +28,7 @@
 //! A panic inside a transaction poisons its mutex; the transaction was rolled
 //! back on unwind, so the connection is reused as is.
 
-mod blockmap;
-mod inode;
-mod locks;
-mod namespace;
-mod orphan;
-mod readdir;
-mod rename;
-mod requests;
-mod scan;
 mod schema;
-mod sessions;
-mod setattr;
-mod xattr;
 
 use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
@@ -55,6 +43,8 @@ use rusqlite::{Connection, OpenFlags};
 use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN, READ_CONNECTIONS_MAX};
+use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
+use crate::ops::{locks, sessions, setattr, xattr};
 use crate::record::Recorded;
 use crate::store::{Location, MetaStore};
 use crate::types::{
@@ -136,9 +126,7 @@ impl SqliteMeta {
         })?;
         let volume = schema::validate(&path, &conn)?;
         schema::configure_writer(&conn).map_err(|e| e.in_op("open"))?;
-        requests::ensure(&conn).map_err(|e| e.in_op("open"))?;
-        sessions::ensure(&conn).map_err(|e| e.in_op("open"))?;
-        locks::ensure(&conn).map_err(|e| e.in_op("open"))?;
+        schema::ensure_additive_tables(&conn).map_err(|e| e.in_op("open"))?;
         SqliteMeta::from_writer(path, volume, conn)
     }
 
@@ -229,8 +217,8 @@ impl SqliteMeta {
         let run = || -> Result<T> {
             let tx = Tx::begin(&conn, "BEGIN IMMEDIATE")?;
             let out = f(&conn).and_then(|out| match req {
-                Some(key) => requests::record(&conn, key, &encode(&out).encode())
-                    .and_then(|()| requests::forget(&conn, &answered))
+                Some(key) => requests::record(&*conn, key, &encode(&out).encode())
+                    .and_then(|()| requests::forget(&*conn, &answered))
                     .map(|()| out),
                 None => Ok(out),
             });

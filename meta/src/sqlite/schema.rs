@@ -20,10 +20,10 @@
 //!        + index on object_key (a key is released only when no row uses it)
 //! orphans(ino -> inodes PRIMARY KEY, since_sec)  -- nlink 0, awaiting reclaim
 //! request_results(connection, unique_id, result BLOB, recorded_sec,
-//!        PRIMARY KEY(connection, unique_id))   -- see sqlite/requests.rs
+//!        PRIMARY KEY(connection, unique_id))   -- see ops/requests.rs
 //! sessions(id PRIMARY KEY, host, pid, mount, started_ms, heartbeat_ms)
 //! orphan_holds(session -> sessions, ino -> inodes, PRIMARY KEY(session, ino))
-//!        -- see sqlite/sessions.rs; both added in place by `open`
+//!        -- see ops/sessions.rs; both added in place by `open`
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -103,15 +103,75 @@ CREATE TABLE orphans (
 );
 ";
 
+/// The request-results table (`ops/requests.rs`) and its index. It is
+/// additive to format v1 (it replaced the unused `completed_requests` of the
+/// first v1 builds): `IF NOT EXISTS`, so [`ensure_additive_tables`] creates
+/// it when an older v1 database is opened; v1 builds that predate it never
+/// touch it.
+pub(crate) const REQUESTS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS request_results (
+    connection INTEGER NOT NULL,
+    unique_id INTEGER NOT NULL,
+    result BLOB NOT NULL,
+    recorded_sec INTEGER NOT NULL,
+    PRIMARY KEY (connection, unique_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS request_results_by_time ON request_results(recorded_sec);
+";
+
+/// The session tables (`ops/sessions.rs`); `IF NOT EXISTS` so a database made before them gets them at
+/// open (additive to format v1).
+pub(crate) const SESSIONS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    mount TEXT NOT NULL,
+    started_ms INTEGER NOT NULL,
+    heartbeat_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS orphan_holds (
+    session INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    PRIMARY KEY (session, ino)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS orphan_holds_by_ino ON orphan_holds(ino);
+";
+
+/// The locks each session (mount) holds (`ops/locks.rs`).
+pub(crate) const LOCKS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS locks (
+    session INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    space INTEGER NOT NULL,
+    owner INTEGER NOT NULL,
+    start_byte INTEGER NOT NULL,
+    end_byte INTEGER NOT NULL,
+    exclusive INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    PRIMARY KEY (session, ino, space, owner, start_byte)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
+";
+
+/// Creates the tables added to format v1 after its first builds in a
+/// database made before they existed.
+pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
+    conn.execute_batch(REQUESTS_DDL)?;
+    conn.execute_batch(SESSIONS_DDL)?;
+    conn.execute_batch(LOCKS_DDL)?;
+    Ok(())
+}
+
 /// Creates the tables, the volume row and the root directory (inode 1) in
 /// one transaction on a fresh, empty database configured by
 /// [`configure_writer`].
 pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     tx.execute_batch(DDL)?;
-    tx.execute_batch(super::requests::DDL)?;
-    tx.execute_batch(super::sessions::DDL)?;
-    tx.execute_batch(super::locks::DDL)?;
+    tx.execute_batch(REQUESTS_DDL)?;
+    tx.execute_batch(SESSIONS_DDL)?;
+    tx.execute_batch(LOCKS_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)

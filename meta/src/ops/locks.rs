@@ -1,52 +1,21 @@
-//! Locks shared by a volume's mounts (SQLite engine; `postgres/locks.rs`
-//! runs the same statements on a server).
+//! Locks shared by a volume's mounts, for both engines.
 //!
 //! Each session (mount) publishes the byte-range and flock locks it holds,
 //! per inode and lock space, as rows `(session, ino, space, owner, start,
 //! end, exclusive, pid)`. A mount's own lock table decides between its own
 //! lock owners; these rows decide between mounts: a lock is taken only if
 //! no other session's row conflicts with it, checked and published in one
-//! transaction (`BEGIN IMMEDIATE` here, SERIALIZABLE on PostgreSQL), so two
-//! hosts can never both win. Rows go with their session (close, expiry:
-//! `ON DELETE CASCADE`) and their inode (reclaim).
+//! write transaction (`BEGIN IMMEDIATE` on SQLite, SERIALIZABLE on
+//! PostgreSQL), so two hosts can never both win. Rows go with their
+//! session (close, expiry: `ON DELETE CASCADE`) and their inode (reclaim).
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Db, OptionalExtension, Row, Stmt};
 
+use super::sessions::{from_sql, sql};
 use crate::error::Result;
 use crate::types::{LockSpace, RangeLock};
 
-/// The table; `IF NOT EXISTS` so a database made before it gets it at open.
-pub(crate) const DDL: &str = "
-CREATE TABLE IF NOT EXISTS locks (
-    session INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
-    space INTEGER NOT NULL,
-    owner INTEGER NOT NULL,
-    start_byte INTEGER NOT NULL,
-    end_byte INTEGER NOT NULL,
-    exclusive INTEGER NOT NULL,
-    pid INTEGER NOT NULL,
-    PRIMARY KEY (session, ino, space, owner, start_byte)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
-";
-
-/// Creates the table in a database made before it existed.
-pub(crate) fn ensure(c: &Connection) -> Result<()> {
-    c.execute_batch(DDL)?;
-    Ok(())
-}
-
-/// Ids and owners are u64 stored bit-cast to i64.
-fn sql(v: u64) -> i64 {
-    i64::from_ne_bytes(v.to_ne_bytes())
-}
-
-fn from_sql(v: i64) -> u64 {
-    u64::from_ne_bytes(v.to_ne_bytes())
-}
-
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RangeLock> {
+fn row(r: &Row<'_>) -> crate::sql::SqlResult<RangeLock> {
     Ok(RangeLock {
         owner: from_sql(r.get(0)?),
         start: r.get(1)?,
@@ -57,8 +26,8 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RangeLock> {
 }
 
 /// A lock of another session on `(ino, space)` that conflicts with `wanted`.
-pub(crate) fn conflicting(
-    c: &Connection,
+pub(crate) fn conflicting<C: Db>(
+    c: &C,
     session: u64,
     ino: u64,
     space: LockSpace,
@@ -87,8 +56,8 @@ pub(crate) fn conflicting(
 }
 
 /// Replaces `session`'s rows on `(ino, space)` with `held`.
-pub(crate) fn replace(
-    c: &Connection,
+pub(crate) fn replace<C: Db>(
+    c: &C,
     session: u64,
     ino: u64,
     space: LockSpace,
@@ -99,8 +68,8 @@ pub(crate) fn replace(
     insert(c, session, ino, space, held)
 }
 
-fn insert(
-    c: &Connection,
+fn insert<C: Db>(
+    c: &C,
     session: u64,
     ino: u64,
     space: LockSpace,
@@ -127,8 +96,8 @@ fn insert(
 
 /// Publishes `held` unless `wanted` conflicts with another session's lock
 /// (returned instead; nothing changes).
-pub(crate) fn publish(
-    c: &Connection,
+pub(crate) fn publish<C: Db>(
+    c: &C,
     session: u64,
     ino: u64,
     space: LockSpace,
@@ -145,13 +114,13 @@ pub(crate) fn publish(
 }
 
 /// Replaces every row of `session` with `held`.
-pub(crate) fn replace_all(
-    c: &Connection,
+pub(crate) fn replace_all<C: Db>(
+    c: &C,
     session: u64,
     held: &[(u64, LockSpace, RangeLock)],
 ) -> Result<()> {
     c.prepare_cached("DELETE FROM locks WHERE session = ?1")?
-        .execute([sql(session)])?;
+        .execute(params![sql(session)])?;
     for (ino, space, lock) in held {
         insert(c, session, *ino, *space, std::slice::from_ref(lock))?;
     }
@@ -159,15 +128,14 @@ pub(crate) fn replace_all(
 }
 
 /// Every row of `session`, by inode, space and start.
-pub(crate) fn of_session(c: &Connection, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
+pub(crate) fn of_session<C: Db>(c: &C, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
     let v = c
         .prepare_cached(
             "SELECT owner, start_byte, end_byte, exclusive, pid, ino, space FROM locks
              WHERE session = ?1 ORDER BY ino, space, start_byte",
         )?
-        .query_map([sql(session)], |r| {
+        .collect_rows(params![sql(session)], |r| {
             Ok((r.get(5)?, LockSpace::from_code(r.get(6)?), row(r)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        })?;
     Ok(v)
 }

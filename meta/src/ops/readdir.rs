@@ -10,7 +10,7 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 
-use super::db::{params, Connection};
+use crate::sql::{params, Db, Stmt};
 
 use super::inode;
 use crate::error::Result;
@@ -24,7 +24,7 @@ const DOTDOT_COOKIE: u64 = 2;
 
 /// Up to `limit` (clamped to [`READDIR_ENTRIES_MAX`]) entries after `offset`.
 /// A removed directory (nlink 0) lists as empty.
-pub(crate) fn readdir(c: &Connection, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
+pub(crate) fn readdir<C: Db>(c: &C, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
     let dir = inode::attr(c, ino)?;
     if dir.kind != FileKind::Directory {
         return Err(crate::MetaError::NotDirectory { ino, name: None });
@@ -48,7 +48,7 @@ pub(crate) fn readdir(c: &Connection, ino: u64, offset: u64, limit: u32) -> Resu
         "SELECT d.cookie, d.name, d.ino, i.kind FROM dentries d JOIN inodes i ON i.ino = d.ino
          WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![ino, after, left], |r| {
+    stmt.extend_rows(params![ino, after, left], &mut out, |r| {
         Ok(DirEntry {
             offset_next: r.get::<_, u64>(0)? + DOTDOT_COOKIE,
             name: OsString::from_vec(r.get(1)?),
@@ -56,9 +56,6 @@ pub(crate) fn readdir(c: &Connection, ino: u64, offset: u64, limit: u32) -> Resu
             kind: r.get(3)?,
         })
     })?;
-    for row in rows {
-        out.push(row?);
-    }
     Ok(out)
 }
 

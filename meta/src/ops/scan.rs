@@ -1,7 +1,7 @@
 //! The whole volume's block map, page by page, for storage checks and
 //! garbage collection (`fsctl fsck`, `fsctl gc`).
 
-use rusqlite::{params, Connection};
+use crate::sql::{params, Db, Stmt};
 
 use crate::error::Result;
 use crate::limits::BLOCKS_QUERY_COUNT_MAX;
@@ -9,8 +9,8 @@ use crate::types::BlockRef;
 
 /// Rows strictly after `(ino, index)` (all rows for `None`), ordered by
 /// `(ino, index)`, at most `limit` (capped at [`BLOCKS_QUERY_COUNT_MAX`]).
-pub(crate) fn scan_blocks(
-    c: &Connection,
+pub(crate) fn scan_blocks<C: Db>(
+    c: &C,
     after: Option<(u64, u64)>,
     limit: u32,
 ) -> Result<Vec<(u64, BlockRef)>> {
@@ -27,15 +27,16 @@ pub(crate) fn scan_blocks(
         "SELECT ino, idx, object_key, len FROM blocks
          WHERE (ino, idx) > (?1, ?2) ORDER BY ino, idx LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![after_ino, after_idx, limit], |r| {
-        Ok((
-            r.get(0)?,
-            BlockRef {
-                index: r.get(1)?,
-                object_key: r.get(2)?,
-                len: r.get(3)?,
-            },
-        ))
-    })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    Ok(
+        stmt.collect_rows(params![after_ino, after_idx, limit], |r| {
+            Ok((
+                r.get(0)?,
+                BlockRef {
+                    index: r.get(1)?,
+                    object_key: r.get(2)?,
+                    len: r.get(3)?,
+                },
+            ))
+        })?,
+    )
 }

@@ -9,7 +9,7 @@
 
 use std::ffi::OsStr;
 
-use rusqlite::Connection;
+use crate::sql::{params, Db, Stmt};
 
 use super::inode::{self, check_name, Entry};
 use super::namespace::{drop_link, existing, remove_dir_inode};
@@ -18,8 +18,8 @@ use crate::limits::DIR_DEPTH_MAX;
 use crate::types::{Attr, FileKind, RenameFlags, Renamed, Timespec, Unlinked, ROOT_INO};
 
 /// Renames `from = (parent, name)` to `to = (new_parent, new_name)`.
-pub(crate) fn rename(
-    c: &Connection,
+pub(crate) fn rename<C: Db>(
+    c: &C,
     from: (u64, &OsStr),
     to: (u64, &OsStr),
     flags: RenameFlags,
@@ -78,8 +78,8 @@ pub(crate) fn rename(
 }
 
 /// Removes the target entry `d` that `src` replaces, after the POSIX checks.
-fn replace_target(
-    c: &Connection,
+fn replace_target<C: Db>(
+    c: &C,
     src: &Attr,
     d: Entry,
     (new_parent, new_name): (u64, &OsStr),
@@ -126,8 +126,8 @@ fn replace_target(
 
 /// After the entry moved: `..` link counts, ctime of the inode, mtime/ctime
 /// of both directories.
-fn finish_move(
-    c: &Connection,
+fn finish_move<C: Db>(
+    c: &C,
     mut src: Attr,
     parent: u64,
     new_parent: u64,
@@ -145,7 +145,7 @@ fn finish_move(
 }
 
 /// Swaps the inodes named by two entries (`RENAME_EXCHANGE`).
-fn exchange(c: &Connection, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Result<()> {
+fn exchange<C: Db>(c: &C, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Result<()> {
     let [(pa, ea, a), (pb, eb, b)] = sides;
     let a_dir = a.kind == FileKind::Directory;
     let b_dir = b.kind == FileKind::Directory;
@@ -158,9 +158,9 @@ fn exchange(c: &Connection, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Re
         }
     }
     c.prepare_cached("UPDATE dentries SET ino = ?2 WHERE cookie = ?1")?
-        .execute(rusqlite::params![ea.cookie, b.ino])?;
+        .execute(params![ea.cookie, b.ino])?;
     c.prepare_cached("UPDATE dentries SET ino = ?2 WHERE cookie = ?1")?
-        .execute(rusqlite::params![eb.cookie, a.ino])?;
+        .execute(params![eb.cookie, a.ino])?;
     if pa != pb {
         if a_dir {
             inode::set_dir_parent(c, a.ino, pb)?;
@@ -183,7 +183,7 @@ fn exchange(c: &Connection, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Re
 
 /// `InvalidArgument` if directory `dir` is `start` or one of its ancestors,
 /// i.e. if moving `dir` into `start` would detach a cycle.
-fn check_not_within(c: &Connection, dir: u64, start: u64) -> Result<()> {
+fn check_not_within<C: Db>(c: &C, dir: u64, start: u64) -> Result<()> {
     let mut cur = start;
     for _ in 0..DIR_DEPTH_MAX {
         if cur == dir {

@@ -1,5 +1,6 @@
-//! Sessions and orphan holds (SQLite engine; `postgres/sessions.rs` runs
-//! the same statements on a server).
+//! Sessions and orphan holds, for both engines (heartbeats by
+//! [`Db::now_ms`]: this host's clock on SQLite, the server's on PostgreSQL,
+//! so that hosts' clocks need not agree).
 //!
 //! A session is one mount (FUSE connection) serving the volume. When an
 //! inode's link count reaches 0, the transaction that did it records a hold
@@ -10,69 +11,40 @@
 //! session, with its holds. Opens and closes write nothing here unless the
 //! inode they touch is already an orphan.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::orphan;
 use crate::error::{MetaError, Result};
 use crate::types::{ObjectRef, SessionInfo, SessionRecord};
 
-/// The tables; `IF NOT EXISTS` so a database made before them gets them at
-/// open (additive to format v1).
-pub(crate) const DDL: &str = "
-CREATE TABLE IF NOT EXISTS sessions (
-    id INTEGER PRIMARY KEY,
-    host TEXT NOT NULL,
-    pid INTEGER NOT NULL,
-    mount TEXT NOT NULL,
-    started_ms INTEGER NOT NULL,
-    heartbeat_ms INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS orphan_holds (
-    session INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
-    PRIMARY KEY (session, ino)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS orphan_holds_by_ino ON orphan_holds(ino);
-";
-
-/// Session ids are u64 stored bit-cast to i64.
-fn sql(v: u64) -> i64 {
+/// Ids (sessions, connections, lock owners) are u64 stored bit-cast to
+/// i64.
+pub(crate) fn sql(v: u64) -> i64 {
     i64::from_ne_bytes(v.to_ne_bytes())
 }
 
-fn from_sql(v: i64) -> u64 {
+/// The u64 of a stored [`sql`] value.
+pub(crate) fn from_sql(v: i64) -> u64 {
     u64::from_ne_bytes(v.to_ne_bytes())
-}
-
-/// Creates the tables in a database made before they existed.
-pub(crate) fn ensure(c: &Connection) -> Result<()> {
-    c.execute_batch(DDL)?;
-    Ok(())
-}
-
-/// Now, in ms since the epoch (this host's clock: SQLite volumes are
-/// served by one host).
-pub(crate) fn now_ms(_c: &Connection) -> Result<i64> {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Ok(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Called by the transaction that brought `ino` to nlink 0: every session
 /// holds it until it says it has no handle on it.
-pub(crate) fn hold_for_all(c: &Connection, ino: u64) -> Result<()> {
+pub(crate) fn hold_for_all<C: Db>(c: &C, ino: u64) -> Result<()> {
+    // `WHERE true`: SQLite parses `FROM sessions ON CONFLICT` as a join
+    // constraint without it.
     c.prepare_cached(
-        "INSERT OR IGNORE INTO orphan_holds (session, ino) SELECT id, ?1 FROM sessions",
+        "INSERT INTO orphan_holds (session, ino) SELECT id, ?1 FROM sessions WHERE true
+         ON CONFLICT DO NOTHING",
     )?
-    .execute([ino])?;
+    .execute(params![ino])?;
     Ok(())
 }
 
 /// Registers `info`, or takes over the row of the same id (a generation
 /// after a crash continues its predecessor's session and holds).
-pub(crate) fn open(c: &Connection, info: &SessionInfo) -> Result<()> {
-    let now = now_ms(c)?;
+pub(crate) fn open<C: Db>(c: &C, info: &SessionInfo) -> Result<()> {
+    let now = c.now_ms()?;
     c.prepare_cached(
         "INSERT INTO sessions (id, host, pid, mount, started_ms, heartbeat_ms)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)
@@ -85,8 +57,8 @@ pub(crate) fn open(c: &Connection, info: &SessionInfo) -> Result<()> {
 
 /// Renews the heartbeat; `false` if the session is gone (expired by
 /// another session: its holds were dropped).
-pub(crate) fn heartbeat(c: &Connection, id: u64) -> Result<bool> {
-    let now = now_ms(c)?;
+pub(crate) fn heartbeat<C: Db>(c: &C, id: u64) -> Result<bool> {
+    let now = c.now_ms()?;
     let n = c
         .prepare_cached("UPDATE sessions SET heartbeat_ms = ?2 WHERE id = ?1")?
         .execute(params![sql(id), now])?;
@@ -95,59 +67,58 @@ pub(crate) fn heartbeat(c: &Connection, id: u64) -> Result<bool> {
 
 /// Deletes the session and its holds; returns the inodes it held (the
 /// caller offers each to [`release`] with no session).
-pub(crate) fn close(c: &Connection, id: u64) -> Result<Vec<u64>> {
+pub(crate) fn close<C: Db>(c: &C, id: u64) -> Result<Vec<u64>> {
     let held = held_by(c, id)?;
     c.prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-        .execute([sql(id)])?;
+        .execute(params![sql(id)])?;
     Ok(held)
 }
 
 /// Deletes every session whose heartbeat is before `cutoff_ms`, with its
 /// holds; returns their ids.
-pub(crate) fn expire(c: &Connection, max_age_ms: i64) -> Result<Vec<u64>> {
-    let cutoff = now_ms(c)?.saturating_sub(max_age_ms);
+pub(crate) fn expire<C: Db>(c: &C, max_age_ms: i64) -> Result<Vec<u64>> {
+    let cutoff = c.now_ms()?.saturating_sub(max_age_ms);
     let ids: Vec<i64> = c
         .prepare_cached("DELETE FROM sessions WHERE heartbeat_ms < ?1 RETURNING id")?
-        .query_map([cutoff], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+        .collect_rows(params![cutoff], |r| r.get(0))?;
     Ok(ids.into_iter().map(from_sql).collect())
 }
 
 /// The orphans session `id` holds, ascending.
-pub(crate) fn held_by(c: &Connection, id: u64) -> Result<Vec<u64>> {
-    let v = c
+pub(crate) fn held_by<C: Db>(c: &C, id: u64) -> Result<Vec<u64>> {
+    let v: Vec<u64> = c
         .prepare_cached("SELECT ino FROM orphan_holds WHERE session = ?1 ORDER BY ino")?
-        .query_map([sql(id)], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<u64>>>()?;
+        .collect_rows(params![sql(id)], |r| r.get(0))?;
     Ok(v)
 }
 
 /// Orphans no session holds (their holders died or closed), ascending, at
 /// most `limit`.
-pub(crate) fn unheld(c: &Connection, limit: u32) -> Result<Vec<u64>> {
-    let v = c
+pub(crate) fn unheld<C: Db>(c: &C, limit: u32) -> Result<Vec<u64>> {
+    let v: Vec<u64> = c
         .prepare_cached(
             "SELECT o.ino FROM orphans o
              WHERE NOT EXISTS (SELECT 1 FROM orphan_holds h WHERE h.ino = o.ino)
              ORDER BY o.ino LIMIT ?1",
         )?
-        .query_map([limit], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<u64>>>()?;
+        .collect_rows(params![limit], |r| r.get(0))?;
     Ok(v)
 }
 
 /// Session `id` has `ino` open and found it at nlink 0: records the hold.
 /// `NotFound` if the inode was reclaimed meanwhile.
-pub(crate) fn hold(c: &Connection, id: u64, ino: u64) -> Result<()> {
+pub(crate) fn hold<C: Db>(c: &C, id: u64, ino: u64) -> Result<()> {
     let nlink: Option<u32> = c
         .prepare_cached("SELECT nlink FROM inodes WHERE ino = ?1")?
-        .query_row([ino], |r| r.get(0))
+        .query_row(params![ino], |r| r.get(0))
         .optional()?;
     match nlink {
         None => Err(MetaError::NotFound { ino, name: None }),
         Some(0) => {
-            c.prepare_cached("INSERT OR IGNORE INTO orphan_holds (session, ino) VALUES (?1, ?2)")?
-                .execute(params![sql(id), ino])?;
+            c.prepare_cached(
+                "INSERT INTO orphan_holds (session, ino) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![sql(id), ino])?;
             Ok(())
         }
         // Linked again (never, today): nothing to hold.
@@ -158,8 +129,8 @@ pub(crate) fn hold(c: &Connection, id: u64, ino: u64) -> Result<()> {
 /// Drops `session`'s hold on `ino` (none: only checks), then reclaims the
 /// inode if it is an orphan nobody holds. `Some(objects to delete)` when it
 /// was reclaimed, `None` when it is still held, linked or already gone.
-pub(crate) fn release(
-    c: &Connection,
+pub(crate) fn release<C: Db>(
+    c: &C,
     session: Option<u64>,
     ino: u64,
 ) -> Result<Option<Vec<ObjectRef>>> {
@@ -172,7 +143,7 @@ pub(crate) fn release(
             "SELECT NOT EXISTS (SELECT 1 FROM orphan_holds WHERE ino = ?1)
              FROM orphans WHERE ino = ?1",
         )?
-        .query_row([ino], |r| r.get(0))
+        .query_row(params![ino], |r| r.get(0))
         .optional()?;
     if free != Some(true) {
         return Ok(None);
@@ -181,12 +152,12 @@ pub(crate) fn release(
 }
 
 /// Every registered session, by id.
-pub(crate) fn list(c: &Connection) -> Result<Vec<SessionRecord>> {
-    let v = c
+pub(crate) fn list<C: Db>(c: &C) -> Result<Vec<SessionRecord>> {
+    let v: Vec<SessionRecord> = c
         .prepare_cached(
             "SELECT id, host, pid, mount, started_ms, heartbeat_ms FROM sessions ORDER BY id",
         )?
-        .query_map([], |r| {
+        .collect_rows(params![], |r| {
             Ok(SessionRecord {
                 info: SessionInfo {
                     id: from_sql(r.get(0)?),
@@ -197,7 +168,6 @@ pub(crate) fn list(c: &Connection) -> Result<Vec<SessionRecord>> {
                 started_ms: r.get(4)?,
                 heartbeat_ms: r.get(5)?,
             })
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        })?;
     Ok(v)
 }

@@ -3,7 +3,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::inode;
 use crate::error::{MetaError, Result};
@@ -11,8 +11,8 @@ use crate::limits::{XATTR_COUNT_PER_INODE_MAX, XATTR_NAME_LEN_MAX, XATTR_VALUE_L
 use crate::types::{Timespec, XattrFlags};
 
 /// Sets `name` on `ino` to `value`; sets ctime.
-pub(crate) fn set(
-    c: &Connection,
+pub(crate) fn set<C: Db>(
+    c: &C,
     ino: u64,
     name: &OsStr,
     value: &[u8],
@@ -48,32 +48,32 @@ pub(crate) fn set(
         }
         _ => {}
     }
-    c.prepare_cached("INSERT OR REPLACE INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)")?
-        .execute(params![ino, b, value])?;
+    c.prepare_cached(
+        "INSERT INTO xattrs (ino, name, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (ino, name) DO UPDATE SET value = EXCLUDED.value",
+    )?
+    .execute(params![ino, b, value])?;
     a.ctime = Timespec::now();
     inode::save(c, &a)
 }
 
 /// Value of `name` on `ino`.
-pub(crate) fn get(c: &Connection, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+pub(crate) fn get<C: Db>(c: &C, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
     let b = check_name(ino, name)?;
     inode::attr(c, ino)?;
     value_of(c, ino, b)?.ok_or_else(|| no_xattr(ino, name))
 }
 
 /// Names on `ino`, sorted bytewise.
-pub(crate) fn list(c: &Connection, ino: u64) -> Result<Vec<OsString>> {
+pub(crate) fn list<C: Db>(c: &C, ino: u64) -> Result<Vec<OsString>> {
     inode::attr(c, ino)?;
     let mut stmt = c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
-    let names = stmt
-        .query_map([ino], |r| r.get::<_, Vec<u8>>(0))?
-        .map(|n| n.map(OsString::from_vec))
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let names = stmt.collect_rows(params![ino], |r| Ok(OsString::from_vec(r.get(0)?)))?;
     Ok(names)
 }
 
 /// Removes `name` from `ino`; sets ctime.
-pub(crate) fn remove(c: &Connection, ino: u64, name: &OsStr) -> Result<()> {
+pub(crate) fn remove<C: Db>(c: &C, ino: u64, name: &OsStr) -> Result<()> {
     let b = check_name(ino, name)?;
     let mut a = inode::attr(c, ino)?;
     let n = c
@@ -86,7 +86,7 @@ pub(crate) fn remove(c: &Connection, ino: u64, name: &OsStr) -> Result<()> {
     inode::save(c, &a)
 }
 
-fn value_of(c: &Connection, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+fn value_of<C: Db>(c: &C, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     Ok(
         c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
             .query_row(params![ino, name], |r| r.get(0))
@@ -94,10 +94,10 @@ fn value_of(c: &Connection, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     )
 }
 
-fn count(c: &Connection, ino: u64) -> Result<u64> {
+fn count<C: Db>(c: &C, ino: u64) -> Result<u64> {
     Ok(
         c.prepare_cached("SELECT COUNT(*) FROM xattrs WHERE ino = ?1")?
-            .query_row([ino], |r| r.get(0))?,
+            .query_row(params![ino], |r| r.get(0))?,
     )
 }
 

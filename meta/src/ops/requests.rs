@@ -1,20 +1,16 @@
 //! The `request_results` table: results of mutations recorded for
 //! exactly-once execution, written in the mutation's own transaction and
 //! keyed by (connection, unique). u64 values are stored bit-cast to i64.
-//! (Schema 1 had `completed_requests` keyed by a single u64; no build ever
-//! wrote to it. Migration 3 adds this table.)
+//! Its DDL is engine-specific (`sqlite/schema.rs`, `postgres/schema.rs`).
 
-use super::db::{params, Connection, OptionalExtension};
+use super::sessions::sql;
+use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use crate::error::{MetaError, Result};
 use crate::types::{RequestKey, Timespec};
 
-fn sql(v: u64) -> i64 {
-    i64::from_ne_bytes(v.to_ne_bytes())
-}
-
 /// Records `result` for `key`; `DuplicateRequest` if already recorded.
-pub(crate) fn record(c: &Connection, key: RequestKey, result: &[u8]) -> Result<()> {
+pub(crate) fn record<C: Db>(c: &C, key: RequestKey, result: &[u8]) -> Result<()> {
     // ON CONFLICT instead of a failed insert: an error aborts the whole
     // PostgreSQL transaction.
     let inserted = c
@@ -35,16 +31,17 @@ pub(crate) fn record(c: &Connection, key: RequestKey, result: &[u8]) -> Result<(
 }
 
 /// Deletes the records of answered requests.
-pub(crate) fn forget(c: &Connection, keys: &[RequestKey]) -> Result<()> {
+pub(crate) fn forget<C: Db>(c: &C, keys: &[RequestKey]) -> Result<()> {
+    let mut delete =
+        c.prepare_cached("DELETE FROM request_results WHERE connection = ?1 AND unique_id = ?2")?;
     for key in keys {
-        c.prepare_cached("DELETE FROM request_results WHERE connection = ?1 AND unique_id = ?2")?
-            .execute(params![sql(key.connection), sql(key.unique)])?;
+        delete.execute(params![sql(key.connection), sql(key.unique)])?;
     }
     Ok(())
 }
 
 /// The recorded result for `key`, if any.
-pub(crate) fn get(c: &Connection, key: RequestKey) -> Result<Option<Vec<u8>>> {
+pub(crate) fn get<C: Db>(c: &C, key: RequestKey) -> Result<Option<Vec<u8>>> {
     Ok(c.prepare_cached(
         "SELECT result FROM request_results WHERE connection = ?1 AND unique_id = ?2",
     )?
@@ -53,9 +50,9 @@ pub(crate) fn get(c: &Connection, key: RequestKey) -> Result<Option<Vec<u8>>> {
 }
 
 /// Deletes records made before `before` (second resolution).
-pub(crate) fn prune(c: &Connection, before: Timespec) -> Result<u64> {
+pub(crate) fn prune<C: Db>(c: &C, before: Timespec) -> Result<u64> {
     let n = c
         .prepare_cached("DELETE FROM request_results WHERE recorded_sec < ?1")?
-        .execute([before.sec])?;
+        .execute(params![before.sec])?;
     Ok(n as u64)
 }

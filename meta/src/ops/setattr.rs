@@ -1,6 +1,6 @@
 //! `setattr`: mode, owner, size (with block-map truncation) and times.
 
-use rusqlite::Connection;
+use crate::sql::Db;
 
 use super::{blockmap, inode};
 use crate::error::{MetaError, Result};
@@ -11,8 +11,8 @@ use crate::types::{
 };
 
 /// Applies `set` to `ino` in the caller's transaction.
-pub(crate) fn setattr(
-    c: &Connection,
+pub(crate) fn setattr<C: Db>(
+    c: &C,
     ino: u64,
     set: &SetAttr,
     block_size: u32,
@@ -42,7 +42,7 @@ pub(crate) fn setattr(
 }
 
 /// Sets the size of a regular file; a shrink truncates the block map.
-fn resize(c: &Connection, a: &mut Attr, size: u64, block_size: u32) -> Result<TruncatedBlocks> {
+fn resize<C: Db>(c: &C, a: &mut Attr, size: u64, block_size: u32) -> Result<TruncatedBlocks> {
     blockmap::regular(a)?;
     if size > FILE_SIZE_BYTES_MAX {
         return Err(MetaError::FileTooLarge {

@@ -4,7 +4,7 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::inode::{self, check_name, is_dot};
 use crate::error::{MetaError, Result};
@@ -14,7 +14,7 @@ use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSI
 /// The common case of [`lookup`] in one statement: `Some` when `name` (not
 /// `.` or `..`) is an entry of `parent`; `None` means "ask [`lookup`]",
 /// which tells a missing entry from a bad parent or name.
-pub(crate) fn lookup_entry(c: &Connection, parent: u64, name: &OsStr) -> Result<Option<Attr>> {
+pub(crate) fn lookup_entry<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Option<Attr>> {
     let b = name.as_bytes();
     if is_dot(b) || b.is_empty() || b.len() > crate::limits::NAME_LEN_MAX {
         return Ok(None);
@@ -23,7 +23,7 @@ pub(crate) fn lookup_entry(c: &Connection, parent: u64, name: &OsStr) -> Result<
 }
 
 /// Resolves `name` in directory `parent`; `.` and `..` included.
-pub(crate) fn lookup(c: &Connection, parent: u64, name: &OsStr) -> Result<Attr> {
+pub(crate) fn lookup<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Attr> {
     let b = check_name(parent, name)?;
     let dir = inode::attr(c, parent)?;
     if dir.kind != FileKind::Directory {
@@ -45,7 +45,7 @@ pub(crate) fn lookup(c: &Connection, parent: u64, name: &OsStr) -> Result<Attr> 
 }
 
 /// Creates an inode of any kind and its entry `name` in `parent`.
-pub(crate) fn create(c: &Connection, parent: u64, name: &OsStr, args: &CreateArgs) -> Result<Attr> {
+pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs) -> Result<Attr> {
     let b = check_name(parent, name)?;
     let dir = inode::live_dir(c, parent)?;
     if is_dot(b) || inode::find_entry(c, parent, b)?.is_some() {
@@ -131,7 +131,7 @@ fn new_attr(dir: &Attr, args: &CreateArgs, target_len: usize, now: Timespec) -> 
 }
 
 /// Adds the name `new_name` in `new_parent` for the non-directory `ino`.
-pub(crate) fn link(c: &Connection, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Attr> {
+pub(crate) fn link<C: Db>(c: &C, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Attr> {
     let b = check_name(new_parent, new_name)?;
     let mut a = inode::attr(c, ino)?;
     if a.kind == FileKind::Directory {
@@ -166,7 +166,7 @@ pub(crate) fn link(c: &Connection, ino: u64, new_parent: u64, new_name: &OsStr) 
 }
 
 /// Removes the non-directory entry `name` from `parent`.
-pub(crate) fn unlink(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlinked> {
+pub(crate) fn unlink<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Unlinked> {
     let (entry, mut a) = existing(c, parent, name)?;
     if a.kind == FileKind::Directory {
         return Err(MetaError::IsDirectory {
@@ -186,7 +186,7 @@ pub(crate) fn unlink(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlink
 }
 
 /// Removes the empty directory entry `name` from `parent`.
-pub(crate) fn rmdir(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlinked> {
+pub(crate) fn rmdir<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Unlinked> {
     let b = check_name(parent, name)?;
     if b == b"." {
         return Err(MetaError::invalid(parent, "cannot remove '.'"));
@@ -217,7 +217,7 @@ pub(crate) fn rmdir(c: &Connection, parent: u64, name: &OsStr) -> Result<Unlinke
 
 /// The entry `name` in the live directory `parent` and its inode.
 /// `..` is refused with `NotEmpty` (its directory holds the caller's).
-pub(crate) fn existing(c: &Connection, parent: u64, name: &OsStr) -> Result<(inode::Entry, Attr)> {
+pub(crate) fn existing<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<(inode::Entry, Attr)> {
     let b = check_name(parent, name)?;
     inode::live_dir(c, parent)?;
     if b == b".." {
@@ -241,7 +241,7 @@ pub(crate) fn existing(c: &Connection, parent: u64, name: &OsStr) -> Result<(ino
 
 /// Drops one link of a non-directory whose entry was removed; at nlink 0
 /// it becomes an orphan.
-pub(crate) fn drop_link(c: &Connection, a: &mut Attr, now: Timespec) -> Result<()> {
+pub(crate) fn drop_link<C: Db>(c: &C, a: &mut Attr, now: Timespec) -> Result<()> {
     a.nlink = a
         .nlink
         .checked_sub(1)
@@ -255,7 +255,7 @@ pub(crate) fn drop_link(c: &Connection, a: &mut Attr, now: Timespec) -> Result<(
 }
 
 /// Marks a directory whose entry was removed as an orphan (nlink 0).
-pub(crate) fn remove_dir_inode(c: &Connection, a: &mut Attr, now: Timespec) -> Result<()> {
+pub(crate) fn remove_dir_inode<C: Db>(c: &C, a: &mut Attr, now: Timespec) -> Result<()> {
     a.nlink = 0;
     a.ctime = now;
     inode::save(c, a)?;
@@ -263,14 +263,14 @@ pub(crate) fn remove_dir_inode(c: &Connection, a: &mut Attr, now: Timespec) -> R
 }
 
 /// Target of the symlink `ino`.
-pub(crate) fn readlink(c: &Connection, ino: u64) -> Result<OsString> {
+pub(crate) fn readlink<C: Db>(c: &C, ino: u64) -> Result<OsString> {
     let a = inode::attr(c, ino)?;
     if a.kind != FileKind::Symlink {
         return Err(MetaError::invalid(ino, "not a symlink"));
     }
     let target: Vec<u8> = c
         .prepare_cached("SELECT target FROM symlinks WHERE ino = ?1")?
-        .query_row([ino], |r| r.get(0))
+        .query_row(params![ino], |r| r.get(0))
         .optional()?
         .ok_or_else(|| MetaError::corrupt(format!("symlink {ino} has no target row")))?;
     Ok(OsString::from_vec(target))

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use rusqlite::Connection;
+use crate::sql::{params, Db, Stmt};
 
 use super::{blockmap, inode};
 use crate::error::{MetaError, Result};
@@ -11,7 +11,7 @@ use crate::types::{ObjectRef, ROOT_INO};
 
 /// Deletes orphan `ino` with its block map, xattrs and symlink target.
 /// Returns the objects no block row references any more.
-pub(crate) fn reclaim(c: &Connection, ino: u64) -> Result<Vec<ObjectRef>> {
+pub(crate) fn reclaim<C: Db>(c: &C, ino: u64) -> Result<Vec<ObjectRef>> {
     let a = inode::attr(c, ino)?;
     if ino == ROOT_INO {
         return Err(MetaError::NotPermitted {
@@ -27,32 +27,28 @@ pub(crate) fn reclaim(c: &Connection, ino: u64) -> Result<Vec<ObjectRef>> {
     }
     let named: bool = c
         .prepare_cached("SELECT EXISTS (SELECT 1 FROM dentries WHERE ino = ?1 OR parent = ?1)")?
-        .query_row([ino], |r| r.get(0))?;
+        .query_row(params![ino], |r| r.get(0))?;
     if named {
         return Err(MetaError::corrupt(format!(
             "inode {ino} has nlink 0 but still appears in a directory entry"
         )));
     }
     let mut stmt = c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 RETURNING object_key")?;
-    let keys = stmt
-        .query_map([ino], |r| r.get(0))?
-        .collect::<rusqlite::Result<BTreeSet<String>>>()?;
+    let keys: BTreeSet<String> = stmt.collect_rows(params![ino], |r| r.get(0))?;
     for sql in [
         "DELETE FROM xattrs WHERE ino = ?1",
         "DELETE FROM symlinks WHERE ino = ?1",
         "DELETE FROM orphans WHERE ino = ?1",
         "DELETE FROM inodes WHERE ino = ?1",
     ] {
-        c.prepare_cached(sql)?.execute([ino])?;
+        c.prepare_cached(sql)?.execute(params![ino])?;
     }
     blockmap::unreferenced(c, keys)
 }
 
 /// All orphan inode numbers, ascending.
-pub(crate) fn list(c: &Connection) -> Result<Vec<u64>> {
+pub(crate) fn list<C: Db>(c: &C) -> Result<Vec<u64>> {
     let mut stmt = c.prepare_cached("SELECT ino FROM orphans ORDER BY ino")?;
-    let v = stmt
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<Vec<u64>>>()?;
+    let v: Vec<u64> = stmt.collect_rows(params![], |r| r.get(0))?;
     Ok(v)
 }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use rusqlite::{params, Connection, OptionalExtension};
+use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
 use super::inode;
 use crate::error::{MetaError, Result};
@@ -14,8 +14,8 @@ use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BY
 use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, Timespec};
 
 /// Rows of `ino` in `[first_index, first_index + count)`, ascending.
-pub(crate) fn blocks(
-    c: &Connection,
+pub(crate) fn blocks<C: Db>(
+    c: &C,
     ino: u64,
     first_index: u64,
     count: u32,
@@ -30,14 +30,13 @@ pub(crate) fn blocks(
         "SELECT idx, object_key, len FROM blocks
          WHERE ino = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
     )?;
-    let rows = stmt.query_map(params![ino, first, end], |r| {
+    Ok(stmt.collect_rows(params![ino, first, end], |r| {
         Ok(BlockRef {
             index: r.get(0)?,
             object_key: r.get(1)?,
             len: r.get(2)?,
         })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    })?)
 }
 
 /// `Ok` for a regular file; `IsDirectory` or `InvalidArgument` otherwise.
@@ -55,8 +54,8 @@ pub(crate) fn regular(a: &Attr) -> Result<()> {
 /// Applies one write: truncate (if `new_size` shrinks), punch, then write
 /// rows; sets size, mtime and ctime. Returns the new attributes and the
 /// objects no row references any more.
-pub(crate) fn commit(
-    c: &Connection,
+pub(crate) fn commit<C: Db>(
+    c: &C,
     ino: u64,
     commit: &CommitBlocks,
     block_size: u32,
@@ -72,12 +71,7 @@ pub(crate) fn commit(
     for &index in &commit.punched {
         removed.extend(delete_row(c, ino, index)?);
     }
-    for b in &commit.blocks {
-        let old = delete_row(c, ino, b.index)?;
-        c.prepare_cached("INSERT INTO blocks (ino, idx, object_key, len) VALUES (?1, ?2, ?3, ?4)")?
-            .execute(params![ino, b.index, b.object_key, b.len])?;
-        removed.extend(old);
-    }
+    removed.extend(replace_rows(c, ino, &commit.blocks)?);
     check_rows_within(c, ino, size, block_size)?;
     let now = Timespec::now();
     a.size = size;
@@ -130,10 +124,10 @@ fn block_end(ino: u64, index: u64, len: u32, block_size: u32) -> Result<u64> {
 }
 
 /// `InvalidArgument` if the last row of `ino` ends past `size`.
-fn check_rows_within(c: &Connection, ino: u64, size: u64, block_size: u32) -> Result<()> {
+fn check_rows_within<C: Db>(c: &C, ino: u64, size: u64, block_size: u32) -> Result<()> {
     let last: Option<(u64, u32)> = c
         .prepare_cached("SELECT idx, len FROM blocks WHERE ino = ?1 ORDER BY idx DESC LIMIT 1")?
-        .query_row([ino], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row(params![ino], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     if let Some((index, len)) = last {
         let end = block_end(ino, index, len, block_size)?;
@@ -150,7 +144,7 @@ fn check_rows_within(c: &Connection, ino: u64, size: u64, block_size: u32) -> Re
 }
 
 /// Deletes row `index` of `ino`; returns its object key if it existed.
-fn delete_row(c: &Connection, ino: u64, index: u64) -> Result<Option<String>> {
+fn delete_row<C: Db>(c: &C, ino: u64, index: u64) -> Result<Option<String>> {
     Ok(
         c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ?2 RETURNING object_key")?
             .query_row(params![ino, index], |r| r.get(0))
@@ -160,8 +154,8 @@ fn delete_row(c: &Connection, ino: u64, index: u64) -> Result<Option<String>> {
 
 /// Drops the rows wholly at or past `new_size` and clamps the row that
 /// straddles it. Returns the dropped rows' keys and the straddling index.
-pub(crate) fn truncate(
-    c: &Connection,
+pub(crate) fn truncate<C: Db>(
+    c: &C,
     ino: u64,
     new_size: u64,
     block_size: u32,
@@ -174,9 +168,7 @@ pub(crate) fn truncate(
         })?;
     let mut stmt =
         c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2 RETURNING object_key")?;
-    let keys = stmt
-        .query_map(params![ino, first_dropped], |r| r.get(0))?
-        .collect::<rusqlite::Result<BTreeSet<String>>>()?;
+    let keys: BTreeSet<String> = stmt.collect_rows(params![ino, first_dropped], |r| r.get(0))?;
     let within = new_size % bs;
     if within == 0 {
         return Ok((keys, None));
@@ -188,16 +180,89 @@ pub(crate) fn truncate(
     Ok((keys, (n > 0).then_some(index)))
 }
 
+/// Writes `rows` of `ino` over whatever rows had their indices (a later
+/// row wins over an earlier one with the same index). Returns the replaced
+/// rows' object keys.
+fn replace_rows<C: Db>(c: &C, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<String>> {
+    match C::DIALECT {
+        // A statement costs no round trip: one pair per row.
+        Dialect::Sqlite => {
+            let mut replaced = BTreeSet::new();
+            for b in rows {
+                let old = delete_row(c, ino, b.index)?;
+                c.prepare_cached(
+                    "INSERT INTO blocks (ino, idx, object_key, len) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![ino, b.index, b.object_key, b.len])?;
+                replaced.extend(old);
+            }
+            Ok(replaced)
+        }
+        // Two statements whatever the number of rows (a round trip each).
+        Dialect::Postgres => replace_rows_batched(c, ino, rows),
+    }
+}
+
+fn replace_rows_batched<C: Db>(c: &C, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<String>> {
+    let mut last = std::collections::BTreeMap::new();
+    for b in rows {
+        last.insert(b.index, b);
+    }
+    if last.is_empty() {
+        return Ok(BTreeSet::new());
+    }
+    let to_i64 =
+        |v: u64| i64::try_from(v).map_err(|_| MetaError::FileTooLarge { ino, size_bytes: v });
+    let indices = last
+        .keys()
+        .map(|&i| to_i64(i))
+        .collect::<Result<Vec<i64>>>()?;
+    let keys: Vec<String> = last.values().map(|b| b.object_key.clone()).collect();
+    let lens: Vec<i64> = last.values().map(|b| i64::from(b.len)).collect();
+    let replaced = c
+        .prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ANY(?2) RETURNING object_key")?
+        .collect_rows(params![ino, indices], |r| r.get(0))?;
+    c.prepare_cached(
+        "INSERT INTO blocks (ino, idx, object_key, len)
+         SELECT ?1, idx, object_key, len FROM unnest(?2::BIGINT[], ?3::TEXT[], ?4::BIGINT[])
+             AS new(idx, object_key, len)",
+    )?
+    .execute(params![ino, indices, keys, lens])?;
+    Ok(replaced)
+}
+
 /// Those of `candidates` that no block row references, sorted.
-pub(crate) fn unreferenced(c: &Connection, candidates: BTreeSet<String>) -> Result<Vec<ObjectRef>> {
-    let mut stmt =
-        c.prepare_cached("SELECT EXISTS (SELECT 1 FROM blocks WHERE object_key = ?1)")?;
-    let mut out = Vec::with_capacity(candidates.len());
-    for key in candidates {
-        let used: bool = stmt.query_row([&key], |r| r.get(0))?;
-        if !used {
-            out.push(ObjectRef { key });
+pub(crate) fn unreferenced<C: Db>(c: &C, candidates: BTreeSet<String>) -> Result<Vec<ObjectRef>> {
+    match C::DIALECT {
+        // One cached statement per candidate (no round trips).
+        Dialect::Sqlite => {
+            let mut stmt =
+                c.prepare_cached("SELECT EXISTS (SELECT 1 FROM blocks WHERE object_key = ?1)")?;
+            let mut out = Vec::with_capacity(candidates.len());
+            for key in candidates {
+                let used: bool = stmt.query_row(params![key], |r| r.get(0))?;
+                if !used {
+                    out.push(ObjectRef { key });
+                }
+            }
+            Ok(out)
+        }
+        // One statement for all of them.
+        Dialect::Postgres => {
+            if candidates.is_empty() {
+                return Ok(Vec::new());
+            }
+            let all: Vec<String> = candidates.iter().cloned().collect();
+            let used: BTreeSet<String> = c
+                .prepare_cached(
+                    "SELECT DISTINCT object_key FROM blocks WHERE object_key = ANY(?1)",
+                )?
+                .collect_rows(params![all], |r| r.get(0))?;
+            Ok(candidates
+                .into_iter()
+                .filter(|key| !used.contains(key))
+                .map(|key| ObjectRef { key })
+                .collect())
         }
     }
-    Ok(out)
 }
