@@ -30,7 +30,6 @@ use self::db::{Connection, DbError, StatementCache};
 use crate::answered::AnsweredQueue;
 use crate::engine::Engine;
 use crate::error::{MetaError, Result};
-use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
 use crate::ops::requests;
 use crate::record::Recorded;
 use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
@@ -173,7 +172,7 @@ impl PostgresMeta {
         config: &VolumeConfig,
         version: i64,
     ) -> Result<PostgresMeta> {
-        check_config(config)?;
+        config.check()?;
         let volume = VolumeRecord {
             name: config.name.clone(),
             uuid: random_u128()?,
@@ -272,20 +271,6 @@ fn log_store_error(e: MetaError) -> MetaError {
         tracing::warn!(op, error = %message, "metadata store error");
     }
     e
-}
-
-fn check_config(config: &VolumeConfig) -> Result<()> {
-    let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
-    if config.name.is_empty() {
-        return bad("volume name is empty".into());
-    }
-    let bs = config.block_size_bytes;
-    if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
-        return bad(format!(
-            "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
-        ));
-    }
-    Ok(())
 }
 
 fn random_u128() -> Result<u128> {

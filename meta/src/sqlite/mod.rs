@@ -41,7 +41,7 @@ use rusqlite::{Connection, OpenFlags};
 use crate::answered::AnsweredQueue;
 use crate::engine::Engine;
 use crate::error::{MetaError, Result};
-use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN, READ_CONNECTIONS_MAX};
+use crate::limits::READ_CONNECTIONS_MAX;
 use crate::ops::requests;
 use crate::record::Recorded;
 use crate::store::Location;
@@ -69,7 +69,7 @@ impl SqliteMeta {
     /// record and the root directory, and opens it. Refuses with
     /// [`MetaError::AlreadyFormatted`] if any file exists there.
     pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<SqliteMeta> {
-        check_config(config)?;
+        config.check()?;
         let Location::Sqlite(path) = Location::parse(url_or_path)?;
         let io = |source| MetaError::Io {
             path: path.clone(),
@@ -251,20 +251,6 @@ fn log_store_error(e: MetaError) -> MetaError {
         tracing::warn!(op, error = %source, "metadata store error");
     }
     e
-}
-
-fn check_config(config: &VolumeConfig) -> Result<()> {
-    let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
-    if config.name.is_empty() {
-        return bad("volume name is empty".into());
-    }
-    let bs = config.block_size_bytes;
-    if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
-        return bad(format!(
-            "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
-        ));
-    }
-    Ok(())
 }
 
 fn random_u128() -> std::io::Result<u128> {
