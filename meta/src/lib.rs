@@ -80,6 +80,7 @@
 #![deny(missing_docs)]
 
 mod answered;
+mod engine;
 mod error;
 pub mod limits;
 mod ops;

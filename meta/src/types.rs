@@ -7,6 +7,9 @@
 use std::ffi::OsString;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::error::MetaError;
+use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
+
 /// Inode number of the root directory. Inode numbers are never reused.
 pub const ROOT_INO: u64 = 1;
 
@@ -340,6 +343,24 @@ pub struct VolumeConfig {
     pub storage_url: String,
     /// Block size, within [`crate::limits::BLOCK_SIZE_BYTES_MIN`]..=[`crate::limits::BLOCK_SIZE_BYTES_MAX`].
     pub block_size_bytes: u32,
+}
+
+impl VolumeConfig {
+    /// Refuses an empty name or a block size outside the limits, with
+    /// [`MetaError::InvalidConfig`] (before any engine creates anything).
+    pub(crate) fn check(&self) -> Result<(), MetaError> {
+        let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
+        if self.name.is_empty() {
+            return bad("volume name is empty".into());
+        }
+        let bs = self.block_size_bytes;
+        if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
+            return bad(format!(
+                "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The volume record stored at format time; immutable afterwards.

@@ -6,7 +6,9 @@
 //! the function matches on `C::DIALECT` beside it.
 //!
 //! Transactions, retries, pools, schema and clocks are the engines' own
-//! (`sqlite/mod.rs`, `postgres/mod.rs`).
+//! (`sqlite/mod.rs`, `postgres/mod.rs`, each an `Engine`); the one
+//! `MetaStore` impl that runs these operations inside them is in
+//! `engine.rs`.
 //!
 //! # Writing an operation module
 //! - `use crate::sql::{params, Db, OptionalExtension, Stmt};` and write each
@@ -29,11 +31,10 @@
 //!   clock on PostgreSQL); tables go in each engine's schema (SQLite:
 //!   `sqlite/schema.rs`, PostgreSQL: a numbered migration in
 //!   `postgres/schema.rs`).
-//! - Register the module below and call it from both engines' `MetaStore`
-//!   impls (`sqlite/mod.rs`, `postgres/mod.rs`) inside their `read`/`write`,
+//! - Register the module below and call it once, from the generic
+//!   `MetaStore` impl in `engine.rs`, inside `self.read`/`self.write`,
 //!   always through a closure (`|c| locks::list(c)`: a bare generic `fn`
-//!   item cannot take PostgreSQL's transaction of any lifetime), and with
-//!   `&*conn` where the SQLite connection is a mutex guard.
+//!   item cannot take PostgreSQL's transaction of any lifetime).
 
 pub(crate) mod blockmap;
 pub(crate) mod inode;

@@ -20,25 +20,19 @@ pub(crate) mod db;
 mod schema;
 pub mod tls;
 
-use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use ::postgres::{Client, IsolationLevel, NoTls};
 
 use self::db::{Connection, DbError, StatementCache};
+use crate::answered::AnsweredQueue;
+use crate::engine::Engine;
 use crate::error::{MetaError, Result};
-use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN};
-use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
-use crate::ops::{locks, sessions, setattr, xattr};
+use crate::ops::requests;
 use crate::record::Recorded;
-use crate::store::MetaStore;
-use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
-    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec,
-    TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord, XattrFlags,
-};
+use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
 use crate::FORMAT_VERSION;
 
 /// Client connections per opened volume.
@@ -104,7 +98,7 @@ pub struct PostgresMeta {
     pool: Vec<Mutex<PgConn>>,
     next: AtomicUsize,
     /// Answered requests whose records a later write deletes.
-    answered: crate::answered::AnsweredQueue,
+    answered: AnsweredQueue,
     /// `true` once fenced. Writes hold the read side for their whole
     /// transaction; `fence` takes the write side, so it waits for them.
     fenced: std::sync::RwLock<bool>,
@@ -178,7 +172,7 @@ impl PostgresMeta {
         config: &VolumeConfig,
         version: i64,
     ) -> Result<PostgresMeta> {
-        check_config(config)?;
+        config.check()?;
         let volume = VolumeRecord {
             name: config.name.clone(),
             uuid: random_u128()?,
@@ -235,7 +229,7 @@ impl PostgresMeta {
             volume,
             pool,
             next: AtomicUsize::new(0),
-            answered: crate::answered::AnsweredQueue::default(),
+            answered: AnsweredQueue::default(),
             fenced: std::sync::RwLock::new(false),
         })
     }
@@ -269,6 +263,41 @@ impl PostgresMeta {
             guard.cache.clear();
         }
         Ok(guard)
+    }
+}
+
+fn log_store_error(e: MetaError) -> MetaError {
+    if let MetaError::Postgres { op, message, .. } = &e {
+        tracing::warn!(op, error = %message, "metadata store error");
+    }
+    e
+}
+
+fn random_u128() -> Result<u128> {
+    use std::io::Read;
+    let mut buf = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|source| MetaError::Io {
+            path: "/dev/urandom".into(),
+            source,
+        })?;
+    Ok(u128::from_be_bytes(buf))
+}
+
+impl Engine for PostgresMeta {
+    type Conn<'c> = Connection<'c>;
+
+    /// Every read is a transaction: a one-statement read gains nothing by
+    /// going first.
+    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = false;
+
+    fn volume_record(&self) -> &VolumeRecord {
+        &self.volume
+    }
+
+    fn answered_queue(&self) -> &AnsweredQueue {
+        &self.answered
     }
 
     /// Runs `f` in one SERIALIZABLE transaction; with a request key, also
@@ -346,379 +375,25 @@ impl PostgresMeta {
         };
         run().map_err(|e| log_store_error(e.in_op(op)))
     }
-}
 
-fn log_store_error(e: MetaError) -> MetaError {
-    if let MetaError::Postgres { op, message, .. } = &e {
-        tracing::warn!(op, error = %message, "metadata store error");
-    }
-    e
-}
-
-fn check_config(config: &VolumeConfig) -> Result<()> {
-    let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
-    if config.name.is_empty() {
-        return bad("volume name is empty".into());
-    }
-    let bs = config.block_size_bytes;
-    if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
-        return bad(format!(
-            "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
-        ));
-    }
-    Ok(())
-}
-
-fn random_u128() -> Result<u128> {
-    use std::io::Read;
-    let mut buf = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|source| MetaError::Io {
-            path: "/dev/urandom".into(),
-            source,
-        })?;
-    Ok(u128::from_be_bytes(buf))
-}
-
-impl MetaStore for PostgresMeta {
-    fn volume(&self) -> VolumeRecord {
-        self.volume.clone()
-    }
-
-    fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
-        self.read("lookup", |c| namespace::lookup(c, parent, name))
-    }
-
-    fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.read("getattr", |c| inode::attr(c, ino))
-    }
-
-    fn setattr(
-        &self,
-        ino: u64,
-        set: &SetAttr,
-        req: Option<RequestKey>,
-    ) -> Result<(Attr, TruncatedBlocks)> {
-        let bs = self.volume.block_size_bytes;
-        self.write(
-            "setattr",
-            req,
-            |c| setattr::setattr(c, ino, set, bs),
-            |(a, t)| Recorded::SetAttr(a.clone(), t.clone()),
-        )
-    }
-
-    fn create(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        args: &CreateArgs,
-        req: Option<RequestKey>,
-    ) -> Result<Attr> {
-        self.write(
-            "create",
-            req,
-            |c| namespace::create(c, parent, name, args),
-            |a| Recorded::Attr(a.clone()),
-        )
-    }
-
-    fn link(
-        &self,
-        ino: u64,
-        new_parent: u64,
-        new_name: &OsStr,
-        req: Option<RequestKey>,
-    ) -> Result<Attr> {
-        self.write(
-            "link",
-            req,
-            |c| namespace::link(c, ino, new_parent, new_name),
-            |a| Recorded::Attr(a.clone()),
-        )
-    }
-
-    fn unlink(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
-        self.write(
-            "unlink",
-            req,
-            |c| namespace::unlink(c, parent, name),
-            |u| Recorded::Unlinked(*u),
-        )
-    }
-
-    fn rmdir(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
-        self.write(
-            "rmdir",
-            req,
-            |c| namespace::rmdir(c, parent, name),
-            |u| Recorded::Unlinked(*u),
-        )
-    }
-
-    fn rename(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        new_parent: u64,
-        new_name: &OsStr,
-        flags: RenameFlags,
-        req: Option<RequestKey>,
-    ) -> Result<Renamed> {
-        self.write(
-            "rename",
-            req,
-            |c| rename::rename(c, (parent, name), (new_parent, new_name), flags),
-            |r| Recorded::Renamed(*r),
-        )
-    }
-
-    fn reclaim(&self, ino: u64, req: Option<RequestKey>) -> Result<Vec<ObjectRef>> {
-        self.write(
-            "reclaim",
-            req,
-            |c| orphan::reclaim(c, ino),
-            |v| Recorded::Released(v.clone()),
-        )
-    }
-
-    fn orphans(&self) -> Result<Vec<u64>> {
-        self.read("orphans", |c| orphan::list(c))
-    }
-
-    fn readlink(&self, ino: u64) -> Result<OsString> {
-        self.read("readlink", |c| namespace::readlink(c, ino))
-    }
-
-    fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
-        self.read("readdir", |c| readdir::readdir(c, ino, offset, limit))
-    }
-
-    fn setxattr(
-        &self,
-        ino: u64,
-        name: &OsStr,
-        value: &[u8],
-        flags: XattrFlags,
-        req: Option<RequestKey>,
-    ) -> Result<()> {
-        self.write(
-            "setxattr",
-            req,
-            |c| xattr::set(c, ino, name, value, flags),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
-        self.read("getxattr", |c| xattr::get(c, ino, name))
-    }
-
-    fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {
-        self.read("listxattr", |c| xattr::list(c, ino))
-    }
-
-    fn removexattr(&self, ino: u64, name: &OsStr, req: Option<RequestKey>) -> Result<()> {
-        self.write(
-            "removexattr",
-            req,
-            |c| xattr::remove(c, ino, name),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn statfs(&self) -> Result<StatFs> {
-        let bs = self.volume.block_size_bytes;
-        self.read("statfs", |c| inode::statfs(c, bs))
-    }
-
-    fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
-        self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
-    }
-
-    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
-        self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
-    }
-
-    fn commit_blocks(
-        &self,
-        ino: u64,
-        commit: &CommitBlocks,
-        req: Option<RequestKey>,
-    ) -> Result<(Attr, Vec<ObjectRef>)> {
-        let bs = self.volume.block_size_bytes;
-        self.write(
-            "commit_blocks",
-            req,
-            |c| blockmap::commit(c, ino, commit, bs),
-            |(a, v)| Recorded::Committed(a.clone(), v.clone()),
-        )
-    }
-
-    fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>> {
-        self.read("completed_request", |c| requests::get(c, key))
-    }
-
-    fn prune_completed(&self, older_than: SystemTime) -> Result<u64> {
-        let before = Timespec::from_system_time(older_than);
-        self.write(
-            "prune_completed",
-            None,
-            |c| requests::prune(c, before),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn sync(&self) -> Result<()> {
+    fn make_durable(&self) -> Result<()> {
         // Every PostgreSQL commit is already durable when it returns (the
         // server's synchronous_commit, on by default).
         Ok(())
     }
 
-    fn request_answered(&self, key: RequestKey) {
-        if self.answered.push(key) {
-            let keys = self.answered.take_due();
-            if keys.is_empty() {
-                return;
-            }
-            let forgotten = self.write(
-                "forget answered requests",
-                None,
-                |c| requests::forget(c, &keys),
-                |_| Recorded::Unit,
-            );
-            if let Err(e) = forgotten {
-                // Harmless: prune_completed removes them later.
-                tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
-            }
-        }
-    }
-
-    fn fence(&self) {
+    fn fence_writes(&self) {
         *self
             .fenced
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
     }
 
-    fn unfence(&self) {
+    fn unfence_writes(&self) {
         *self
             .fenced
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
-    }
-
-    fn open_session(&self, info: &SessionInfo) -> Result<()> {
-        self.write(
-            "open session",
-            None,
-            |c| sessions::open(c, info),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<bool> {
-        self.write(
-            "heartbeat",
-            None,
-            |c| sessions::heartbeat(c, session),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn close_session(&self, session: u64) -> Result<Vec<u64>> {
-        self.write(
-            "close session",
-            None,
-            |c| sessions::close(c, session),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
-        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
-        self.write(
-            "expire sessions",
-            None,
-            |c| sessions::expire(c, max_age_ms),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionRecord>> {
-        self.read("sessions", |c| sessions::list(c))
-    }
-
-    fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {
-        self.read("held orphans", |c| sessions::held_by(c, session))
-    }
-
-    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>> {
-        self.read("unheld orphans", |c| sessions::unheld(c, limit))
-    }
-
-    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
-        self.write(
-            "hold orphan",
-            None,
-            |c| sessions::hold(c, session, ino),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
-        self.write(
-            "release orphan",
-            None,
-            |c| sessions::release(c, session, ino),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn publish_locks(
-        &self,
-        session: u64,
-        ino: u64,
-        space: LockSpace,
-        wanted: Option<&RangeLock>,
-        held: &[RangeLock],
-    ) -> Result<Option<RangeLock>> {
-        self.write(
-            "publish locks",
-            None,
-            |c| locks::publish(c, session, ino, space, wanted, held),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn conflicting_lock(
-        &self,
-        session: u64,
-        ino: u64,
-        space: LockSpace,
-        wanted: &RangeLock,
-    ) -> Result<Option<RangeLock>> {
-        self.read("conflicting lock", |c| {
-            locks::conflicting(c, session, ino, space, wanted)
-        })
-    }
-
-    fn replace_session_locks(
-        &self,
-        session: u64,
-        held: &[(u64, LockSpace, RangeLock)],
-    ) -> Result<()> {
-        self.write(
-            "replace session locks",
-            None,
-            |c| locks::replace_all(c, session, held),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn session_locks(&self, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
-        self.read("session locks", |c| locks::of_session(c, session))
     }
 }
 

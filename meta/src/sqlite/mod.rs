@@ -30,28 +30,22 @@
 
 mod schema;
 
-use std::ffi::{OsStr, OsString};
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::SystemTime;
 
 use rusqlite::{Connection, OpenFlags};
 
 use crate::answered::AnsweredQueue;
+use crate::engine::Engine;
 use crate::error::{MetaError, Result};
-use crate::limits::{BLOCK_SIZE_BYTES_MAX, BLOCK_SIZE_BYTES_MIN, READ_CONNECTIONS_MAX};
-use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
-use crate::ops::{locks, sessions, setattr, xattr};
+use crate::limits::READ_CONNECTIONS_MAX;
+use crate::ops::requests;
 use crate::record::Recorded;
-use crate::store::{Location, MetaStore};
-use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
-    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec,
-    TruncatedBlocks, Unlinked, VolumeConfig, VolumeRecord, XattrFlags,
-};
+use crate::store::Location;
+use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
 use crate::FORMAT_VERSION;
 
 /// A Baton volume's metadata in a SQLite database file.
@@ -75,7 +69,7 @@ impl SqliteMeta {
     /// record and the root directory, and opens it. Refuses with
     /// [`MetaError::AlreadyFormatted`] if any file exists there.
     pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<SqliteMeta> {
-        check_config(config)?;
+        config.check()?;
         let Location::Sqlite(path) = Location::parse(url_or_path)?;
         let io = |source| MetaError::Io {
             path: path.clone(),
@@ -193,71 +187,6 @@ impl SqliteMeta {
         Ok(())
     }
 
-    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; with a request key,
-    /// also records `encode(result)` in it and deletes the records of
-    /// requests answered since the last write. Commits only if all
-    /// succeeded; refuses everything once fenced.
-    fn write<T>(
-        &self,
-        op: &'static str,
-        req: Option<RequestKey>,
-        f: impl FnOnce(&Connection) -> Result<T>,
-        encode: impl FnOnce(&T) -> Recorded,
-    ) -> Result<T> {
-        let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        // Checked under the writer lock, which `fence` takes: no write
-        // starts after a fence returns.
-        if self.fenced.load(Ordering::SeqCst) {
-            return Err(MetaError::Fenced { op });
-        }
-        let answered = match req {
-            Some(_) => self.answered.take_due(),
-            None => Vec::new(),
-        };
-        let run = || -> Result<T> {
-            let tx = Tx::begin(&conn, "BEGIN IMMEDIATE")?;
-            let out = f(&conn).and_then(|out| match req {
-                Some(key) => requests::record(&*conn, key, &encode(&out).encode())
-                    .and_then(|()| requests::forget(&*conn, &answered))
-                    .map(|()| out),
-                None => Ok(out),
-            });
-            match out {
-                Ok(out) => tx.end("COMMIT").map(|()| out),
-                Err(e) => {
-                    tx.end("ROLLBACK")?;
-                    Err(e)
-                }
-            }
-        };
-        let result = run();
-        if result.is_err() && !answered.is_empty() {
-            // Rolled back: keep the keys for the next write.
-            self.answered.put_back(answered);
-        }
-        result.map_err(|e| log_store_error(e.in_op(op)))
-    }
-
-    /// Runs `f` in a deferred read transaction on a pool connection.
-    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.reader();
-        let run = || -> Result<T> {
-            let tx = Tx::begin(&conn, "BEGIN DEFERRED")?;
-            let out = f(&conn);
-            tx.end("ROLLBACK")?;
-            out
-        };
-        run().map_err(|e| log_store_error(e.in_op(op)))
-    }
-
-    /// Runs `f`, which must issue ONE statement (its own consistent
-    /// snapshot), on a pool connection outside any explicit transaction:
-    /// the hot read path (lookup, getattr) without BEGIN and ROLLBACK.
-    fn read_one<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
-        let conn = self.reader();
-        f(&conn).map_err(|e| log_store_error(e.in_op(op)))
-    }
-
     /// The writer connection if it is free, else a free pool connection,
     /// else waits for one. The writer first: in WAL mode a connection drops
     /// its whole page cache when another connection wrote since its last
@@ -324,20 +253,6 @@ fn log_store_error(e: MetaError) -> MetaError {
     e
 }
 
-fn check_config(config: &VolumeConfig) -> Result<()> {
-    let bad = |reason: String| Err(MetaError::InvalidConfig { reason });
-    if config.name.is_empty() {
-        return bad("volume name is empty".into());
-    }
-    let bs = config.block_size_bytes;
-    if !(BLOCK_SIZE_BYTES_MIN..=BLOCK_SIZE_BYTES_MAX).contains(&bs) {
-        return bad(format!(
-            "block size {bs} bytes is outside {BLOCK_SIZE_BYTES_MIN}..={BLOCK_SIZE_BYTES_MAX}"
-        ));
-    }
-    Ok(())
-}
-
 fn random_u128() -> std::io::Result<u128> {
     let mut buf = [0u8; 16];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
@@ -353,341 +268,96 @@ fn remove_db_files(path: &Path) {
     }
 }
 
-impl MetaStore for SqliteMeta {
-    fn volume(&self) -> VolumeRecord {
-        self.volume.clone()
+impl Engine for SqliteMeta {
+    type Conn<'c> = Connection;
+
+    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = true;
+
+    fn volume_record(&self) -> &VolumeRecord {
+        &self.volume
     }
 
-    fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
-        if let Some(attr) = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))? {
-            return Ok(attr);
+    fn answered_queue(&self) -> &AnsweredQueue {
+        &self.answered
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction; with a request key,
+    /// also records `encode(result)` in it and deletes the records of
+    /// requests answered since the last write. Commits only if all
+    /// succeeded; refuses everything once fenced.
+    fn write<T>(
+        &self,
+        op: &'static str,
+        req: Option<RequestKey>,
+        f: impl Fn(&Connection) -> Result<T>,
+        encode: impl Fn(&T) -> Recorded,
+    ) -> Result<T> {
+        let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked under the writer lock, which `fence` takes: no write
+        // starts after a fence returns.
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(MetaError::Fenced { op });
         }
-        self.read("lookup", |c| namespace::lookup(c, parent, name))
+        let answered = match req {
+            Some(_) => self.answered.take_due(),
+            None => Vec::new(),
+        };
+        let run = || -> Result<T> {
+            let tx = Tx::begin(&conn, "BEGIN IMMEDIATE")?;
+            let out = f(&conn).and_then(|out| match req {
+                Some(key) => requests::record(&*conn, key, &encode(&out).encode())
+                    .and_then(|()| requests::forget(&*conn, &answered))
+                    .map(|()| out),
+                None => Ok(out),
+            });
+            match out {
+                Ok(out) => tx.end("COMMIT").map(|()| out),
+                Err(e) => {
+                    tx.end("ROLLBACK")?;
+                    Err(e)
+                }
+            }
+        };
+        let result = run();
+        if result.is_err() && !answered.is_empty() {
+            // Rolled back: keep the keys for the next write.
+            self.answered.put_back(answered);
+        }
+        result.map_err(|e| log_store_error(e.in_op(op)))
     }
 
-    fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.read_one("getattr", |c| inode::attr(c, ino))
+    /// Runs `f` in a deferred read transaction on a pool connection.
+    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.reader();
+        let run = || -> Result<T> {
+            let tx = Tx::begin(&conn, "BEGIN DEFERRED")?;
+            let out = f(&conn);
+            tx.end("ROLLBACK")?;
+            out
+        };
+        run().map_err(|e| log_store_error(e.in_op(op)))
     }
 
-    fn setattr(
-        &self,
-        ino: u64,
-        set: &SetAttr,
-        req: Option<RequestKey>,
-    ) -> Result<(Attr, TruncatedBlocks)> {
-        let bs = self.volume.block_size_bytes;
-        self.write(
-            "setattr",
-            req,
-            |c| setattr::setattr(c, ino, set, bs),
-            |(a, t)| Recorded::SetAttr(a.clone(), t.clone()),
-        )
+    /// Runs `f`, which must issue ONE statement (its own consistent
+    /// snapshot), on a pool connection outside any explicit transaction:
+    /// the hot read path (lookup, getattr) without BEGIN and ROLLBACK.
+    fn read_one<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.reader();
+        f(&conn).map_err(|e| log_store_error(e.in_op(op)))
     }
 
-    fn create(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        args: &CreateArgs,
-        req: Option<RequestKey>,
-    ) -> Result<Attr> {
-        self.write(
-            "create",
-            req,
-            |c| namespace::create(c, parent, name, args),
-            |a| Recorded::Attr(a.clone()),
-        )
-    }
-
-    fn link(
-        &self,
-        ino: u64,
-        new_parent: u64,
-        new_name: &OsStr,
-        req: Option<RequestKey>,
-    ) -> Result<Attr> {
-        self.write(
-            "link",
-            req,
-            |c| namespace::link(c, ino, new_parent, new_name),
-            |a| Recorded::Attr(a.clone()),
-        )
-    }
-
-    fn unlink(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
-        self.write(
-            "unlink",
-            req,
-            |c| namespace::unlink(c, parent, name),
-            |u| Recorded::Unlinked(*u),
-        )
-    }
-
-    fn rmdir(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
-        self.write(
-            "rmdir",
-            req,
-            |c| namespace::rmdir(c, parent, name),
-            |u| Recorded::Unlinked(*u),
-        )
-    }
-
-    fn rename(
-        &self,
-        parent: u64,
-        name: &OsStr,
-        new_parent: u64,
-        new_name: &OsStr,
-        flags: RenameFlags,
-        req: Option<RequestKey>,
-    ) -> Result<Renamed> {
-        self.write(
-            "rename",
-            req,
-            |c| rename::rename(c, (parent, name), (new_parent, new_name), flags),
-            |r| Recorded::Renamed(*r),
-        )
-    }
-
-    fn reclaim(&self, ino: u64, req: Option<RequestKey>) -> Result<Vec<ObjectRef>> {
-        self.write(
-            "reclaim",
-            req,
-            |c| orphan::reclaim(c, ino),
-            |v| Recorded::Released(v.clone()),
-        )
-    }
-
-    fn orphans(&self) -> Result<Vec<u64>> {
-        self.read("orphans", orphan::list)
-    }
-
-    fn readlink(&self, ino: u64) -> Result<OsString> {
-        self.read("readlink", |c| namespace::readlink(c, ino))
-    }
-
-    fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
-        self.read("readdir", |c| readdir::readdir(c, ino, offset, limit))
-    }
-
-    fn setxattr(
-        &self,
-        ino: u64,
-        name: &OsStr,
-        value: &[u8],
-        flags: XattrFlags,
-        req: Option<RequestKey>,
-    ) -> Result<()> {
-        self.write(
-            "setxattr",
-            req,
-            |c| xattr::set(c, ino, name, value, flags),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
-        self.read("getxattr", |c| xattr::get(c, ino, name))
-    }
-
-    fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {
-        self.read("listxattr", |c| xattr::list(c, ino))
-    }
-
-    fn removexattr(&self, ino: u64, name: &OsStr, req: Option<RequestKey>) -> Result<()> {
-        self.write(
-            "removexattr",
-            req,
-            |c| xattr::remove(c, ino, name),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn statfs(&self) -> Result<StatFs> {
-        let bs = self.volume.block_size_bytes;
-        self.read("statfs", |c| inode::statfs(c, bs))
-    }
-
-    fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
-        self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
-    }
-
-    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
-        self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
-    }
-
-    fn commit_blocks(
-        &self,
-        ino: u64,
-        commit: &CommitBlocks,
-        req: Option<RequestKey>,
-    ) -> Result<(Attr, Vec<ObjectRef>)> {
-        let bs = self.volume.block_size_bytes;
-        self.write(
-            "commit_blocks",
-            req,
-            |c| blockmap::commit(c, ino, commit, bs),
-            |(a, v)| Recorded::Committed(a.clone(), v.clone()),
-        )
-    }
-
-    fn sync(&self) -> Result<()> {
+    fn make_durable(&self) -> Result<()> {
         self.sync_wal()
             .map_err(|e| log_store_error(e.in_op("sync")))
     }
 
-    fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>> {
-        self.read("completed_request", |c| requests::get(c, key))
-    }
-
-    fn prune_completed(&self, older_than: SystemTime) -> Result<u64> {
-        let before = Timespec::from_system_time(older_than);
-        self.write(
-            "prune_completed",
-            None,
-            |c| requests::prune(c, before),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn request_answered(&self, key: RequestKey) {
-        if self.answered.push(key) {
-            let keys = self.answered.take_due();
-            if keys.is_empty() {
-                return;
-            }
-            let forgotten = self.write(
-                "forget answered requests",
-                None,
-                |c| requests::forget(c, &keys),
-                |_| Recorded::Unit,
-            );
-            if let Err(e) = forgotten {
-                // Harmless: prune_completed removes them later.
-                tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
-            }
-        }
-    }
-
-    fn fence(&self) {
+    fn fence_writes(&self) {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         self.fenced.store(true, Ordering::SeqCst);
     }
 
-    fn unfence(&self) {
+    fn unfence_writes(&self) {
         self.fenced.store(false, Ordering::SeqCst);
-    }
-
-    fn open_session(&self, info: &SessionInfo) -> Result<()> {
-        self.write(
-            "open session",
-            None,
-            |c| sessions::open(c, info),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn heartbeat(&self, session: u64) -> Result<bool> {
-        self.write(
-            "heartbeat",
-            None,
-            |c| sessions::heartbeat(c, session),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn close_session(&self, session: u64) -> Result<Vec<u64>> {
-        self.write(
-            "close session",
-            None,
-            |c| sessions::close(c, session),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
-        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
-        self.write(
-            "expire sessions",
-            None,
-            |c| sessions::expire(c, max_age_ms),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn sessions(&self) -> Result<Vec<SessionRecord>> {
-        self.read("sessions", sessions::list)
-    }
-
-    fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {
-        self.read("held orphans", |c| sessions::held_by(c, session))
-    }
-
-    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>> {
-        self.read("unheld orphans", |c| sessions::unheld(c, limit))
-    }
-
-    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
-        self.write(
-            "hold orphan",
-            None,
-            |c| sessions::hold(c, session, ino),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
-        self.write(
-            "release orphan",
-            None,
-            |c| sessions::release(c, session, ino),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn publish_locks(
-        &self,
-        session: u64,
-        ino: u64,
-        space: LockSpace,
-        wanted: Option<&RangeLock>,
-        held: &[RangeLock],
-    ) -> Result<Option<RangeLock>> {
-        self.write(
-            "publish locks",
-            None,
-            |c| locks::publish(c, session, ino, space, wanted, held),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn conflicting_lock(
-        &self,
-        session: u64,
-        ino: u64,
-        space: LockSpace,
-        wanted: &RangeLock,
-    ) -> Result<Option<RangeLock>> {
-        self.read("conflicting lock", |c| {
-            locks::conflicting(c, session, ino, space, wanted)
-        })
-    }
-
-    fn replace_session_locks(
-        &self,
-        session: u64,
-        held: &[(u64, LockSpace, RangeLock)],
-    ) -> Result<()> {
-        self.write(
-            "replace session locks",
-            None,
-            |c| locks::replace_all(c, session, held),
-            |_| Recorded::Unit,
-        )
-    }
-
-    fn session_locks(&self, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
-        self.read("session locks", |c| locks::of_session(c, session))
     }
 }
 
@@ -695,8 +365,9 @@ impl MetaStore for SqliteMeta {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::ROOT_INO;
+    use crate::{MetaStore, ROOT_INO};
     use rusqlite::config::DbConfig;
+    use std::ffi::OsStr;
 
     fn pragma_i64(c: &Connection, name: &str) -> i64 {
         c.pragma_query_value(None, name, |r| r.get(0)).unwrap()

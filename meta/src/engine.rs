@@ -1,0 +1,421 @@
+//! [`Engine`]: what a metadata engine (SQLite, PostgreSQL) really does
+//! its own way — transactions, retries, connection pools, fencing,
+//! durability — and the ONE implementation of [`MetaStore`] for every
+//! engine on top of it: each trait method runs its `crate::ops` operation
+//! inside the engine's [`Engine::read`] or [`Engine::write`], under the
+//! operation name its errors carry.
+//!
+//! The impl is generic (`impl<E: Engine> MetaStore for E`), so each engine
+//! gets its own monomorphised copy: no boxing, no dynamic dispatch and no
+//! allocation added per call. The operations are always passed as closures
+//! (`|c| orphan::list(c)`): a bare generic `fn` item cannot take
+//! PostgreSQL's transaction of any lifetime.
+
+use std::ffi::{OsStr, OsString};
+use std::time::SystemTime;
+
+use crate::answered::AnsweredQueue;
+use crate::error::Result;
+use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
+use crate::ops::{locks, sessions, setattr, xattr};
+use crate::record::Recorded;
+use crate::sql::Db;
+use crate::store::MetaStore;
+use crate::types::{
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
+    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec,
+    TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+};
+
+/// One metadata engine: how it runs a read or a write transaction, and
+/// the few things it does its own way. Every [`MetaStore`] method is
+/// written once below in terms of these.
+pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
+    /// The connection or open transaction the operations run on.
+    type Conn<'c>: Db;
+
+    /// Whether [`Engine::read_one`] is cheaper than [`Engine::read`] (it
+    /// runs outside any transaction): `lookup` then tries the
+    /// one-statement path first and falls back to the full read.
+    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool;
+
+    /// The volume record read when the store was opened.
+    fn volume_record(&self) -> &VolumeRecord;
+
+    /// Answered requests whose exactly-once records a later write deletes.
+    fn answered_queue(&self) -> &AnsweredQueue;
+
+    /// Runs `f` as one write transaction; with a request key, also records
+    /// `encode(result)` and forgets the answered requests that are due, in
+    /// that transaction. Refused with `Fenced { op }` once fenced; errors
+    /// carry `op`. `f` may run more than once (an engine may retry a
+    /// transaction that lost a conflict); only the committed run counts.
+    fn write<T>(
+        &self,
+        op: &'static str,
+        req: Option<RequestKey>,
+        f: impl Fn(&Self::Conn<'_>) -> Result<T>,
+        encode: impl Fn(&T) -> Recorded,
+    ) -> Result<T>;
+
+    /// Runs `f` in one read-only snapshot; errors carry `op`.
+    fn read<T>(&self, op: &'static str, f: impl FnOnce(&Self::Conn<'_>) -> Result<T>) -> Result<T>;
+
+    /// Runs `f`, which issues ONE statement (its own snapshot); errors
+    /// carry `op`. By default a [`Engine::read`].
+    fn read_one<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Self::Conn<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.read(op, f)
+    }
+
+    /// See [`MetaStore::sync`].
+    fn make_durable(&self) -> Result<()>;
+
+    /// See [`MetaStore::fence`].
+    fn fence_writes(&self);
+
+    /// See [`MetaStore::unfence`].
+    fn unfence_writes(&self);
+}
+
+impl<E: Engine> MetaStore for E {
+    fn volume(&self) -> VolumeRecord {
+        self.volume_record().clone()
+    }
+
+    fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        if E::ONE_STATEMENT_READS_SKIP_TRANSACTION {
+            let entry = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))?;
+            if let Some(attr) = entry {
+                return Ok(attr);
+            }
+        }
+        self.read("lookup", |c| namespace::lookup(c, parent, name))
+    }
+
+    fn getattr(&self, ino: u64) -> Result<Attr> {
+        self.read_one("getattr", |c| inode::attr(c, ino))
+    }
+
+    fn setattr(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, TruncatedBlocks)> {
+        let bs = self.volume_record().block_size_bytes;
+        self.write(
+            "setattr",
+            req,
+            |c| setattr::setattr(c, ino, set, bs),
+            |(a, t)| Recorded::SetAttr(a.clone(), t.clone()),
+        )
+    }
+
+    fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        args: &CreateArgs,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "create",
+            req,
+            |c| namespace::create(c, parent, name, args),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
+    fn link(
+        &self,
+        ino: u64,
+        new_parent: u64,
+        new_name: &OsStr,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "link",
+            req,
+            |c| namespace::link(c, ino, new_parent, new_name),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
+    fn unlink(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
+        self.write(
+            "unlink",
+            req,
+            |c| namespace::unlink(c, parent, name),
+            |u| Recorded::Unlinked(*u),
+        )
+    }
+
+    fn rmdir(&self, parent: u64, name: &OsStr, req: Option<RequestKey>) -> Result<Unlinked> {
+        self.write(
+            "rmdir",
+            req,
+            |c| namespace::rmdir(c, parent, name),
+            |u| Recorded::Unlinked(*u),
+        )
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new_parent: u64,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        req: Option<RequestKey>,
+    ) -> Result<Renamed> {
+        self.write(
+            "rename",
+            req,
+            |c| rename::rename(c, (parent, name), (new_parent, new_name), flags),
+            |r| Recorded::Renamed(*r),
+        )
+    }
+
+    fn reclaim(&self, ino: u64, req: Option<RequestKey>) -> Result<Vec<ObjectRef>> {
+        self.write(
+            "reclaim",
+            req,
+            |c| orphan::reclaim(c, ino),
+            |v| Recorded::Released(v.clone()),
+        )
+    }
+
+    fn orphans(&self) -> Result<Vec<u64>> {
+        self.read("orphans", |c| orphan::list(c))
+    }
+
+    fn readlink(&self, ino: u64) -> Result<OsString> {
+        self.read("readlink", |c| namespace::readlink(c, ino))
+    }
+
+    fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
+        self.read("readdir", |c| readdir::readdir(c, ino, offset, limit))
+    }
+
+    fn setxattr(
+        &self,
+        ino: u64,
+        name: &OsStr,
+        value: &[u8],
+        flags: XattrFlags,
+        req: Option<RequestKey>,
+    ) -> Result<()> {
+        self.write(
+            "setxattr",
+            req,
+            |c| xattr::set(c, ino, name, value, flags),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
+        self.read("getxattr", |c| xattr::get(c, ino, name))
+    }
+
+    fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {
+        self.read("listxattr", |c| xattr::list(c, ino))
+    }
+
+    fn removexattr(&self, ino: u64, name: &OsStr, req: Option<RequestKey>) -> Result<()> {
+        self.write(
+            "removexattr",
+            req,
+            |c| xattr::remove(c, ino, name),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn statfs(&self) -> Result<StatFs> {
+        let bs = self.volume_record().block_size_bytes;
+        self.read("statfs", |c| inode::statfs(c, bs))
+    }
+
+    fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
+        self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
+    }
+
+    fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
+        self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
+    }
+
+    fn commit_blocks(
+        &self,
+        ino: u64,
+        commit: &CommitBlocks,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, Vec<ObjectRef>)> {
+        let bs = self.volume_record().block_size_bytes;
+        self.write(
+            "commit_blocks",
+            req,
+            |c| blockmap::commit(c, ino, commit, bs),
+            |(a, v)| Recorded::Committed(a.clone(), v.clone()),
+        )
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.make_durable()
+    }
+
+    fn completed_request(&self, key: RequestKey) -> Result<Option<Vec<u8>>> {
+        self.read("completed_request", |c| requests::get(c, key))
+    }
+
+    fn prune_completed(&self, older_than: SystemTime) -> Result<u64> {
+        let before = Timespec::from_system_time(older_than);
+        self.write(
+            "prune_completed",
+            None,
+            |c| requests::prune(c, before),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn request_answered(&self, key: RequestKey) {
+        if self.answered_queue().push(key) {
+            let keys = self.answered_queue().take_due();
+            if keys.is_empty() {
+                return;
+            }
+            let forgotten = self.write(
+                "forget answered requests",
+                None,
+                |c| requests::forget(c, &keys),
+                |_| Recorded::Unit,
+            );
+            if let Err(e) = forgotten {
+                // Harmless: prune_completed removes them later.
+                tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
+            }
+        }
+    }
+
+    fn fence(&self) {
+        self.fence_writes();
+    }
+
+    fn unfence(&self) {
+        self.unfence_writes();
+    }
+
+    fn open_session(&self, info: &SessionInfo) -> Result<()> {
+        self.write(
+            "open session",
+            None,
+            |c| sessions::open(c, info),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn heartbeat(&self, session: u64) -> Result<bool> {
+        self.write(
+            "heartbeat",
+            None,
+            |c| sessions::heartbeat(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn close_session(&self, session: u64) -> Result<Vec<u64>> {
+        self.write(
+            "close session",
+            None,
+            |c| sessions::close(c, session),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>> {
+        let max_age_ms = i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX);
+        self.write(
+            "expire sessions",
+            None,
+            |c| sessions::expire(c, max_age_ms),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn sessions(&self) -> Result<Vec<SessionRecord>> {
+        self.read("sessions", |c| sessions::list(c))
+    }
+
+    fn held_orphans(&self, session: u64) -> Result<Vec<u64>> {
+        self.read("held orphans", |c| sessions::held_by(c, session))
+    }
+
+    fn unheld_orphans(&self, limit: u32) -> Result<Vec<u64>> {
+        self.read("unheld orphans", |c| sessions::unheld(c, limit))
+    }
+
+    fn hold_orphan(&self, session: u64, ino: u64) -> Result<()> {
+        self.write(
+            "hold orphan",
+            None,
+            |c| sessions::hold(c, session, ino),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
+        self.write(
+            "release orphan",
+            None,
+            |c| sessions::release(c, session, ino),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn publish_locks(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: Option<&RangeLock>,
+        held: &[RangeLock],
+    ) -> Result<Option<RangeLock>> {
+        self.write(
+            "publish locks",
+            None,
+            |c| locks::publish(c, session, ino, space, wanted, held),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn conflicting_lock(
+        &self,
+        session: u64,
+        ino: u64,
+        space: LockSpace,
+        wanted: &RangeLock,
+    ) -> Result<Option<RangeLock>> {
+        self.read("conflicting lock", |c| {
+            locks::conflicting(c, session, ino, space, wanted)
+        })
+    }
+
+    fn replace_session_locks(
+        &self,
+        session: u64,
+        held: &[(u64, LockSpace, RangeLock)],
+    ) -> Result<()> {
+        self.write(
+            "replace session locks",
+            None,
+            |c| locks::replace_all(c, session, held),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn session_locks(&self, session: u64) -> Result<Vec<(u64, LockSpace, RangeLock)>> {
+        self.read("session locks", |c| locks::of_session(c, session))
+    }
+}
