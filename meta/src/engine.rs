@@ -39,6 +39,9 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// one-statement path first and falls back to the full read.
     const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool;
 
+    /// [`MetaStore::shared_by_hosts`].
+    const SHARED_BY_HOSTS: bool;
+
     /// The volume record read when the store was opened.
     fn volume_record(&self) -> &VolumeRecord;
 
@@ -297,6 +300,10 @@ impl<E: Engine> MetaStore for E {
                 tracing::debug!(error = %e, count = keys.len(), "answered request records kept");
             }
         }
+    }
+
+    fn shared_by_hosts(&self) -> bool {
+        E::SHARED_BY_HOSTS
     }
 
     fn fence(&self) {

@@ -173,6 +173,12 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// [`MetaStore::prune_completed`].
     fn request_answered(&self, key: RequestKey);
 
+    /// Whether mounts on other hosts can serve the volume at the same time
+    /// (PostgreSQL). A SQLite volume is served by one mount at a time (it
+    /// holds the volume's exclusive lock), so its locks need not be
+    /// published for others ([`MetaStore::publish_locks`]).
+    fn shared_by_hosts(&self) -> bool;
+
     /// Fences the store for a handover: waits for the write transaction in
     /// progress (if any), then makes every later mutation fail with
     /// [`crate::MetaError::Fenced`] so that nothing this process still runs

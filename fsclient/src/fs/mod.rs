@@ -205,10 +205,14 @@ impl BatonFs {
     pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
         self.connection.store(connection, Ordering::Relaxed);
         self.handles.start_generation(generation, inherited);
-        lock(&self.locks).set_registry(Box::new(lock::VolumeLocks::new(
-            Arc::clone(&self.meta),
-            connection,
-        )));
+        // A SQLite volume has one mount at a time: no other mount to ask,
+        // and a lock costs no metadata transaction.
+        if self.meta.shared_by_hosts() {
+            lock(&self.locks).set_registry(Box::new(lock::VolumeLocks::new(
+                Arc::clone(&self.meta),
+                connection,
+            )));
+        }
     }
 
     /// Fences this process for a handover: no metadata change and no

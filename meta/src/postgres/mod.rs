@@ -291,6 +291,7 @@ impl Engine for PostgresMeta {
     /// Every read is a transaction: a one-statement read gains nothing by
     /// going first.
     const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = false;
+    const SHARED_BY_HOSTS: bool = true;
 
     fn volume_record(&self) -> &VolumeRecord {
         &self.volume

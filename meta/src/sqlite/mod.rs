@@ -272,6 +272,7 @@ impl Engine for SqliteMeta {
     type Conn<'c> = Connection;
 
     const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = true;
+    const SHARED_BY_HOSTS: bool = false;
 
     fn volume_record(&self) -> &VolumeRecord {
         &self.volume
