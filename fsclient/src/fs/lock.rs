@@ -9,11 +9,11 @@
 //! On a volume several hosts mount (PostgreSQL), locks are shared with the
 //! other mounts through the metadata store ([`VolumeLocks`]): a lock is
 //! granted only if no other session holds a conflicting one. (A SQLite
-//! volume has one mount at a time: its table has no registry to ask.) A request blocked by another mount stays
-//! parked; [`BatonFs::retry_locks`] (every [`LOCK_RETRY_INTERVAL`] while
-//! anything waits, from the session timer's thread) checks it again. There
-//! is no cross-host wake-up: a lock released on another host is seen here
-//! within one retry interval.
+//! volume has one mount at a time: its table has no registry to ask.) A
+//! request blocked by another mount stays parked; [`BatonFs::retry_locks`]
+//! (every [`LOCK_RETRY_INTERVAL`] while anything waits, from the session
+//! timer's thread) checks it again. There is no cross-host wake-up: a lock
+//! released on another host is seen here within one retry interval.
 
 use std::sync::Arc;
 use std::time::Duration;
