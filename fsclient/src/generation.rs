@@ -113,6 +113,8 @@ pub struct Generation {
     socket: OwnedFd,
     adoption: Adoption,
     threads: usize,
+    /// Read buffers prepared before adoption, for the workers.
+    buffers: Mutex<Vec<fuse_wire::RequestBuffer>>,
     workers: Mutex<Option<Workers>>,
     /// Requests this generation journaled in a handover, kept for `Resume`.
     journaled: Mutex<Vec<Vec<u8>>>,
@@ -126,6 +128,7 @@ impl Generation {
         adoption: Adoption,
         fd: OwnedFd,
         threads: usize,
+        buffers: Vec<fuse_wire::RequestBuffer>,
     ) -> Result<(Arc<Generation>, InflightJournal)> {
         fault::arm_from_env(adoption.generation).map_err(|e| Error::Fault(e.to_string()))?;
         // Generation 1 serves a fresh connection; a later one that got no
@@ -162,6 +165,7 @@ impl Generation {
             socket,
             adoption,
             threads,
+            buffers: Mutex::new(buffers),
             workers: Mutex::new(None),
             journaled: Mutex::new(Vec::new()),
         });
@@ -177,7 +181,8 @@ impl Generation {
         for raw in &journal.requests {
             replaying_journal(|| self.session.handle(raw));
         }
-        let workers = self.session.start(self.threads)?;
+        let buffers = std::mem::take(&mut *lock(&self.buffers));
+        let workers = self.session.start_with_buffers(self.threads, buffers)?;
         let reading_ns = monotonic_ns();
         spawn_waiter(workers.stopper());
         *lock(&self.workers) = Some(workers);

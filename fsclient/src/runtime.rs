@@ -140,6 +140,12 @@ pub const MOUNT_ID_ENV: &str = "BATON_MOUNT_ID";
 fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -> Result<ExitCode> {
     let (fs, held) = open_fs(volume, options, LockMode::Shared)?;
     let socket = connect_seqpacket(connect)?;
+    // The workers' read buffers are faulted in now, while this process may
+    // still be a standby, not in the stall after it takes the connection.
+    let buffer_len = fuse_wire::read_buffer_len(fuse_wire::InitConfig::baton().max_write);
+    let buffers = (0..options.threads)
+        .map(|_| fuse_wire::RequestBuffer::new(buffer_len))
+        .collect();
     let (adoption, fd) = receive_adopt(&socket, connect)?;
     let (generation_number, resend) = (adoption.generation, adoption.resend);
     // Every line from here on, in every thread of this generation, names
@@ -148,7 +154,8 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let span = tracing::info_span!("generation", mount = %mount, generation = generation_number);
     let _in_span = span.enter();
     let planned = adoption.handover.is_some();
-    let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads)?;
+    let (generation, journal) =
+        Generation::adopt(fs, socket, adoption, fd, options.threads, buffers)?;
     // A planned upgrade continues the predecessor's session (same id, its
     // holds in place): renewing it can wait until this one reads, out of
     // the applications' stall. Otherwise it is registered before serving.

@@ -116,8 +116,13 @@ impl InitParams {
 
     /// The read buffer a worker needs: the largest write plus its headers.
     pub fn read_buffer_len(&self) -> usize {
-        (self.max_write as usize + 4096).max(abi::MIN_READ_BUFFER)
+        read_buffer_len(self.max_write)
     }
+}
+
+/// The read buffer a request of up to `max_write` bytes of data needs.
+pub fn read_buffer_len(max_write: u32) -> usize {
+    (max_write as usize + 4096).max(abi::MIN_READ_BUFFER)
 }
 
 /// Negotiates: what the kernel offered intersected with what we want.

@@ -55,10 +55,11 @@ pub use channel::{Channel, ReadOutcome};
 pub use dispatch::{dispatch, expects_reply};
 pub use error::Error;
 pub use filesystem::{Filesystem, DEFAULT_POLL_MASK};
-pub use init::{initialize, negotiate, InitConfig, InitParams};
+pub use init::{initialize, negotiate, read_buffer_len, InitConfig, InitParams};
 pub use mount::{abort_connection, connection_id, mount_fuse, unmount, MountOptions};
 pub use nix::errno::Errno;
 pub use request::{DecodeError, DecodeOptions, Operation, Request};
+pub use request_buffer::RequestBuffer;
 pub use session::{
     adopt, handle_request, ExitReason, Session, Stopper, Workers, KICK_SIGNAL, WORKERS_MAX,
 };

@@ -10,6 +10,11 @@
 //! often under load). With every page present, writable and locked, the
 //! copy never faults and the request stays in the kernel's processing list,
 //! where RESEND finds it.
+//!
+//! Faulting a buffer in takes a few hundred µs; a process that knows it
+//! will serve (a standby generation) prepares its buffers before it takes
+//! the connection ([`crate::Session::start_with_buffers`]), out of the
+//! applications' stall.
 
 use std::ptr::NonNull;
 
@@ -19,14 +24,14 @@ const PAGE_BYTES: usize = 4096;
 
 /// A zeroed buffer whose pages are faulted in for writing and, where the
 /// process may (CAP_IPC_LOCK or RLIMIT_MEMLOCK), locked in memory.
-pub(crate) struct RequestBuffer {
+pub struct RequestBuffer {
     bytes: Vec<u8>,
     locked: bool,
 }
 
 impl RequestBuffer {
     /// A resident buffer of `len` bytes.
-    pub(crate) fn new(len: usize) -> RequestBuffer {
+    pub fn new(len: usize) -> RequestBuffer {
         let mut bytes = vec![0u8; len];
         // Write-fault every page (volatile: the allocator's zeroing would
         // otherwise let the compiler drop plain stores of zero).
@@ -47,6 +52,16 @@ impl RequestBuffer {
             _ => false,
         };
         RequestBuffer { bytes, locked }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
     }
 
     /// The whole buffer.

@@ -125,6 +125,17 @@ impl<F: Filesystem> Session<F> {
 
     /// Starts `threads` workers reading the device.
     pub fn start(&self, threads: usize) -> Result<Workers, Error> {
+        self.start_with_buffers(threads, Vec::new())
+    }
+
+    /// [`Session::start`], the workers reading into `buffers` (prepared
+    /// earlier, out of the stall) where they are large enough; a worker
+    /// without one makes its own.
+    pub fn start_with_buffers(
+        &self,
+        threads: usize,
+        mut buffers: Vec<RequestBuffer>,
+    ) -> Result<Workers, Error> {
         install_kick_handler()?;
         let threads = threads.clamp(1, WORKERS_MAX);
         let shared = Arc::new(Shared {
@@ -136,6 +147,7 @@ impl<F: Filesystem> Session<F> {
         for index in 0..threads {
             let worker = Worker {
                 index,
+                buffer: buffers.pop(),
                 shared: Arc::clone(&shared),
                 fs: Arc::clone(&self.fs),
                 channel: Arc::clone(&self.channel),
@@ -367,6 +379,7 @@ impl Workers {
 
 struct Worker<F: Filesystem> {
     index: usize,
+    buffer: Option<RequestBuffer>,
     shared: Arc<Shared>,
     fs: Arc<F>,
     channel: Arc<Channel>,
@@ -375,10 +388,14 @@ struct Worker<F: Filesystem> {
 }
 
 impl<F: Filesystem> Worker<F> {
-    fn run(self) {
+    fn run(mut self) {
         let slot = &self.shared.workers[self.index];
         *slot.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(pthread_self());
-        let mut buffer = RequestBuffer::new(self.params.read_buffer_len());
+        let needed = self.params.read_buffer_len();
+        let mut buffer = match self.buffer.take() {
+            Some(prepared) if prepared.len() >= needed => prepared,
+            _ => RequestBuffer::new(needed),
+        };
         let buf = buffer.as_mut_slice();
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
         let options = self.params.decode_options();
