@@ -1,5 +1,6 @@
-//! [`BlockCache`]: a bounded on-disk cache of whole block objects, keyed by
-//! object key, with LRU eviction by size and background prefetch.
+//! [`BlockCache`]: where block reads are served from. Usually a bounded
+//! on-disk cache of whole block objects, keyed by object key, with LRU
+//! eviction by size and background prefetch.
 //!
 //! Keys name immutable objects, so entries never need invalidation, only
 //! eviction. Layout: one file per block, `cache_dir/{ino:016x}-{index:08x}-{unique:016x}.blk`,
@@ -7,6 +8,9 @@
 //! file with a block name is always complete. Opening the cache re-indexes
 //! the directory (oldest modification time evicted first) and deletes
 //! leftover temp files.
+//!
+//! A store whose objects are plain files on this host is read in place
+//! instead ([`BlockCache::in_place`]): no cache directory, no copies.
 //!
 //! Miss policy: a miss fetches the **whole block** with one GET and caches
 //! it. FUSE reads are mostly sequential and the kernel already splits them
@@ -161,14 +165,131 @@ fn lock(m: &Mutex<Lru>) -> MutexGuard<'_, Lru> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A bounded on-disk cache of whole blocks in front of a [`BlockStore`].
-pub struct BlockCache {
+/// Where block reads are served from: a bounded on-disk cache of whole
+/// blocks in front of a [`BlockStore`] ([`BlockCache::open`]), or, for a
+/// store whose objects are plain files on this host, the objects
+/// themselves ([`BlockCache::in_place`]).
+pub struct BlockCache(Backing);
+
+enum Backing {
+    OnDisk(DiskCache),
+    InPlace {
+        store: Arc<BlockStore>,
+        read_count: AtomicU64,
+    },
+}
+
+impl std::fmt::Debug for BlockCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Backing::OnDisk(cache) => cache.fmt(f),
+            Backing::InPlace { store, .. } => f
+                .debug_struct("BlockCache")
+                .field("in_place", &store.url())
+                .finish(),
+        }
+    }
+}
+
+impl BlockCache {
+    /// Opens (creating if needed) the on-disk cache in `dir`, re-indexing
+    /// existing blocks, deleting leftover temp files and evicting down to
+    /// `capacity_bytes`.
+    pub fn open(dir: &Path, capacity_bytes: u64, store: Arc<BlockStore>) -> Result<Self> {
+        Ok(BlockCache(Backing::OnDisk(DiskCache::open(
+            dir,
+            capacity_bytes,
+            store,
+        )?)))
+    }
+
+    /// No cache: every read is a ranged read of the object as stored, and
+    /// nothing is copied. For a store that [`BlockStore::reads_in_place`]
+    /// (a local directory): a cached copy would be a second file on the
+    /// same disk, costing a file creation per uploaded block and a full
+    /// block write per miss, for no faster read. Reads may be the page
+    /// cache's, which is shared by both.
+    pub fn in_place(store: Arc<BlockStore>) -> Self {
+        BlockCache(Backing::InPlace {
+            store,
+            read_count: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads `len` bytes at `offset` of the block `key` whose length is
+    /// `block_len_bytes` (from metadata). The result is shorter than `len`
+    /// only at the end of the block. On disk, a miss fetches and caches
+    /// the whole block.
+    pub fn read(
+        &self,
+        key: &ObjectKey,
+        block_len_bytes: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes> {
+        match &self.0 {
+            Backing::OnDisk(cache) => cache.read(key, block_len_bytes, offset, len),
+            Backing::InPlace { store, read_count } => {
+                if offset >= block_len_bytes || len == 0 {
+                    return Ok(Bytes::new());
+                }
+                let end = offset.saturating_add(len).min(block_len_bytes);
+                read_count.fetch_add(1, Ordering::Relaxed);
+                store.get_range(key, offset..end)
+            }
+        }
+    }
+
+    /// Inserts a block the caller already has (e.g. just uploaded). Best
+    /// effort: a cache write failure is logged and ignored. In place:
+    /// nothing to do.
+    pub fn insert(&self, key: &ObjectKey, data: &[u8]) {
+        if let Backing::OnDisk(cache) = &self.0 {
+            cache.insert(key, data);
+        }
+    }
+
+    /// Whether `key` is cached (never, in place).
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        match &self.0 {
+            Backing::OnDisk(cache) => cache.contains(key),
+            Backing::InPlace { .. } => false,
+        }
+    }
+
+    /// Readahead hint: fetches `(key, block_len_bytes)` blocks in the
+    /// background. Blocks already cached are skipped; hints beyond
+    /// [`PREFETCH_QUEUE_MAX`] waiting requests are dropped. Returns how many
+    /// were queued (none in place: the kernel's readahead of the object
+    /// files does that job).
+    pub fn prefetch(&self, blocks: &[(ObjectKey, u64)]) -> usize {
+        match &self.0 {
+            Backing::OnDisk(cache) => cache.prefetch(blocks),
+            Backing::InPlace { .. } => 0,
+        }
+    }
+
+    /// Current counters. In place, every read counts as a miss (it went to
+    /// the store).
+    pub fn stats(&self) -> CacheStats {
+        match &self.0 {
+            Backing::OnDisk(cache) => cache.stats(),
+            Backing::InPlace { read_count, .. } => CacheStats {
+                miss_count: read_count.load(Ordering::Relaxed),
+                ..CacheStats::default()
+            },
+        }
+    }
+}
+
+/// The on-disk cache behind [`BlockCache::open`].
+struct DiskCache {
     inner: Arc<Inner>,
     prefetch_tx: Option<SyncSender<(ObjectKey, u64)>>,
     workers: Vec<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for BlockCache {
+impl std::fmt::Debug for DiskCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockCache")
             .field("dir", &self.inner.dir)
@@ -177,10 +298,8 @@ impl std::fmt::Debug for BlockCache {
     }
 }
 
-impl BlockCache {
-    /// Opens (creating if needed) the cache in `dir`, re-indexing existing
-    /// blocks, deleting leftover temp files and evicting down to `capacity_bytes`.
-    pub fn open(dir: &Path, capacity_bytes: u64, store: Arc<BlockStore>) -> Result<Self> {
+impl DiskCache {
+    fn open(dir: &Path, capacity_bytes: u64, store: Arc<BlockStore>) -> Result<Self> {
         fs::create_dir_all(dir).map_err(|e| BlocksError::cache("create cache dir", dir, e))?;
         let mut lru = Lru::new(capacity_bytes, CACHE_ENTRY_COUNT_MAX);
         for (key, len, _) in scan_dir(dir)? {
@@ -210,23 +329,14 @@ impl BlockCache {
                 .map_err(|e| BlocksError::cache("spawn prefetch worker", dir, e))?;
             workers.push(handle);
         }
-        Ok(BlockCache {
+        Ok(DiskCache {
             inner,
             prefetch_tx: Some(tx),
             workers,
         })
     }
 
-    /// Reads `len` bytes at `offset` of the block `key` whose length is
-    /// `block_len_bytes` (from metadata). The result is shorter than `len`
-    /// only at the end of the block. A miss fetches and caches the whole block.
-    pub fn read(
-        &self,
-        key: &ObjectKey,
-        block_len_bytes: u64,
-        offset: u64,
-        len: u64,
-    ) -> Result<Bytes> {
+    fn read(&self, key: &ObjectKey, block_len_bytes: u64, offset: u64, len: u64) -> Result<Bytes> {
         if offset >= block_len_bytes || len == 0 {
             return Ok(Bytes::new());
         }
@@ -241,22 +351,15 @@ impl BlockCache {
         Ok(block.slice(offset as usize..end as usize))
     }
 
-    /// Inserts a block the caller already has (e.g. just uploaded). Best
-    /// effort: a cache write failure is logged and ignored.
-    pub fn insert(&self, key: &ObjectKey, data: &[u8]) {
+    fn insert(&self, key: &ObjectKey, data: &[u8]) {
         self.inner.insert(key, data);
     }
 
-    /// Whether `key` is cached.
-    pub fn contains(&self, key: &ObjectKey) -> bool {
+    fn contains(&self, key: &ObjectKey) -> bool {
         lock(&self.inner.lru).contains(key)
     }
 
-    /// Readahead hint: fetches `(key, block_len_bytes)` blocks in the
-    /// background. Blocks already cached are skipped; hints beyond
-    /// [`PREFETCH_QUEUE_MAX`] waiting requests are dropped. Returns how many
-    /// were queued.
-    pub fn prefetch(&self, blocks: &[(ObjectKey, u64)]) -> usize {
+    fn prefetch(&self, blocks: &[(ObjectKey, u64)]) -> usize {
         let Some(tx) = &self.prefetch_tx else {
             return 0;
         };
@@ -282,8 +385,7 @@ impl BlockCache {
         queued_count
     }
 
-    /// Current counters.
-    pub fn stats(&self) -> CacheStats {
+    fn stats(&self) -> CacheStats {
         let (used_bytes, entry_count) = {
             let lru = lock(&self.inner.lru);
             (lru.used_bytes, lru.entries.len() as u64)
@@ -301,7 +403,7 @@ impl BlockCache {
     }
 }
 
-impl Drop for BlockCache {
+impl Drop for DiskCache {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Ordering::Relaxed);
         self.prefetch_tx = None;

@@ -141,6 +141,9 @@ pub struct BlockStore {
     attempt_count_max: u32,
     // Compression/encryption of objects, when the volume has one.
     codec: Option<Arc<Codec>>,
+    // A plain local directory, not wrapped by injected faults: its objects
+    // are files on this host's disk (see `reads_in_place`).
+    local_dir: bool,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -182,10 +185,11 @@ impl BlockStore {
     /// Opens the store without its codec: for listing and deleting objects
     /// (`fsctl gc`), never for reading blocks.
     pub fn open_undecoded(url: &str) -> Result<Self> {
-        let mut store = Self::new(
-            crate::faulty_store::wrap_from_env(store_from_url(url)?)?,
-            url,
-        )?;
+        let backend = store_from_url(url)?;
+        let wrapped = crate::faulty_store::wrap_from_env(Arc::clone(&backend))?;
+        let faults_injected = !Arc::ptr_eq(&backend, &wrapped);
+        let mut store = Self::new(wrapped, url)?;
+        store.local_dir = url.starts_with("file://") && !faults_injected;
         if url.starts_with("s3://") {
             store.attempt_count_max = 1;
         }
@@ -195,6 +199,14 @@ impl BlockStore {
     /// Whether objects are stored encoded (their sizes are not block sizes).
     pub fn is_encoded(&self) -> bool {
         self.codec.is_some()
+    }
+
+    /// Whether a ranged read can be served from the object as stored: the
+    /// store is a directory on this host (`file://`) and objects are not
+    /// encoded. A disk cache in front of such a store would only copy
+    /// every block to the same disk (see [`crate::BlockCache::in_place`]).
+    pub fn reads_in_place(&self) -> bool {
+        self.local_dir && self.codec.is_none()
     }
 
     /// Wraps an existing object store; `url` is used in messages only.
@@ -211,6 +223,7 @@ impl BlockStore {
             url: url.to_string(),
             attempt_count_max: RETRY_ATTEMPT_COUNT_MAX,
             codec: None,
+            local_dir: false,
             runtime: Some(runtime),
         })
     }

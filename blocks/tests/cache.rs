@@ -194,3 +194,47 @@ fn prefetch_drops_hints_beyond_the_queue_max() {
     drop(cache);
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[test]
+fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
+    let (dir, store) = setup();
+    assert!(store.reads_in_place(), "file:// without a codec");
+    let key = put(&store, 3);
+    let cache = BlockCache::in_place(store);
+    cache.insert(&key, &pattern(BLOCK, 3));
+    let data = pattern(BLOCK, 3);
+    assert_eq!(
+        &cache.read(&key, BLOCK as u64, 10, 20).unwrap()[..],
+        &data[10..30]
+    );
+    assert_eq!(
+        &cache.read(&key, BLOCK as u64, 900, 1000).unwrap()[..],
+        &data[900..],
+        "a read past the block's end is cut at it"
+    );
+    assert!(cache.read(&key, BLOCK as u64, 2000, 10).unwrap().is_empty());
+    assert_eq!(cache.prefetch(&[(key.clone(), BLOCK as u64)]), 0);
+    assert!(!cache.contains(&key));
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.miss_count, stats.hit_count, stats.used_bytes),
+        (2, 0, 0)
+    );
+    assert_eq!(
+        cache_files(dir.path()),
+        vec!["objects".to_string()],
+        "no cache directory and no copies"
+    );
+    // A missing object is an error, never zeros.
+    let gone = ObjectKey::from_parts(1, 9, 9);
+    assert!(cache.read(&gone, BLOCK as u64, 0, 10).is_err());
+}
+
+#[test]
+fn only_a_local_directory_without_a_codec_reads_in_place() {
+    let (dir, _) = setup();
+    let objects = file_url(&dir.path().join("objects"));
+    assert!(!BlockStore::open("memory://").unwrap().reads_in_place());
+    let lz4 = BlockStore::open(&format!("{objects}?compression=lz4")).unwrap();
+    assert!(!lz4.reads_in_place(), "compressed objects are not blocks");
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR, DEFAULT_CACHE_SIZE_BYTES};
+use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR};
 
 /// Environment variable naming the key file when `--key-file` is absent.
 pub const KEY_FILE_ENV: &str = "BATON_KEY_FILE";
@@ -63,11 +63,15 @@ pub enum Command {
 #[derive(Debug, Args, Clone)]
 pub struct VolumeArgs {
     /// Block cache directory [default: next to the metadata, `cache/`].
+    /// A volume whose objects are plain files in a local directory (no
+    /// compression, no encryption) has no cache unless this or
+    /// `--cache-size` is given: its blocks are read in place.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Block cache capacity in bytes, or with a K/M/G/T suffix (binary).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
-    pub cache_size: u64,
+    /// Block cache capacity in bytes, or with a K/M/G/T suffix (binary)
+    /// [default: 1G].
+    #[arg(long, value_parser = parse_size)]
+    pub cache_size: Option<u64>,
     /// Write staging directory [default: next to the metadata, `staging/`].
     #[arg(long)]
     pub staging_dir: Option<PathBuf>,
@@ -169,11 +173,6 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
-/// Default cache size, for documentation and tests.
-pub const fn default_cache_size() -> u64 {
-    DEFAULT_CACHE_SIZE_BYTES
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -207,7 +206,7 @@ mod tests {
         let Command::Mount { options, .. } = cli.command else {
             panic!("mount expected");
         };
-        assert_eq!(options.cache_size, default_cache_size());
+        assert_eq!(options.cache_size, None, "cache as the store needs it");
         assert_eq!(options.threads, DEFAULT_THREADS);
         assert_eq!(options.base_dir, PathBuf::from(DEFAULT_BASE_DIR));
         assert_eq!(options.attr_ttl(), Duration::from_secs(1));

@@ -64,7 +64,7 @@
 //! let paths = VolumePaths::resolve("vol", Path::new("/var/lib/baton"))?;
 //! let options = VolumeOptions {
 //!     cache_dir: None,
-//!     cache_size_bytes: 1 << 30,
+//!     cache_size_bytes: None,
 //!     staging_dir: None,
 //!     s3_endpoint: None,
 //!     s3_region: None,

@@ -108,8 +108,10 @@ impl VolumePaths {
 pub struct VolumeOptions {
     /// Block cache directory (default: `DIR/cache`).
     pub cache_dir: Option<PathBuf>,
-    /// Block cache capacity.
-    pub cache_size_bytes: u64,
+    /// Block cache capacity (default [`DEFAULT_CACHE_SIZE_BYTES`]). With
+    /// neither a capacity nor `cache_dir`, a store that
+    /// [`BlockStore::reads_in_place`] gets no cache.
+    pub cache_size_bytes: Option<u64>,
     /// Staging directory (default: `DIR/staging`).
     pub staging_dir: Option<PathBuf>,
     /// S3 endpoint replacing the one the volume records (this host reaches
@@ -236,17 +238,27 @@ impl Volume {
             .unwrap_or_else(|| paths.dir.join("staging"));
         check_writable(&staging_dir)?;
         let staging = Staging::open(&staging_dir, block_size_bytes)?;
-        let cache_dir = options
-            .cache_dir
-            .clone()
-            .unwrap_or_else(|| paths.dir.join("cache"));
-        let cache = BlockCache::open(&cache_dir, options.cache_size_bytes, Arc::clone(&store))?;
+        let cache_asked = options.cache_dir.is_some() || options.cache_size_bytes.is_some();
+        let (cache, cache_shown) = if store.reads_in_place() && !cache_asked {
+            (
+                BlockCache::in_place(Arc::clone(&store)),
+                "none (read in place)".to_string(),
+            )
+        } else {
+            let dir = options
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| paths.dir.join("cache"));
+            let size = options.cache_size_bytes.unwrap_or(DEFAULT_CACHE_SIZE_BYTES);
+            let cache = BlockCache::open(&dir, size, Arc::clone(&store))?;
+            (cache, dir.display().to_string())
+        };
         tracing::info!(
             volume = %record.name,
             storage = %storage_url,
             block_size_bytes,
             staging = %staging_dir.display(),
-            cache = %cache_dir.display(),
+            cache = %cache_shown,
             "volume opened"
         );
         Ok(Volume {

@@ -95,7 +95,6 @@ struct Supervised {
     base: PathBuf,
     volume: String,
     mnt: PathBuf,
-    cache_count: usize,
     guard: Option<MountGuard>,
     /// Highest VmHWM of any generation that served this mount, KiB.
     busy_hwm_kib: u64,
@@ -134,40 +133,33 @@ impl Supervised {
             base,
             volume: volume.to_string(),
             mnt,
-            cache_count: 0,
             guard: None,
             busy_hwm_kib: 0,
             _supervisor: supervisor,
         })
     }
 
-    /// Mounts the volume with a fresh, empty block cache directory.
+    /// Mounts the volume as a user would (its objects in a local directory
+    /// are read in place: no block cache) after any block cache directory
+    /// was removed.
     fn mount_cold(&mut self) -> anyhow::Result<()> {
-        self.cache_count += 1;
-        let cache = self.base.join(format!("cache-{}", self.cache_count));
-        mount_volume(
-            &self.socket,
-            &self.base,
-            &self.volume,
-            &self.mnt,
-            Some(&cache),
-        )?;
+        let cache = self.base.join(&self.volume).join("cache");
+        if cache.exists() {
+            std::fs::remove_dir_all(&cache)
+                .with_context(|| format!("removing the old cache {}", cache.display()))?;
+        }
+        mount_volume(&self.socket, &self.base, &self.volume, &self.mnt)?;
         self.guard = Some(MountGuard::new(&self.mnt));
         Ok(())
     }
 
     /// Unmounts through the supervisor (the generation flushes), after
-    /// noting the generation's peak RSS; removes the old cache directory.
+    /// noting the generation's peak RSS.
     fn umount(&mut self) -> anyhow::Result<()> {
         self.sample_busy();
         let mnt = self.mnt.to_str().context("utf-8 mountpoint")?;
         fsctl(&self.socket, &["umount", mnt])?;
         self.guard = None;
-        let cache = self.base.join(format!("cache-{}", self.cache_count));
-        if cache.exists() {
-            std::fs::remove_dir_all(&cache)
-                .with_context(|| format!("removing the old cache {}", cache.display()))?;
-        }
         Ok(())
     }
 
@@ -221,24 +213,15 @@ fn format_volume(base: &Path, volume: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn mount_volume(
-    socket: &Path,
-    base: &Path,
-    volume: &str,
-    mnt: &Path,
-    cache: Option<&Path>,
-) -> anyhow::Result<()> {
+fn mount_volume(socket: &Path, base: &Path, volume: &str, mnt: &Path) -> anyhow::Result<()> {
     let utf8 = |p: &Path| p.to_str().map(str::to_string).context("utf-8 path");
-    let mut args = vec![
+    let args = vec![
         "mount".to_string(),
         volume.to_string(),
         utf8(mnt)?,
         "--base-dir".into(),
         utf8(base)?,
     ];
-    if let Some(cache) = cache {
-        args.extend(["--cache-dir".into(), utf8(cache)?]);
-    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fsctl(socket, &args).map(|_| ())
 }
@@ -666,7 +649,7 @@ fn idle_mounts(dir: &Path, count: usize) -> anyhow::Result<(Option<u64>, Option<
             }
             let mnt = dir.join("mnts").join(&volume);
             std::fs::create_dir_all(&mnt)?;
-            mount_volume(&supervisor.socket, &supervisor.base, &volume, &mnt, None)?;
+            mount_volume(&supervisor.socket, &supervisor.base, &volume, &mnt)?;
             mounted.push((MountGuard::new(&mnt), mnt));
         }
         std::thread::sleep(Duration::from_secs(1));
