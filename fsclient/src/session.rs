@@ -3,7 +3,8 @@
 //! a mount, so other mounts of the volume see this one alive and this one
 //! cleans up after dead ones (`fs/orphans.rs` says what a tick does).
 //! The same thread retries lock requests parked behind another mount's
-//! lock (`fs/lock.rs`), every `LOCK_RETRY_INTERVAL` while any wait.
+//! lock (`fs/lock.rs`), every `LOCK_RETRY_INTERVAL` while any wait, and
+//! lets go of the inodes requests unlinked (`fs/orphans.rs`), in batches.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -51,9 +52,10 @@ impl SessionTimer {
         let span = tracing::Span::current();
         let thread = std::thread::spawn(move || {
             let _in_span = span.enter();
-            fs.set_lock_retry_thread();
+            fs.set_timer_thread(Some(std::thread::current()));
             let mut next_tick = Instant::now();
             while !flag.load(Ordering::Relaxed) {
+                let orphans_due = fs.settle_queued_orphans(false);
                 if Instant::now() >= next_tick {
                     if let Err(err) = fs.session_tick(expiry) {
                         // Fenced (handing over) or the store is
@@ -62,14 +64,18 @@ impl SessionTimer {
                     }
                     next_tick = Instant::now() + interval;
                 }
-                let until_tick = next_tick.saturating_duration_since(Instant::now());
-                let sleep = if fs.retry_locks() {
-                    until_tick.min(LOCK_RETRY_INTERVAL)
-                } else {
-                    until_tick
-                };
+                let mut sleep = next_tick.saturating_duration_since(Instant::now());
+                if fs.retry_locks() {
+                    sleep = sleep.min(LOCK_RETRY_INTERVAL);
+                }
+                if let Some(due) = orphans_due {
+                    sleep = sleep.min(due);
+                }
                 std::thread::park_timeout(sleep);
             }
+            // From here on requests settle their orphans themselves.
+            fs.set_timer_thread(None);
+            fs.settle_queued_orphans(true);
         });
         SessionTimer {
             stop,

@@ -22,9 +22,9 @@ use crate::record::Recorded;
 use crate::sql::Db;
 use crate::store::MetaStore;
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
-    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, Timespec,
-    TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef,
+    RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs,
+    Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 
 /// One metadata engine: how it runs a read or a write transaction, and
@@ -204,6 +204,13 @@ impl<E: Engine> MetaStore for E {
         self.read("readdir", |c| readdir::readdir(c, ino, offset, limit))
     }
 
+    fn readdir_plus(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntryPlus>> {
+        let block_size = self.volume_record().block_size_bytes;
+        self.read("readdir plus", |c| {
+            readdir::readdir_plus(c, ino, offset, limit, block_size)
+        })
+    }
+
     fn setxattr(
         &self,
         ino: u64,
@@ -372,11 +379,26 @@ impl<E: Engine> MetaStore for E {
         )
     }
 
-    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
+    fn release_orphans(
+        &self,
+        session: Option<u64>,
+        inos: &[u64],
+    ) -> Result<Vec<(u64, Vec<ObjectRef>)>> {
+        if inos.is_empty() {
+            return Ok(Vec::new());
+        }
         self.write(
-            "release orphan",
+            "release orphans",
             None,
-            |c| sessions::release(c, session, ino),
+            |c| {
+                let mut reclaimed = Vec::new();
+                for &ino in inos {
+                    if let Some(objects) = sessions::release(c, session, ino)? {
+                        reclaimed.push((ino, objects));
+                    }
+                }
+                Ok(reclaimed)
+            },
             |_| Recorded::Unit,
         )
     }

@@ -23,9 +23,9 @@ use std::time::SystemTime;
 
 use crate::error::{MetaError, Result};
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, LockSpace, ObjectRef, RangeLock,
-    RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs, TruncatedBlocks,
-    Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef,
+    RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs,
+    TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -104,6 +104,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// `.` has cookie 1 and `..` cookie 2; other cookies are per-entry and
     /// stay valid while entries are added or removed.
     fn readdir(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>>;
+
+    /// [`MetaStore::readdir`] with each entry's attributes and committed
+    /// bytes (but `.` and `..`'s), read in the same snapshot.
+    fn readdir_plus(&self, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntryPlus>>;
 
     /// Sets an extended attribute; sets ctime.
     fn setxattr(
@@ -234,7 +238,19 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// the same transaction, reclaims `ino` if it is an orphan nobody
     /// holds. Returns the objects to delete after the call when it was
     /// reclaimed, `None` when it is still held, linked again or gone.
-    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>>;
+    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<Option<Vec<ObjectRef>>> {
+        let mut reclaimed = self.release_orphans(session, &[ino])?;
+        Ok(reclaimed.pop().map(|(_, objects)| objects))
+    }
+
+    /// [`MetaStore::release_orphan`] of each of `inos`, in one
+    /// transaction. Returns the inodes it reclaimed, each with the objects
+    /// to delete after the call.
+    fn release_orphans(
+        &self,
+        session: Option<u64>,
+        inos: &[u64],
+    ) -> Result<Vec<(u64, Vec<ObjectRef>)>>;
 
     // Locks shared by the volume's mounts: each session publishes the
     // locks its mount holds, per inode and lock space; a mount takes a lock

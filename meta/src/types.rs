@@ -292,6 +292,17 @@ pub struct DirEntry {
     pub offset_next: u64,
 }
 
+/// One entry of [`crate::MetaStore::readdir_plus`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntryPlus {
+    /// The entry.
+    pub entry: DirEntry,
+    /// Its inode's attributes (`None` for `.` and `..`).
+    pub attr: Option<Attr>,
+    /// Bytes of its committed blocks below its size (for `st_blocks`).
+    pub committed_bytes: u64,
+}
+
 /// A reference to an object in object storage, by key.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {

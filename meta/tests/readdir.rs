@@ -94,3 +94,59 @@ fn limit_is_clamped_to_readdir_entries_max() {
         .unwrap();
     assert_eq!(rest.len(), 12);
 }
+
+#[test]
+fn readdir_plus_lists_the_same_entries_with_attributes_and_committed_bytes() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let d = dir(m, ROOT_INO, "d");
+    let f = file(m, d.ino, "f");
+    let s = mk(m, d.ino, "s", FileKind::Symlink);
+    let sub = dir(m, d.ino, "sub");
+    let bs = u64::from(BS);
+    let blocks = |pairs: &[(u64, u32)]| {
+        pairs
+            .iter()
+            .map(|&(index, len)| baton_meta::BlockRef {
+                index,
+                object_key: format!("k{index}"),
+                len,
+            })
+            .collect()
+    };
+    let commit = baton_meta::CommitBlocks {
+        new_size: Some(2 * bs + 10),
+        mtime: Some(baton_meta::TimeOrNow::Now),
+        blocks: blocks(&[(0, BS), (2, 10)]),
+        punched: vec![],
+    };
+    m.commit_blocks(f.ino, &commit, None).unwrap();
+    let plain = m.readdir(d.ino, 0, 100).unwrap();
+    let plus = m.readdir_plus(d.ino, 0, 100).unwrap();
+    assert_eq!(
+        plus.iter().map(|p| p.entry.clone()).collect::<Vec<_>>(),
+        plain,
+        "the same entries and cookies as readdir"
+    );
+    assert!(plus[0].attr.is_none() && plus[1].attr.is_none(), ". and ..");
+    for p in &plus[2..] {
+        assert_eq!(p.attr.as_ref(), Some(&m.getattr(p.entry.ino).unwrap()));
+    }
+    let bytes: Vec<(u64, u64)> = plus[2..]
+        .iter()
+        .map(|p| (p.entry.ino, p.committed_bytes))
+        .collect();
+    assert_eq!(
+        bytes,
+        vec![(f.ino, bs + 10), (s.ino, 0), (sub.ino, 0)],
+        "a hole counts nothing"
+    );
+    // Resuming after an entry, and a limit, as readdir.
+    let after_f = m.readdir_plus(d.ino, plain[2].offset_next, 1).unwrap();
+    assert_eq!(after_f.len(), 1);
+    assert_eq!(after_f[0].entry, plain[3]);
+    assert_eq!(
+        m.readdir_plus(f.ino, 0, 10).unwrap_err().errno(),
+        libc::ENOTDIR
+    );
+}

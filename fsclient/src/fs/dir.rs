@@ -61,25 +61,21 @@ impl BatonFs {
             DIRENT_BYTES_MIN
         };
         let limit = (arg.size / per_entry).max(1) + 1;
-        for entry in self.meta.readdir(ino, arg.offset, limit)? {
-            let dot = entry.name == "." || entry.name == "..";
-            let plus = if entries.is_plus() && !dot {
-                match self.meta.getattr(entry.ino) {
-                    Ok(attr) => Some(self.entry_out(&attr)?),
-                    // Removed since the listing was read: skip it.
-                    Err(baton_meta::MetaError::NotFound { .. }) => continue,
-                    Err(e) => return Err(e.into()),
+        if !entries.is_plus() {
+            for entry in self.meta.readdir(ino, arg.offset, limit)? {
+                if !entries.push(record(&entry), None) {
+                    break;
                 }
-            } else {
-                None
+            }
+            return Ok(entries);
+        }
+        // READDIRPLUS: the attributes come with the listing, in one read.
+        for listed in self.meta.readdir_plus(ino, arg.offset, limit)? {
+            let plus = match &listed.attr {
+                Some(attr) => Some(self.entry_out_with(attr, Some(listed.committed_bytes))?),
+                None => None,
             };
-            let record = DirentRecord {
-                ino: entry.ino,
-                offset_next: entry.offset_next,
-                typ: entry.kind.type_bits() >> 12,
-                name: entry.name.as_bytes(),
-            };
-            if !entries.push(record, plus.as_ref()) {
+            if !entries.push(record(&listed.entry), plus.as_ref()) {
                 break;
             }
         }
@@ -92,5 +88,15 @@ impl BatonFs {
             Some(handle) if released.reclaim => self.settle_orphan(handle.ino),
             _ => Ok(()),
         }
+    }
+}
+
+/// The dirent of a listed entry.
+fn record(entry: &baton_meta::DirEntry) -> DirentRecord<'_> {
+    DirentRecord {
+        ino: entry.ino,
+        offset_next: entry.offset_next,
+        typ: entry.kind.type_bits() >> 12,
+        name: entry.name.as_bytes(),
     }
 }

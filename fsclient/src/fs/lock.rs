@@ -267,7 +267,7 @@ impl BatonFs {
             }
         }
         if parked {
-            self.wake_lock_retry();
+            self.wake_timer_thread();
         }
     }
 

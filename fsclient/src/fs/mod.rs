@@ -95,9 +95,12 @@ pub struct BatonFs {
     /// the table's change count last written there.
     held_locks_file: Option<held_locks::HeldLocksFile>,
     held_locks_saved: AtomicU64,
-    /// The thread that runs [`BatonFs::retry_locks`] (the session timer's),
-    /// woken when a request parks.
-    lock_retry_thread: Mutex<Option<std::thread::Thread>>,
+    /// The session timer's thread, which runs [`BatonFs::retry_locks`] and
+    /// [`BatonFs::settle_queued_orphans`]: woken when a request parks or an
+    /// inode loses its last name.
+    timer_thread: Mutex<Option<std::thread::Thread>>,
+    /// Inodes that lost their last name, for the timer thread to settle.
+    orphans_to_settle: Mutex<orphans::OrphanQueue>,
     inode_locks: Vec<Mutex<()>>,
     alloc: Mutex<HashMap<u64, u64>>,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
@@ -144,7 +147,8 @@ impl BatonFs {
             locks: Mutex::new(LockTable::default()),
             held_locks_file: held_locks::HeldLocksFile::from_env(),
             held_locks_saved: AtomicU64::new(0),
-            lock_retry_thread: Mutex::new(None),
+            timer_thread: Mutex::new(None),
+            orphans_to_settle: Mutex::new(orphans::OrphanQueue::default()),
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),
@@ -306,14 +310,16 @@ impl BatonFs {
         }
     }
 
-    /// Makes the current thread the one [`BatonFs::retry_locks`] runs on:
-    /// it is unparked whenever a lock request parks.
-    pub fn set_lock_retry_thread(&self) {
-        *lock(&self.lock_retry_thread) = Some(std::thread::current());
+    /// Makes the current thread the one [`BatonFs::retry_locks`] and
+    /// [`BatonFs::settle_queued_orphans`] run on (`None`: no such thread
+    /// any more; orphans are settled by the requests themselves): it is
+    /// unparked whenever a lock request parks or an inode is orphaned.
+    pub fn set_timer_thread(&self, thread: Option<std::thread::Thread>) {
+        *lock(&self.timer_thread) = thread;
     }
 
-    fn wake_lock_retry(&self) {
-        if let Some(thread) = lock(&self.lock_retry_thread).as_ref() {
+    fn wake_timer_thread(&self) {
+        if let Some(thread) = lock(&self.timer_thread).as_ref() {
             thread.unpark();
         }
     }
@@ -321,7 +327,7 @@ impl BatonFs {
     /// Publishes every held lock again (this session's rows may be gone).
     fn republish_locks(&self) {
         lock(&self.locks).republish_all();
-        self.wake_lock_retry();
+        self.wake_timer_thread();
     }
 
     /// The metadata store.
@@ -330,7 +336,11 @@ impl BatonFs {
     }
 
     fn inode_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
-        lock(&self.inode_locks[(ino % INODE_LOCK_STRIPE_COUNT as u64) as usize])
+        lock(&self.inode_locks[self.inode_stripe(ino)])
+    }
+
+    fn inode_stripe(&self, ino: u64) -> usize {
+        (ino % INODE_LOCK_STRIPE_COUNT as u64) as usize
     }
 
     fn ttl(&self) -> (u64, u32) {
@@ -342,10 +352,19 @@ impl BatonFs {
 
     /// Kernel attributes: the staged size over the committed one.
     fn kernel_attr(&self, a: &Attr) -> Result<abi::Attr> {
+        self.kernel_attr_with(a, None)
+    }
+
+    /// [`BatonFs::kernel_attr`] with the committed bytes of `a` when the
+    /// caller read them with it (else looked up).
+    fn kernel_attr_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::Attr> {
         let (size, blocks) = if a.kind == FileKind::Regular {
             let staged = self.staging.staged_size(a.ino)?;
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
-            let mut bytes = self.committed_alloc(a.ino, a.size)?;
+            let mut bytes = match committed_bytes {
+                Some(bytes) => bytes,
+                None => self.committed_alloc(a.ino, a.size)?,
+            };
             if staged.is_some() {
                 let dirty = self.staging.dirty_blocks(a.ino)?.len() as u64;
                 bytes = bytes.saturating_add(dirty.saturating_mul(self.block_size));
@@ -385,6 +404,11 @@ impl BatonFs {
     }
 
     fn entry_out(&self, a: &Attr) -> Result<abi::EntryOut> {
+        self.entry_out_with(a, None)
+    }
+
+    /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr_with`].
+    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::EntryOut> {
         let (secs, nanos) = self.ttl();
         Ok(abi::EntryOut {
             nodeid: a.ino,
@@ -393,7 +417,7 @@ impl BatonFs {
             attr_valid: secs,
             entry_valid_nsec: nanos,
             attr_valid_nsec: nanos,
-            attr: self.kernel_attr(a)?,
+            attr: self.kernel_attr_with(a, committed_bytes)?,
         })
     }
 

@@ -326,11 +326,11 @@ impl BatonFs {
         )
     }
 
-    /// An inode lost a name; at nlink 0 this session lets go of it now,
+    /// An inode lost a name; at nlink 0 this session lets go of it soon,
     /// or at its last release if something here has it open (`orphans.rs`).
     fn lost_name(&self, gone: Unlinked) -> Result<()> {
         if gone.nlink_after == 0 {
-            self.settle_orphan(gone.ino)?;
+            self.orphaned(gone.ino)?;
         }
         Ok(())
     }

@@ -26,8 +26,9 @@
 //! them), lets go of holds on inodes no handle here has open (another host
 //! unlinked them), and reclaims orphans nobody holds.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use baton_meta::{MetaError, ObjectRef, SessionInfo};
 
@@ -37,6 +38,20 @@ use crate::error::Result;
 /// Orphans without holders reclaimed per tick at most (the rest wait for
 /// the next tick).
 pub const UNHELD_RECLAIM_COUNT_MAX: u32 = 256;
+/// Orphans let go of in one metadata transaction at most.
+pub const ORPHAN_RELEASE_BATCH_MAX: usize = 256;
+/// How long an unlinked inode waits for others to be settled with it in
+/// one transaction (a burst of unlinks is one release transaction per this
+/// interval, not one per unlink).
+pub const ORPHAN_SETTLE_DELAY: Duration = Duration::from_millis(10);
+
+/// Inodes that lost their last name, waiting for the timer thread.
+#[derive(Debug, Default)]
+pub(super) struct OrphanQueue {
+    inos: BTreeSet<u64>,
+    /// When the oldest of them was queued.
+    since: Option<Instant>,
+}
 
 impl BatonFs {
     fn session_id(&self) -> u64 {
@@ -124,8 +139,12 @@ impl BatonFs {
                 tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
             }
         }
-        for ino in self.meta.held_orphans(info.id)? {
-            self.settle_orphan(ino)?;
+        for held in self
+            .meta
+            .held_orphans(info.id)?
+            .chunks(ORPHAN_RELEASE_BATCH_MAX)
+        {
+            self.settle_orphans(held)?;
         }
         self.reclaim_unheld_orphans()
     }
@@ -138,15 +157,110 @@ impl BatonFs {
         Ok(())
     }
 
+    /// `ino` lost its last name here (UNLINK, RMDIR, RENAME over it). With
+    /// the session timer running, its thread lets go of it shortly after,
+    /// many per transaction ([`BatonFs::settle_queued_orphans`]), so the
+    /// request is answered after one transaction instead of two; else now.
+    ///
+    /// A crash before the thread ran leaves the hold to the next
+    /// generation: after a planned handover its session tick settles it,
+    /// after a crash (inherited handles) it is kept until the mount ends,
+    /// like an orphan that was open.
+    pub(super) fn orphaned(&self, ino: u64) -> Result<()> {
+        // Queued under the thread's lock, so that nothing is queued after
+        // the thread's last drain (`SessionTimer::stop`).
+        let timer = super::lock(&self.timer_thread);
+        match timer.as_ref() {
+            Some(thread) => {
+                let mut queue = super::lock(&self.orphans_to_settle);
+                queue.inos.insert(ino);
+                if queue.since.is_none() || queue.inos.len() >= ORPHAN_RELEASE_BATCH_MAX {
+                    queue.since.get_or_insert_with(Instant::now);
+                    thread.unpark();
+                }
+                Ok(())
+            }
+            None => {
+                drop(timer);
+                self.settle_orphan(ino)
+            }
+        }
+    }
+
+    /// Settles the orphans [`BatonFs::orphaned`] queued once the oldest
+    /// waited [`ORPHAN_SETTLE_DELAY`] (or a batch is full; `now`: all of
+    /// them), one transaction per [`ORPHAN_RELEASE_BATCH_MAX`]. Runs on
+    /// the session timer's thread. Returns how long until the queue is due
+    /// again, `None` when it is empty. A batch that fails (fenced for a
+    /// handover, store unreachable) is dropped: its holds stay and the
+    /// session tick settles them.
+    pub fn settle_queued_orphans(&self, now: bool) -> Option<Duration> {
+        loop {
+            let batch: Vec<u64> = {
+                let mut queue = super::lock(&self.orphans_to_settle);
+                let since = queue.since?;
+                let waited = since.elapsed();
+                let full = queue.inos.len() >= ORPHAN_RELEASE_BATCH_MAX;
+                if !now && !full && waited < ORPHAN_SETTLE_DELAY {
+                    return Some(ORPHAN_SETTLE_DELAY - waited);
+                }
+                let batch: Vec<u64> = queue
+                    .inos
+                    .iter()
+                    .copied()
+                    .take(ORPHAN_RELEASE_BATCH_MAX)
+                    .collect();
+                for ino in &batch {
+                    queue.inos.remove(ino);
+                }
+                if queue.inos.is_empty() {
+                    queue.since = None;
+                }
+                batch
+            };
+            if let Err(err) = self.settle_orphans(&batch) {
+                tracing::warn!(orphans = batch.len(), %err, "unlinked inodes not released yet; the session tick retries");
+            }
+        }
+    }
+
     /// `ino` may be an orphan this session holds: keeps the hold while a
     /// handle here has it open (or the table is inherited), else lets go,
     /// reclaiming it if nobody else holds it.
     pub(super) fn settle_orphan(&self, ino: u64) -> Result<()> {
-        let _guard = self.inode_lock(ino);
-        if self.handles.mark_orphan(ino) || self.handles.inherited() {
+        self.settle_orphans(&[ino])
+    }
+
+    /// [`BatonFs::settle_orphan`] of each of `inos` (ascending), with one
+    /// metadata transaction for all. Holds the stripe mutexes of all of
+    /// them across the decision and the transaction, taken in ascending
+    /// stripe order: every other path holds at most one stripe at a time,
+    /// so this cannot deadlock.
+    fn settle_orphans(&self, inos: &[u64]) -> Result<()> {
+        let mut stripes: Vec<usize> = inos.iter().map(|&ino| self.inode_stripe(ino)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let _guards: Vec<_> = stripes
+            .iter()
+            .map(|&stripe| super::lock(&self.inode_locks[stripe]))
+            .collect();
+        // Every inode is marked (its last close here settles it again),
+        // whether or not the table is inherited.
+        let unopened: Vec<u64> = inos
+            .iter()
+            .copied()
+            .filter(|&ino| !self.handles.mark_orphan(ino))
+            .collect();
+        if self.handles.inherited() || unopened.is_empty() {
             return Ok(());
         }
-        self.release_locked(Some(self.session_id()), ino)
+        for (ino, released) in self
+            .meta
+            .release_orphans(Some(self.session_id()), &unopened)?
+        {
+            self.reclaimed(ino, &released)?;
+        }
+        Ok(())
     }
 
     /// OPEN found `ino` at nlink 0 (another host unlinked it while this

@@ -49,29 +49,36 @@ macro_rules! attr_columns {
     };
 }
 
+pub(crate) use attr_columns;
+
 fn row_attr(r: &Row<'_>) -> SqlResult<Attr> {
+    row_attr_at(r, 0)
+}
+
+/// The [`Attr`] of `attr_columns!` selected from column `at` on.
+pub(crate) fn row_attr_at(r: &Row<'_>, at: usize) -> SqlResult<Attr> {
     Ok(Attr {
-        ino: r.get(0)?,
-        kind: r.get(1)?,
-        mode: r.get(2)?,
-        nlink: r.get(3)?,
-        uid: r.get(4)?,
-        gid: r.get(5)?,
-        rdev: r.get(6)?,
-        size: r.get(7)?,
+        ino: r.get(at)?,
+        kind: r.get(at + 1)?,
+        mode: r.get(at + 2)?,
+        nlink: r.get(at + 3)?,
+        uid: r.get(at + 4)?,
+        gid: r.get(at + 5)?,
+        rdev: r.get(at + 6)?,
+        size: r.get(at + 7)?,
         atime: Timespec {
-            sec: r.get(8)?,
-            nsec: r.get(9)?,
+            sec: r.get(at + 8)?,
+            nsec: r.get(at + 9)?,
         },
         mtime: Timespec {
-            sec: r.get(10)?,
-            nsec: r.get(11)?,
+            sec: r.get(at + 10)?,
+            nsec: r.get(at + 11)?,
         },
         ctime: Timespec {
-            sec: r.get(12)?,
-            nsec: r.get(13)?,
+            sec: r.get(at + 12)?,
+            nsec: r.get(at + 13)?,
         },
-        generation: r.get(14)?,
+        generation: r.get(at + 14)?,
     })
 }
 
