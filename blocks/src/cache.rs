@@ -33,6 +33,7 @@ use std::thread::JoinHandle;
 use bytes::Bytes;
 
 use crate::error::{BlocksError, Result};
+use crate::in_place::InPlaceReader;
 use crate::key::ObjectKey;
 use crate::store::BlockStore;
 
@@ -171,23 +172,15 @@ fn lock(m: &Mutex<Lru>) -> MutexGuard<'_, Lru> {
 /// themselves ([`BlockCache::in_place`]).
 pub struct BlockCache(Backing);
 
+#[derive(Debug)]
 enum Backing {
     OnDisk(DiskCache),
-    InPlace {
-        store: Arc<BlockStore>,
-        read_count: AtomicU64,
-    },
+    InPlace(InPlaceReader),
 }
 
 impl std::fmt::Debug for BlockCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            Backing::OnDisk(cache) => cache.fmt(f),
-            Backing::InPlace { store, .. } => f
-                .debug_struct("BlockCache")
-                .field("in_place", &store.url())
-                .finish(),
-        }
+        self.0.fmt(f)
     }
 }
 
@@ -203,17 +196,24 @@ impl BlockCache {
         )?)))
     }
 
-    /// No cache: every read is a ranged read of the object as stored, and
-    /// nothing is copied. For a store that [`BlockStore::reads_in_place`]
-    /// (a local directory): a cached copy would be a second file on the
-    /// same disk, costing a file creation per uploaded block and a full
-    /// block write per miss, for no faster read. Reads may be the page
-    /// cache's, which is shared by both.
-    pub fn in_place(store: Arc<BlockStore>) -> Self {
-        BlockCache(Backing::InPlace {
-            store,
-            read_count: AtomicU64::new(0),
-        })
+    /// No cache: every read is a ranged read of the object's own file,
+    /// and nothing is copied. For a store that
+    /// [`BlockStore::reads_in_place`] (a local directory): a cached copy
+    /// would be a second file on the same disk, costing a file creation
+    /// per uploaded block and a whole-block write per miss, for no faster
+    /// read. `InvalidArgument` for any other store.
+    pub fn in_place(store: &BlockStore) -> Result<Self> {
+        let root = store
+            .in_place_root()
+            .ok_or_else(|| BlocksError::InvalidArgument {
+                what: format!(
+                    "store {} cannot be read in place (not a plain local directory)",
+                    store.url()
+                ),
+            })?;
+        Ok(BlockCache(Backing::InPlace(InPlaceReader::new(
+            root.to_path_buf(),
+        ))))
     }
 
     /// Reads `len` bytes at `offset` of the block `key` whose length is
@@ -229,13 +229,12 @@ impl BlockCache {
     ) -> Result<Bytes> {
         match &self.0 {
             Backing::OnDisk(cache) => cache.read(key, block_len_bytes, offset, len),
-            Backing::InPlace { store, read_count } => {
+            Backing::InPlace(reader) => {
                 if offset >= block_len_bytes || len == 0 {
                     return Ok(Bytes::new());
                 }
                 let end = offset.saturating_add(len).min(block_len_bytes);
-                read_count.fetch_add(1, Ordering::Relaxed);
-                store.get_range(key, offset..end)
+                reader.read(key, offset, end)
             }
         }
     }
@@ -253,7 +252,7 @@ impl BlockCache {
     pub fn contains(&self, key: &ObjectKey) -> bool {
         match &self.0 {
             Backing::OnDisk(cache) => cache.contains(key),
-            Backing::InPlace { .. } => false,
+            Backing::InPlace(_) => false,
         }
     }
 
@@ -265,7 +264,7 @@ impl BlockCache {
     pub fn prefetch(&self, blocks: &[(ObjectKey, u64)]) -> usize {
         match &self.0 {
             Backing::OnDisk(cache) => cache.prefetch(blocks),
-            Backing::InPlace { .. } => 0,
+            Backing::InPlace(_) => 0,
         }
     }
 
@@ -274,8 +273,8 @@ impl BlockCache {
     pub fn stats(&self) -> CacheStats {
         match &self.0 {
             Backing::OnDisk(cache) => cache.stats(),
-            Backing::InPlace { read_count, .. } => CacheStats {
-                miss_count: read_count.load(Ordering::Relaxed),
+            Backing::InPlace(reader) => CacheStats {
+                miss_count: reader.read_count(),
                 ..CacheStats::default()
             },
         }

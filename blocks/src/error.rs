@@ -193,6 +193,16 @@ pub enum BlocksError {
         reason: String,
     },
 
+    /// Reading a block object's file in a local store's directory failed.
+    #[error("reading block object file {path} failed: {source}; check the volume's data directory and its disk")]
+    ObjectFileIo {
+        /// The object's file.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// An I/O error in the block cache directory.
     #[error("block cache I/O error during {op} on {path}: {source}")]
     CacheIo {
@@ -300,7 +310,9 @@ impl BlocksError {
         match self {
             BlocksError::StagingFull { .. } => libc::ENOSPC,
             BlocksError::InvalidArgument { .. } | BlocksError::InvalidKey { .. } => libc::EINVAL,
-            BlocksError::StagingIo { source, .. } | BlocksError::CacheIo { source, .. } => {
+            BlocksError::StagingIo { source, .. }
+            | BlocksError::CacheIo { source, .. }
+            | BlocksError::ObjectFileIo { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             BlocksError::StorageUnreachable { .. } => libc::EIO,

@@ -12,7 +12,9 @@
 //!   ([`S3Location`]), `memory://`), with bounded retries, bounded parallel
 //!   uploads and multipart upload of large blocks.
 //! - [`BlockCache`]: bounded on-disk LRU cache of whole blocks keyed by
-//!   object key, surviving restarts, with background prefetch.
+//!   object key, surviving restarts, with background prefetch; or, in
+//!   front of a local directory store, none: objects are read in place
+//!   (`in_place.rs`).
 //! - [`Staging`]: per-inode staged block files and size record that make an
 //!   acknowledged write survive process death, and the take/clear halves of
 //!   a flush ([`UploadSet`]).
@@ -74,6 +76,7 @@ mod cache;
 mod codec;
 mod error;
 mod faulty_store;
+mod in_place;
 mod key;
 mod passphrase;
 mod s3;
@@ -87,6 +90,7 @@ pub use cache::{
 pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BYTES};
 pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
+pub use in_place::OPEN_OBJECT_FILES_MAX;
 pub use key::{ObjectKey, KEY_PREFIX};
 pub use passphrase::{
     derive_key, key_for, new_salt, read_passphrase_file, KeySource, KDF_ARGON2ID,

@@ -8,6 +8,7 @@
 //! [`UPLOAD_PARALLEL_MAX`] at once.
 
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -141,9 +142,9 @@ pub struct BlockStore {
     attempt_count_max: u32,
     // Compression/encryption of objects, when the volume has one.
     codec: Option<Arc<Codec>>,
-    // A plain local directory, not wrapped by injected faults: its objects
-    // are files on this host's disk (see `reads_in_place`).
-    local_dir: bool,
+    // The directory of a plain local store not wrapped by injected faults:
+    // its objects are files on this host's disk (see `reads_in_place`).
+    local_root: Option<PathBuf>,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -189,7 +190,10 @@ impl BlockStore {
         let wrapped = crate::faulty_store::wrap_from_env(Arc::clone(&backend))?;
         let faults_injected = !Arc::ptr_eq(&backend, &wrapped);
         let mut store = Self::new(wrapped, url)?;
-        store.local_dir = url.starts_with("file://") && !faults_injected;
+        if !faults_injected {
+            let (plain, _) = CodecSpec::split_url(url)?;
+            store.local_root = plain.strip_prefix("file://").map(PathBuf::from);
+        }
         if url.starts_with("s3://") {
             store.attempt_count_max = 1;
         }
@@ -206,7 +210,16 @@ impl BlockStore {
     /// encoded. A disk cache in front of such a store would only copy
     /// every block to the same disk (see [`crate::BlockCache::in_place`]).
     pub fn reads_in_place(&self) -> bool {
-        self.local_dir && self.codec.is_none()
+        self.in_place_root().is_some()
+    }
+
+    /// The directory whose files are the objects, when
+    /// [`BlockStore::reads_in_place`].
+    pub(crate) fn in_place_root(&self) -> Option<&Path> {
+        match self.codec {
+            None => self.local_root.as_deref(),
+            Some(_) => None,
+        }
     }
 
     /// Wraps an existing object store; `url` is used in messages only.
@@ -223,7 +236,7 @@ impl BlockStore {
             url: url.to_string(),
             attempt_count_max: RETRY_ATTEMPT_COUNT_MAX,
             codec: None,
-            local_dir: false,
+            local_root: None,
             runtime: Some(runtime),
         })
     }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_blocks::{
-    store_from_url, BlockCache, BlockStore, ObjectKey, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
+    store_from_url, BlockCache, BlockStore, BlocksError, ObjectKey, OPEN_OBJECT_FILES_MAX,
+    PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
 };
 use bytes::Bytes;
 use common::{file_url, pattern, Instrumented};
@@ -200,7 +201,7 @@ fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
     let (dir, store) = setup();
     assert!(store.reads_in_place(), "file:// without a codec");
     let key = put(&store, 3);
-    let cache = BlockCache::in_place(store);
+    let cache = BlockCache::in_place(&store).unwrap();
     cache.insert(&key, &pattern(BLOCK, 3));
     let data = pattern(BLOCK, 3);
     assert_eq!(
@@ -225,9 +226,36 @@ fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
         vec!["objects".to_string()],
         "no cache directory and no copies"
     );
-    // A missing object is an error, never zeros.
+    // A missing object, or one shorter than metadata says, is an error,
+    // never zeros.
     let gone = ObjectKey::from_parts(1, 9, 9);
-    assert!(cache.read(&gone, BLOCK as u64, 0, 10).is_err());
+    assert!(matches!(
+        cache.read(&gone, BLOCK as u64, 0, 10),
+        Err(BlocksError::ObjectMissing { .. })
+    ));
+    assert!(matches!(
+        cache.read(&key, 2 * BLOCK as u64, 0, 2 * BLOCK as u64),
+        Err(BlocksError::ShortObject { .. })
+    ));
+}
+
+#[test]
+fn reads_in_place_stay_right_past_the_open_file_limit() {
+    let (_dir, store) = setup();
+    let count = OPEN_OBJECT_FILES_MAX as u64 + 8;
+    let keys: Vec<ObjectKey> = (0..count).map(|i| put(&store, i)).collect();
+    let cache = BlockCache::in_place(&store).unwrap();
+    for round in 0..2 {
+        for (i, key) in keys.iter().enumerate() {
+            let got = cache.read(key, BLOCK as u64, 0, BLOCK as u64).unwrap();
+            assert_eq!(&got[..], &pattern(BLOCK, i as u8)[..], "round {round}");
+        }
+    }
+    let memory = BlockStore::open("memory://").unwrap();
+    assert!(matches!(
+        BlockCache::in_place(&memory),
+        Err(BlocksError::InvalidArgument { .. })
+    ));
 }
 
 #[test]

@@ -241,7 +241,7 @@ impl Volume {
         let cache_asked = options.cache_dir.is_some() || options.cache_size_bytes.is_some();
         let (cache, cache_shown) = if store.reads_in_place() && !cache_asked {
             (
-                BlockCache::in_place(Arc::clone(&store)),
+                BlockCache::in_place(&store)?,
                 "none (read in place)".to_string(),
             )
         } else {

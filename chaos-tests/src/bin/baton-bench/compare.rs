@@ -214,16 +214,14 @@ fn format_volume(base: &Path, volume: &str) -> anyhow::Result<()> {
 }
 
 fn mount_volume(socket: &Path, base: &Path, volume: &str, mnt: &Path) -> anyhow::Result<()> {
-    let utf8 = |p: &Path| p.to_str().map(str::to_string).context("utf-8 path");
-    let args = vec![
-        "mount".to_string(),
-        volume.to_string(),
-        utf8(mnt)?,
-        "--base-dir".into(),
-        utf8(base)?,
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    fsctl(socket, &args).map(|_| ())
+    fn utf8(p: &Path) -> anyhow::Result<&str> {
+        p.to_str().context("utf-8 path")
+    }
+    fsctl(
+        socket,
+        &["mount", volume, utf8(mnt)?, "--base-dir", utf8(base)?],
+    )
+    .map(|_| ())
 }
 
 /// The serving generation's pid of every mount of a supervisor.
