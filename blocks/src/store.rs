@@ -70,8 +70,11 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
                     reason: "file:// URLs need an absolute path (file:///dir)".to_string(),
                 });
             }
+            // Cleanup: every inode's objects are in a directory of their
+            // own, which would otherwise outlive them.
             let local = object_store::local::LocalFileSystem::new_with_prefix(rest)
-                .map_err(|source| BlocksError::unreachable(url, source))?;
+                .map_err(|source| BlocksError::unreachable(url, source))?
+                .with_automatic_cleanup(true);
             Ok(Arc::new(local))
         }
         "s3" => S3Location::parse(url)?.build(),

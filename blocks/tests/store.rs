@@ -151,6 +151,43 @@ fn delete_is_best_effort_and_counts_missing_as_deleted() {
 }
 
 #[test]
+fn deleting_a_local_directory_stores_last_objects_leaves_no_empty_directories() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    let a = store.put_block(7, 0, Bytes::from_static(b"a")).unwrap();
+    let b = store.put_block(8, 0, Bytes::from_static(b"b")).unwrap();
+    assert_eq!(store.delete(&[a]), 1);
+    let left = walkdir(root.path());
+    assert_eq!(
+        left.len(),
+        3,
+        "blocks/, inode 8's directory and object: {left:?}"
+    );
+    assert_eq!(store.delete(&[b]), 1);
+    assert_eq!(
+        walkdir(root.path()),
+        Vec::<std::path::PathBuf>::new(),
+        "one directory per inode would pile up for every file ever written"
+    );
+    // And the store still takes new objects.
+    let c = store.put_block(7, 1, Bytes::from_static(b"c")).unwrap();
+    assert_eq!(&store.get_range(&c, 0..1).unwrap()[..], b"c");
+}
+
+/// Every file and directory under `dir` (not `dir` itself).
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(walkdir(&path));
+        }
+        found.push(path);
+    }
+    found
+}
+
+#[test]
 fn unsupported_and_invalid_urls_are_clear_errors() {
     let err = store_from_url("gs://bucket/prefix").unwrap_err();
     assert!(matches!(err, BlocksError::UnsupportedScheme { .. }));
