@@ -254,13 +254,17 @@ impl BatonFs {
         if self.handles.inherited() || unopened.is_empty() {
             return Ok(());
         }
-        for (ino, released) in self
+        let reclaimed = self
             .meta
-            .release_orphans(Some(self.session_id()), &unopened)?
-        {
-            self.reclaimed(ino, &released)?;
+            .release_orphans(Some(self.session_id()), &unopened)?;
+        // Every reclaimed inode gets its local cleanup, even after one failed.
+        let mut first_err = None;
+        for (ino, released) in reclaimed {
+            if let Err(err) = self.reclaimed(ino, &released) {
+                first_err.get_or_insert(err);
+            }
         }
-        Ok(())
+        first_err.map_or(Ok(()), Err)
     }
 
     /// OPEN found `ino` at nlink 0 (another host unlinked it while this
