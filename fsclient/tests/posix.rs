@@ -854,3 +854,49 @@ fn sequential_reads_prefetch_the_next_blocks() {
     );
     m.stop();
 }
+
+#[test]
+fn st_blocks_counts_the_committed_blocks_on_every_path() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    // No kernel attribute cache: every stat asks fsclient.
+    let m = vol.mount_with(&mnt, &["--attr-ttl-ms", "0"]);
+    let bs = BLOCK_SIZE as usize;
+    let first = pattern(2 * bs + bs / 2, 3);
+    fs::write(m.p("f"), &first).unwrap();
+    let blocks_of = |len: usize| (len as u64).div_ceil(512);
+    assert_eq!(
+        fs::metadata(m.p("f")).unwrap().blocks(),
+        blocks_of(first.len())
+    );
+    // Grown and committed again: nothing stale is reported.
+    let second = pattern(3 * bs + 100, 4);
+    fs::write(m.p("f"), &second).unwrap();
+    assert_eq!(
+        fs::metadata(m.p("f")).unwrap().blocks(),
+        blocks_of(second.len()),
+        "after a second commit"
+    );
+    m.stop();
+    // A new process: LOOKUP, GETATTR and READDIRPLUS read it from the
+    // metadata.
+    let m = vol.mount(&mnt);
+    assert_eq!(
+        fs::metadata(m.p("f")).unwrap().blocks(),
+        blocks_of(second.len()),
+        "LOOKUP"
+    );
+    let f = File::open(m.p("f")).unwrap();
+    assert_eq!(
+        f.metadata().unwrap().blocks(),
+        blocks_of(second.len()),
+        "GETATTR"
+    );
+    let listed: Vec<u64> = fs::read_dir(&mnt)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().blocks())
+        .collect();
+    assert_eq!(listed, vec![blocks_of(second.len())], "READDIRPLUS");
+    drop(f);
+    m.stop();
+}

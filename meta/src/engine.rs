@@ -103,6 +103,27 @@ impl<E: Engine> MetaStore for E {
         self.read_one("getattr", |c| inode::attr(c, ino))
     }
 
+    fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)> {
+        let bs = self.volume_record().block_size_bytes;
+        if E::ONE_STATEMENT_READS_SKIP_TRANSACTION {
+            let entry = self.read_one("lookup", |c| {
+                namespace::lookup_entry_plus(c, parent, name, bs)
+            })?;
+            if let Some(found) = entry {
+                return Ok(found);
+            }
+        }
+        self.read("lookup", |c| {
+            let attr = namespace::lookup(c, parent, name)?;
+            inode::attr_plus(c, attr.ino, bs)
+        })
+    }
+
+    fn getattr_plus(&self, ino: u64) -> Result<(Attr, u64)> {
+        let bs = self.volume_record().block_size_bytes;
+        self.read_one("getattr", |c| inode::attr_plus(c, ino, bs))
+    }
+
     fn setattr(
         &self,
         ino: u64,

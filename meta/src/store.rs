@@ -40,6 +40,14 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Attributes of an inode, orphans included.
     fn getattr(&self, ino: u64) -> Result<Attr>;
 
+    /// [`MetaStore::lookup`] with the bytes of the inode's committed blocks
+    /// below its size (for `st_blocks`), read in the same snapshot.
+    fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)>;
+
+    /// [`MetaStore::getattr`] with the committed bytes, as
+    /// [`MetaStore::lookup_plus`].
+    fn getattr_plus(&self, ino: u64) -> Result<(Attr, u64)>;
+
     /// Changes attributes; always sets ctime. A `size` change updates the
     /// block map (see [`TruncatedBlocks`]). When uid or gid changes on a
     /// regular file, clears set-user-ID, and set-group-ID if group-execute

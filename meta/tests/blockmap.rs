@@ -315,3 +315,22 @@ fn scan_blocks_pages_through_every_row_of_the_volume_in_order() {
     assert!(m.scan_blocks(Some((b, 1)), 10).unwrap().is_empty());
     assert_eq!(m.scan_blocks(None, u32::MAX).unwrap().len(), 5);
 }
+
+#[test]
+fn lookup_and_getattr_plus_count_the_committed_bytes_below_the_size() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let f = file(m, ROOT_INO, "f");
+    write(m, f.ino, 3 * B + 7, vec![blk(0, "a", BS), blk(3, "d", 7)]);
+    let (attr, bytes) = m.lookup_plus(ROOT_INO, n("f")).unwrap();
+    assert_eq!(attr, m.getattr(f.ino).unwrap());
+    assert_eq!(bytes, B + 7, "block 0 and the tail; blocks 1-2 are a hole");
+    assert_eq!(m.getattr_plus(f.ino).unwrap(), (attr, bytes));
+    // `.` resolves through the other path, and a directory has no blocks.
+    assert_eq!(m.lookup_plus(ROOT_INO, n(".")).unwrap().1, 0);
+    assert_eq!(
+        m.lookup_plus(ROOT_INO, n("missing")).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(m.getattr_plus(999_999).unwrap_err().errno(), libc::ENOENT);
+}

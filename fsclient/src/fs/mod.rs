@@ -16,6 +16,7 @@
 //! lookup counts need no tracking: FORGET is a no-op, and a later
 //! generation understands every nodeid the kernel holds.
 
+mod committed_bytes;
 mod counters;
 mod data;
 mod dir;
@@ -51,8 +52,6 @@ pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
-/// Inodes whose committed allocation is remembered (for `st_blocks`).
-pub const ALLOC_CACHE_ENTRIES_MAX: usize = 65536;
 /// Inodes whose read pattern is remembered (for readahead).
 pub const READAHEAD_ENTRIES_MAX: usize = 4096;
 /// Blocks prefetched ahead of a sequential reader.
@@ -102,7 +101,7 @@ pub struct BatonFs {
     /// Inodes that lost their last name, for the timer thread to settle.
     orphans_to_settle: Mutex<orphans::OrphanQueue>,
     inode_locks: Vec<Mutex<()>>,
-    alloc: Mutex<HashMap<u64, u64>>,
+    committed_bytes: committed_bytes::CommittedBytes,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
     /// Identity of the FUSE connection served (exactly-once keys).
     connection: AtomicU64,
@@ -152,7 +151,7 @@ impl BatonFs {
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),
-            alloc: Mutex::new(HashMap::new()),
+            committed_bytes: committed_bytes::CommittedBytes::default(),
             readahead: Mutex::new(HashMap::new()),
             connection: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
@@ -363,7 +362,7 @@ impl BatonFs {
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
             let mut bytes = match committed_bytes {
                 Some(bytes) => bytes,
-                None => self.committed_alloc(a.ino, a.size)?,
+                None => self.committed_alloc(a.ino)?,
             };
             if staged.is_some() {
                 let dirty = self.staging.dirty_blocks(a.ino)?.len() as u64;
@@ -394,12 +393,17 @@ impl BatonFs {
     }
 
     fn attr_out(&self, a: &Attr) -> Result<abi::AttrOut> {
+        self.attr_out_with(a, None)
+    }
+
+    /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr_with`].
+    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::AttrOut> {
         let (secs, nanos) = self.ttl();
         Ok(abi::AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nanos,
             dummy: 0,
-            attr: self.kernel_attr(a)?,
+            attr: self.kernel_attr_with(a, committed_bytes)?,
         })
     }
 
@@ -421,30 +425,20 @@ impl BatonFs {
         })
     }
 
-    /// Bytes of committed blocks of a regular file (cached per inode).
-    fn committed_alloc(&self, ino: u64, committed_size: u64) -> Result<u64> {
-        if let Some(bytes) = lock(&self.alloc).get(&ino) {
-            return Ok(*bytes);
+    /// Bytes of committed blocks of a regular file (remembered per inode).
+    fn committed_alloc(&self, ino: u64) -> Result<u64> {
+        if let Some(bytes) = self.committed_bytes.get(ino) {
+            return Ok(bytes);
         }
-        let mut bytes = 0u64;
-        let mut rows = data::Rows::new(self, ino);
-        let last = committed_size.div_ceil(self.block_size);
-        let mut index = 0;
-        while let Some((found, len)) = rows.next_from(index, last)? {
-            bytes += u64::from(len);
-            index = found + 1;
-        }
-        let mut alloc = lock(&self.alloc);
-        if alloc.len() >= ALLOC_CACHE_ENTRIES_MAX {
-            alloc.clear();
-        }
-        alloc.insert(ino, bytes);
+        let token = self.committed_bytes.token();
+        let (_, bytes) = self.meta.getattr_plus(ino)?;
+        self.committed_bytes.remember(ino, bytes, token);
         Ok(bytes)
     }
 
     /// Forgets cached per-inode facts after its block map changed.
     fn invalidate(&self, ino: u64) {
-        lock(&self.alloc).remove(&ino);
+        self.committed_bytes.forget(ino);
     }
 
     /// Volume usage. Object storage has no fixed capacity: report a large

@@ -51,6 +51,24 @@ macro_rules! attr_columns {
 
 pub(crate) use attr_columns;
 
+/// The column expression of the committed bytes of inode `i` (the alias)
+/// below its size, as `st_blocks` counts them (rows past a shrinking size
+/// wait for GC), for a block size bound at placeholder `$bs`.
+macro_rules! committed_bytes_column {
+    ($bs:literal) => {
+        concat!(
+            "(SELECT CAST(COALESCE(SUM(b.len), 0) AS BIGINT) FROM blocks b
+              WHERE b.ino = i.ino AND b.idx < (i.size + ",
+            $bs,
+            " - 1) / ",
+            $bs,
+            ")"
+        )
+    };
+}
+
+pub(crate) use committed_bytes_column;
+
 fn row_attr(r: &Row<'_>) -> SqlResult<Attr> {
     row_attr_at(r, 0)
 }
@@ -88,6 +106,23 @@ pub(crate) fn try_attr<C: Db>(c: &C, ino: u64) -> Result<Option<Attr>> {
     Ok(c.prepare_cached(SQL)?
         .query_row(params![ino], row_attr)
         .optional()?)
+}
+
+/// Attributes of `ino` and its committed bytes (see
+/// [`committed_bytes_column`]), in ONE statement; `NotFound` if no such
+/// inode.
+pub(crate) fn attr_plus<C: Db>(c: &C, ino: u64, block_size: u32) -> Result<(Attr, u64)> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        attr_columns!("i."),
+        ", ",
+        committed_bytes_column!("?2"),
+        " FROM inodes i WHERE i.ino = ?1"
+    );
+    c.prepare_cached(SQL)?
+        .query_row(params![ino, block_size], |r| Ok((row_attr(r)?, r.get(15)?)))
+        .optional()?
+        .ok_or(MetaError::NotFound { ino, name: None })
 }
 
 /// Attributes of `ino`; [`MetaError::NotFound`] if no such inode.
@@ -245,6 +280,28 @@ pub(crate) fn find_entry_attr<C: Db>(c: &C, parent: u64, name: &[u8]) -> Result<
     );
     Ok(c.prepare_cached(SQL)?
         .query_row(params![parent, name], row_attr)
+        .optional()?)
+}
+
+/// [`find_entry_attr`] with the inode's committed bytes (see
+/// [`committed_bytes_column`]), in ONE statement.
+pub(crate) fn find_entry_attr_plus<C: Db>(
+    c: &C,
+    parent: u64,
+    name: &[u8],
+    block_size: u32,
+) -> Result<Option<(Attr, u64)>> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        attr_columns!("i."),
+        ", ",
+        committed_bytes_column!("?3"),
+        " FROM inodes i WHERE i.ino = (SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2)"
+    );
+    Ok(c.prepare_cached(SQL)?
+        .query_row(params![parent, name, block_size], |r| {
+            Ok((row_attr(r)?, r.get(15)?))
+        })
         .optional()?)
 }
 

@@ -22,6 +22,20 @@ pub(crate) fn lookup_entry<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Op
     inode::find_entry_attr(c, parent, b)
 }
 
+/// [`lookup_entry`] with the inode's committed bytes.
+pub(crate) fn lookup_entry_plus<C: Db>(
+    c: &C,
+    parent: u64,
+    name: &OsStr,
+    block_size: u32,
+) -> Result<Option<(Attr, u64)>> {
+    let b = name.as_bytes();
+    if is_dot(b) || b.is_empty() || b.len() > crate::limits::NAME_LEN_MAX {
+        return Ok(None);
+    }
+    inode::find_entry_attr_plus(c, parent, b, block_size)
+}
+
 /// Resolves `name` in directory `parent`; `.` and `..` included.
 pub(crate) fn lookup<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Attr> {
     let b = check_name(parent, name)?;

@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStringExt;
 
 use crate::sql::{params, Db, Stmt};
 
-use super::inode::{self, attr_columns};
+use super::inode::{self, attr_columns, committed_bytes_column};
 use crate::error::Result;
 use crate::limits::READDIR_ENTRIES_MAX;
 use crate::types::{DirEntry, DirEntryPlus, FileKind};
@@ -67,14 +67,12 @@ pub(crate) fn readdir_plus<C: Db>(
     let Some((after, left)) = after_dots else {
         return Ok(out);
     };
-    // The committed bytes are those of block rows below the size, as
-    // `st_blocks` counts them (rows past a shrinking size wait for GC).
     const SQL: &str = concat!(
         "SELECT d.cookie, d.name, ",
         attr_columns!("i."),
-        ", (SELECT CAST(COALESCE(SUM(b.len), 0) AS BIGINT) FROM blocks b
-            WHERE b.ino = i.ino AND b.idx < (i.size + ?4 - 1) / ?4)
-         FROM dentries d JOIN inodes i ON i.ino = d.ino
+        ", ",
+        committed_bytes_column!("?4"),
+        " FROM dentries d JOIN inodes i ON i.ino = d.ino
          WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3"
     );
     c.prepare_cached(SQL)?
