@@ -349,14 +349,10 @@ impl BatonFs {
         )
     }
 
-    /// Kernel attributes: the staged size over the committed one.
-    fn kernel_attr(&self, a: &Attr) -> Result<abi::Attr> {
-        self.kernel_attr_with(a, None)
-    }
-
-    /// [`BatonFs::kernel_attr`] with the committed bytes of `a` when the
-    /// caller read them with it (else looked up).
-    fn kernel_attr_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::Attr> {
+    /// Kernel attributes: the staged size over the committed one;
+    /// `committed_bytes` of `a` when the caller read them with it (else
+    /// looked up).
+    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::Attr> {
         let (size, blocks) = if a.kind == FileKind::Regular {
             let staged = self.staging.staged_size(a.ino)?;
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
@@ -396,14 +392,14 @@ impl BatonFs {
         self.attr_out_with(a, None)
     }
 
-    /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr_with`].
+    /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr`].
     fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::AttrOut> {
         let (secs, nanos) = self.ttl();
         Ok(abi::AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nanos,
             dummy: 0,
-            attr: self.kernel_attr_with(a, committed_bytes)?,
+            attr: self.kernel_attr(a, committed_bytes)?,
         })
     }
 
@@ -411,7 +407,7 @@ impl BatonFs {
         self.entry_out_with(a, None)
     }
 
-    /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr_with`].
+    /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr`].
     fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::EntryOut> {
         let (secs, nanos) = self.ttl();
         Ok(abi::EntryOut {
@@ -421,7 +417,7 @@ impl BatonFs {
             attr_valid: secs,
             entry_valid_nsec: nanos,
             attr_valid_nsec: nanos,
-            attr: self.kernel_attr_with(a, committed_bytes)?,
+            attr: self.kernel_attr(a, committed_bytes)?,
         })
     }
 
