@@ -900,3 +900,49 @@ fn st_blocks_counts_the_committed_blocks_on_every_path() {
     drop(f);
     m.stop();
 }
+
+/// Object files under `dir`, at any depth.
+fn object_files(dir: &std::path::Path) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .map(|p| if p.is_dir() { object_files(&p) } else { 1 })
+        .sum()
+}
+
+#[test]
+fn unlinked_files_free_their_objects_and_directories_in_batches() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // More than one release transaction's worth.
+    let count = fsclient::fs::ORPHAN_RELEASE_BATCH_MAX + 44;
+    for i in 0..count {
+        fs::write(m.p(&format!("f{i}")), b"x").unwrap();
+    }
+    assert_eq!(object_files(&vol.data), count, "one object per file");
+    for i in 0..count {
+        fs::remove_file(m.p(&format!("f{i}"))).unwrap();
+    }
+    assert!(
+        wait_until(DEADLINE, || object_files(&vol.data) == 0),
+        "{} objects left after unlinking every file",
+        object_files(&vol.data)
+    );
+    let leftovers: Vec<_> = fs::read_dir(&vol.data)
+        .unwrap()
+        .flat_map(|e| {
+            let path = e.unwrap().path();
+            fs::read_dir(&path)
+                .into_iter()
+                .flatten()
+                .map(|e| e.unwrap().path())
+        })
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "object directories left: {leftovers:?}"
+    );
+    m.stop();
+}

@@ -48,7 +48,7 @@ use upgrade_protocol::LockState;
 pub use flush::FLUSH_ROUNDS_MAX;
 pub use lock::LOCK_RETRY_INTERVAL;
 pub use once::{replaying_journal, RECORD_AGE_MAX};
-pub use orphans::UNHELD_RECLAIM_COUNT_MAX;
+pub use orphans::{ORPHAN_RELEASE_BATCH_MAX, ORPHAN_SETTLE_DELAY, UNHELD_RECLAIM_COUNT_MAX};
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
