@@ -80,8 +80,12 @@ impl BatonFs {
         if super::lock(&self.session).take().is_none() {
             return Ok(());
         }
-        for ino in self.meta.close_session(self.session_id())? {
-            self.release_orphan(None, ino)?;
+        for held in self
+            .meta
+            .close_session(self.session_id())?
+            .chunks(ORPHAN_RELEASE_BATCH_MAX)
+        {
+            self.release_orphans(None, held)?;
         }
         tracing::info!(session = self.session_id(), "session closed");
         Ok(())
@@ -151,10 +155,8 @@ impl BatonFs {
 
     /// Reclaims orphans no session holds (a batch of them).
     pub(super) fn reclaim_unheld_orphans(&self) -> Result<()> {
-        for ino in self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)? {
-            self.release_orphan(None, ino)?;
-        }
-        Ok(())
+        let unheld = self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)?;
+        self.release_orphans(None, &unheld)
     }
 
     /// `ino` lost its last name here (UNLINK, RMDIR, RENAME over it). With
@@ -231,19 +233,10 @@ impl BatonFs {
         self.settle_orphans(&[ino])
     }
 
-    /// [`BatonFs::settle_orphan`] of each of `inos` (ascending), with one
-    /// metadata transaction for all. Holds the stripe mutexes of all of
-    /// them across the decision and the transaction, taken in ascending
-    /// stripe order: every other path holds at most one stripe at a time,
-    /// so this cannot deadlock.
+    /// [`BatonFs::settle_orphan`] of each of `inos`, with one metadata
+    /// transaction for all, under all their stripe mutexes.
     fn settle_orphans(&self, inos: &[u64]) -> Result<()> {
-        let mut stripes: Vec<usize> = inos.iter().map(|&ino| self.inode_stripe(ino)).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let _guards: Vec<_> = stripes
-            .iter()
-            .map(|&stripe| super::lock(&self.inode_locks[stripe]))
-            .collect();
+        let _guards = self.inode_locks_of(inos);
         // Every inode is marked (its last close here settles it again),
         // whether or not the table is inherited.
         let unopened: Vec<u64> = inos
@@ -251,13 +244,45 @@ impl BatonFs {
             .copied()
             .filter(|&ino| !self.handles.mark_orphan(ino))
             .collect();
-        if self.handles.inherited() || unopened.is_empty() {
+        if self.handles.inherited() {
             return Ok(());
         }
-        let reclaimed = self
-            .meta
-            .release_orphans(Some(self.session_id()), &unopened)?;
-        // Every reclaimed inode gets its local cleanup, even after one failed.
+        self.release_locked(Some(self.session_id()), &unopened)
+    }
+
+    /// The stripe mutexes of all of `inos`, taken in ascending stripe
+    /// order: every other path holds at most one stripe at a time, so this
+    /// cannot deadlock.
+    fn inode_locks_of(&self, inos: &[u64]) -> Vec<std::sync::MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = inos.iter().map(|&ino| self.inode_stripe(ino)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+            .iter()
+            .map(|&stripe| super::lock(&self.inode_locks[stripe]))
+            .collect()
+    }
+
+    /// Drops `session`'s holds on `inos` (`None`: none), reclaiming those
+    /// nobody holds, in one transaction under their stripe mutexes.
+    fn release_orphans(&self, session: Option<u64>, inos: &[u64]) -> Result<()> {
+        let _guards = self.inode_locks_of(inos);
+        self.release_locked(session, inos)
+    }
+
+    /// [`BatonFs::release_orphans`] for a caller holding the stripes: the
+    /// transaction, then the local cleanup of every inode it reclaimed
+    /// (each one's, even after one failed).
+    fn release_locked(&self, session: Option<u64>, inos: &[u64]) -> Result<()> {
+        if inos.is_empty() {
+            return Ok(());
+        }
+        let reclaimed = match self.meta.release_orphans(session, inos) {
+            Ok(reclaimed) => reclaimed,
+            // A replayed unlink whose orphan the earlier generation reclaimed.
+            Err(MetaError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
         let mut first_err = None;
         for (ino, released) in reclaimed {
             if let Err(err) = self.reclaimed(ino, &released) {
@@ -275,24 +300,6 @@ impl BatonFs {
         self.meta.hold_orphan(self.session_id(), ino)?;
         self.handles.mark_orphan(ino);
         Ok(())
-    }
-
-    fn release_orphan(&self, session: Option<u64>, ino: u64) -> Result<()> {
-        let _guard = self.inode_lock(ino);
-        self.release_locked(session, ino)
-    }
-
-    /// Drops the hold and reclaims the orphan if it was the last; the
-    /// caller holds the inode's stripe mutex.
-    fn release_locked(&self, session: Option<u64>, ino: u64) -> Result<()> {
-        let released = match self.meta.release_orphan(session, ino) {
-            Ok(Some(released)) => released,
-            Ok(None) => return Ok(()),
-            // A replayed unlink whose orphan the earlier generation reclaimed.
-            Err(MetaError::NotFound { .. }) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        self.reclaimed(ino, &released)
     }
 
     /// Local cleanup after the metadata reclaimed `ino`: staged data,
