@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fuse_wire::{Channel, Session, Stopper, Workers};
+use fuse_wire::{Channel, IdleWorkers, Session, Stopper, Workers};
 use nix::sys::signal::{SigSet, Signal};
 use upgrade_protocol::{
     decode_state, encode_state, monotonic_ns, recv_message, send_message, GenerationCounters,
@@ -113,8 +113,8 @@ pub struct Generation {
     socket: OwnedFd,
     adoption: Adoption,
     threads: usize,
-    /// Read buffers prepared before adoption, for the workers.
-    buffers: Mutex<Vec<fuse_wire::RequestBuffer>>,
+    /// Workers started before adoption (taken by the first start).
+    idle: Mutex<Option<IdleWorkers<BatonFs>>>,
     workers: Mutex<Option<Workers>>,
     /// Requests this generation journaled in a handover, kept for `Resume`.
     journaled: Mutex<Vec<Vec<u8>>>,
@@ -128,7 +128,7 @@ impl Generation {
         adoption: Adoption,
         fd: OwnedFd,
         threads: usize,
-        buffers: Vec<fuse_wire::RequestBuffer>,
+        idle: IdleWorkers<BatonFs>,
     ) -> Result<(Arc<Generation>, InflightJournal)> {
         fault::arm_from_env(adoption.generation).map_err(|e| Error::Fault(e.to_string()))?;
         // Generation 1 serves a fresh connection; a later one that got no
@@ -165,7 +165,7 @@ impl Generation {
             socket,
             adoption,
             threads,
-            buffers: Mutex::new(buffers),
+            idle: Mutex::new(Some(idle)),
             workers: Mutex::new(None),
             journaled: Mutex::new(Vec::new()),
         });
@@ -181,8 +181,12 @@ impl Generation {
         for raw in &journal.requests {
             replaying_journal(|| self.session.handle(raw));
         }
-        let buffers = std::mem::take(&mut *lock(&self.buffers));
-        let workers = self.session.start_with_buffers(self.threads, buffers)?;
+        let idle = lock(&self.idle).take();
+        let workers = match idle {
+            Some(idle) => self.session.start_idle(idle)?,
+            // Resumed after a rolled-back upgrade: the first workers left.
+            None => self.session.start(self.threads)?,
+        };
         let reading_ns = monotonic_ns();
         spawn_waiter(workers.stopper());
         *lock(&self.workers) = Some(workers);

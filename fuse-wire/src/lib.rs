@@ -61,5 +61,6 @@ pub use nix::errno::Errno;
 pub use request::{DecodeError, DecodeOptions, Operation, Request};
 pub use request_buffer::RequestBuffer;
 pub use session::{
-    adopt, handle_request, ExitReason, Session, Stopper, Workers, KICK_SIGNAL, WORKERS_MAX,
+    adopt, handle_request, ExitReason, IdleWorkers, Session, Stopper, Workers, KICK_SIGNAL,
+    WORKERS_MAX,
 };

@@ -26,7 +26,8 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -125,29 +126,25 @@ impl<F: Filesystem> Session<F> {
 
     /// Starts `threads` workers reading the device.
     pub fn start(&self, threads: usize) -> Result<Workers, Error> {
-        self.start_with_buffers(threads, Vec::new())
+        let buffer_len = self.params.read_buffer_len();
+        self.start_idle(IdleWorkers::spawn(threads, buffer_len)?)
     }
 
-    /// [`Session::start`], the workers reading into `buffers` (prepared
-    /// earlier, out of the stall) where they are large enough; a worker
-    /// without one makes its own.
-    pub fn start_with_buffers(
-        &self,
-        threads: usize,
-        mut buffers: Vec<RequestBuffer>,
-    ) -> Result<Workers, Error> {
+    /// Puts workers started earlier ([`IdleWorkers::spawn`]) to work on
+    /// this session: no thread is created and no memory mapped here.
+    pub fn start_idle(&self, idle: IdleWorkers<F>) -> Result<Workers, Error> {
         install_kick_handler()?;
-        let threads = threads.clamp(1, WORKERS_MAX);
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
-            workers: (0..threads).map(|_| WorkerSlot::default()).collect(),
+            workers: idle.posts.iter().map(|_| WorkerSlot::default()).collect(),
             end: Mutex::new(None),
+            exited: Condvar::new(),
+            exit_lock: Mutex::new(()),
         });
-        let mut handles = Vec::with_capacity(threads);
-        for index in 0..threads {
+        for (index, post) in idle.posts.into_iter().enumerate() {
             let worker = Worker {
                 index,
-                buffer: buffers.pop(),
+                buffer: None,
                 shared: Arc::clone(&shared),
                 fs: Arc::clone(&self.fs),
                 channel: Arc::clone(&self.channel),
@@ -156,14 +153,14 @@ impl<F: Filesystem> Session<F> {
             };
             // Workers log in the caller's span (its fields, e.g. which
             // mount and generation, on every line).
-            let span = tracing::Span::current();
-            let handle = std::thread::Builder::new()
-                .name(format!("fuse-worker-{index}"))
-                .spawn(move || span.in_scope(|| worker.run()))
-                .map_err(Error::Spawn)?;
-            handles.push(handle);
+            post.send((worker, tracing::Span::current())).map_err(|_| {
+                Error::Spawn(std::io::Error::other("an idle FUSE worker thread is gone"))
+            })?;
         }
-        Ok(Workers { shared, handles })
+        Ok(Workers {
+            shared,
+            handles: idle.handles,
+        })
     }
 }
 
@@ -236,11 +233,38 @@ struct Shared {
     stop: AtomicBool,
     workers: Vec<WorkerSlot>,
     end: Mutex<Option<Errno>>,
+    /// Notified (under `exit_lock`) by each worker as it leaves its loop,
+    /// so a stop wakes as soon as the last one left instead of at its next
+    /// re-kick.
+    exited: Condvar,
+    exit_lock: Mutex<()>,
 }
 
 impl Shared {
     fn request_stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Called by a worker after it marked its slot exited.
+    fn announce_exit(&self) {
+        let _held = self
+            .exit_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.exited.notify_all();
+    }
+
+    /// Waits until every worker left or `interval` passed.
+    fn wait_for_exits(&self, interval: Duration) {
+        let held = self
+            .exit_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Checked under the lock: a worker that exits after this check
+        // notifies only once this thread waits.
+        if !self.all_exited() {
+            let _ = self.exited.wait_timeout(held, interval);
+        }
     }
 
     fn all_exited(&self) -> bool {
@@ -279,7 +303,7 @@ impl Stopper {
         self.shared.request_stop();
         while !self.shared.all_exited() {
             self.shared.kick_readers();
-            std::thread::sleep(KICK_INTERVAL);
+            self.shared.wait_for_exits(KICK_INTERVAL);
         }
     }
 
@@ -305,7 +329,7 @@ impl Stopper {
             }
             self.shared.kick_readers();
             // Short: this is the start of an upgrade's stall.
-            std::thread::sleep(HANDOVER_KICK_INTERVAL);
+            self.shared.wait_for_exits(HANDOVER_KICK_INTERVAL);
         }
     }
 
@@ -335,6 +359,48 @@ impl Stopper {
             .end
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Worker threads started before there is a connection to serve (by a
+/// standby): each already has its thread, its stack, its malloc arena and
+/// its faulted-in read buffer, and waits for its work.
+/// [`Session::start_idle`] starts them, so taking over a connection creates
+/// no thread inside the stall (thread stacks and first allocations map
+/// memory, and a new process's threads then wait on each other for its
+/// memory map, seen with `perf sched` in a new generation's first
+/// requests). Dropped unused, the threads end.
+pub struct IdleWorkers<F: Filesystem> {
+    posts: Vec<SyncSender<(Worker<F>, tracing::Span)>>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+impl<F: Filesystem> IdleWorkers<F> {
+    /// Starts `threads` (clamped to 1..=[`WORKERS_MAX`]) idle workers, each
+    /// with a `buffer_len`-byte read buffer (a worker whose session needs a
+    /// larger one makes it then).
+    pub fn spawn(threads: usize, buffer_len: usize) -> Result<Self, Error> {
+        let threads = threads.clamp(1, WORKERS_MAX);
+        let mut idle = IdleWorkers {
+            posts: Vec::with_capacity(threads),
+            handles: Vec::with_capacity(threads),
+        };
+        for index in 0..threads {
+            let (post, work) = sync_channel::<(Worker<F>, tracing::Span)>(1);
+            let handle = std::thread::Builder::new()
+                .name(format!("fuse-worker-{index}"))
+                .spawn(move || {
+                    let buffer = RequestBuffer::new(buffer_len);
+                    if let Ok((mut worker, span)) = work.recv() {
+                        worker.buffer = Some(buffer);
+                        span.in_scope(|| worker.run());
+                    }
+                })
+                .map_err(Error::Spawn)?;
+            idle.posts.push(post);
+            idle.handles.push(handle);
+        }
+        Ok(idle)
     }
 }
 
@@ -418,6 +484,7 @@ impl<F: Filesystem> Worker<F> {
             self.served.fetch_add(1, Ordering::Relaxed);
         }
         slot.state.store(STATE_EXITED, Ordering::SeqCst);
+        self.shared.announce_exit();
     }
 
     /// Reads one request; None when stopping or when the connection ended.

@@ -15,7 +15,7 @@ use std::ffi::{OsStr, OsString};
 use std::time::SystemTime;
 
 use crate::answered::AnsweredQueue;
-use crate::error::Result;
+use crate::error::{MetaError, Result};
 use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
 use crate::ops::{locks, sessions, setattr, xattr};
 use crate::record::Recorded;
@@ -26,6 +26,7 @@ use crate::types::{
     RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs,
     Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
+use crate::ROOT_INO;
 
 /// One metadata engine: how it runs a read or a write transaction, and
 /// the few things it does its own way. Every [`MetaStore`] method is
@@ -74,6 +75,18 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         self.read(op, f)
     }
 
+    /// Runs `f` in a read-only snapshot on EVERY connection the engine
+    /// keeps, so that each has prepared the statements `f` issues and
+    /// cached the pages they read ([`MetaStore::warm_up`]). By default one
+    /// [`Engine::read`].
+    fn read_on_every_connection(
+        &self,
+        op: &'static str,
+        f: impl Fn(&Self::Conn<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.read(op, f)
+    }
+
     /// See [`MetaStore::sync`].
     fn make_durable(&self) -> Result<()>;
 
@@ -101,6 +114,26 @@ impl<E: Engine> MetaStore for E {
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
         self.read_one("getattr", |c| inode::attr(c, ino))
+    }
+
+    fn warm_up(&self) -> Result<()> {
+        let bs = self.volume_record().block_size_bytes;
+        // A name no directory holds (it has a slash): the lookups find nothing.
+        let absent = OsStr::new(".baton/warm-up");
+        self.read_on_every_connection("warm up", |c| {
+            inode::attr(c, ROOT_INO)?;
+            inode::attr_plus(c, ROOT_INO, bs)?;
+            namespace::lookup_entry(c, ROOT_INO, absent)?;
+            namespace::lookup_entry_plus(c, ROOT_INO, absent, bs)?;
+            readdir::readdir(c, ROOT_INO, 0, 1)?;
+            readdir::readdir_plus(c, ROOT_INO, 0, 1, bs)?;
+            match xattr::get(c, ROOT_INO, OsStr::new("security.capability")) {
+                Ok(_) | Err(MetaError::NoXattr { .. }) => {}
+                Err(err) => return Err(err),
+            }
+            blockmap::rows(c, ROOT_INO, 0, 1)?;
+            Ok(())
+        })
     }
 
     fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)> {

@@ -40,6 +40,16 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Attributes of an inode, orphans included.
     fn getattr(&self, ino: u64) -> Result<Attr>;
 
+    /// Readies every connection for the hot read paths (LOOKUP, GETATTR,
+    /// READDIR, GETXATTR, READ): prepares their statements (SQLite also
+    /// parses the schema on a connection's first statement) and reads the
+    /// pages near the root. Changes nothing. A standby does this before it
+    /// says it is ready, so that a new generation's first requests, inside
+    /// an upgrade's stall, do not pay for it (the slowest tenth of them took
+    /// 0.47 ms with it and 0.62-0.74 ms without, `baton-bench
+    /// upgrade-stall`).
+    fn warm_up(&self) -> Result<()>;
+
     /// [`MetaStore::lookup`] with the bytes of the inode's committed blocks
     /// below its size (for `st_blocks`), read in the same snapshot.
     fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)>;

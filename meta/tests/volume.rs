@@ -4,7 +4,7 @@
 
 mod common;
 
-use baton_meta::{FileKind, MetaError, ROOT_INO};
+use baton_meta::{FileKind, MetaError, XattrFlags, ROOT_INO};
 use common::*;
 
 #[test]
@@ -208,4 +208,28 @@ fn statfs_counts_inodes_and_block_bytes() {
     assert_eq!(s.inodes_used, 3);
     assert_eq!(s.bytes_used, BS as u64 + 10);
     assert_eq!(s.block_size_bytes, BS);
+}
+
+#[test]
+fn warm_up_changes_nothing_on_a_fresh_or_a_used_volume() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    m.warm_up().unwrap();
+    let d = dir(m, ROOT_INO, "d");
+    let f = file(m, d.ino, "f");
+    m.setxattr(f.ino, n("user.k"), b"v", XattrFlags::default(), None)
+        .unwrap();
+    let before = (
+        m.getattr(ROOT_INO).unwrap(),
+        m.getattr(f.ino).unwrap(),
+        m.readdir(ROOT_INO, 0, 100).unwrap(),
+    );
+    m.warm_up().unwrap();
+    let after = (
+        m.getattr(ROOT_INO).unwrap(),
+        m.getattr(f.ino).unwrap(),
+        m.readdir(ROOT_INO, 0, 100).unwrap(),
+    );
+    assert_eq!(before, after, "warm_up reads only");
+    assert_eq!(m.getxattr(f.ino, n("user.k")).unwrap(), b"v");
 }

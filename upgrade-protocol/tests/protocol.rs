@@ -340,6 +340,45 @@ fn control_messages_cross_a_socketpair_without_fds() {
 }
 
 #[test]
+fn messages_of_any_size_arrive_whole_and_in_order_then_closed() {
+    // recv_message sizes its buffer from the next message's length (a
+    // MSG_PEEK): a large message after a small one and a small one after a
+    // large one must each arrive whole.
+    let (a, b) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    let large = Message::Control {
+        request: Request::Mount {
+            volume: "vol1".into(),
+            mountpoint: format!("/mnt/{}", "m".repeat(100_000)).into(),
+            base_dir: "/var/lib/baton".into(),
+            options: ClientOptions {
+                cache_dir: None,
+                staging_dir: None,
+                threads: None,
+            },
+            persist: true,
+        },
+    };
+    let sent = [mount_request(), large, mount_request()];
+    for message in &sent {
+        send_message(a.as_fd(), message, &[]).unwrap();
+    }
+    drop(a);
+    for message in &sent {
+        let (got, fds) = recv_message(b.as_fd()).unwrap();
+        assert_eq!(&got, message);
+        assert!(fds.is_empty());
+    }
+    let closed = recv_message(b.as_fd()).unwrap_err();
+    assert!(matches!(closed, ProtocolError::Closed), "{closed}");
+}
+
+#[test]
 fn state_record_round_trips_and_newer_formats_are_refused() {
     let record = record();
     let bytes = encode_record(&record).unwrap();

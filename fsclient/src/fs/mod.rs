@@ -309,6 +309,14 @@ impl BatonFs {
         }
     }
 
+    /// Readies the metadata connections for a first request
+    /// ([`MetaStore::warm_up`]). A failure only costs speed: logged.
+    pub fn warm_up(&self) {
+        if let Err(err) = self.meta.warm_up() {
+            tracing::warn!(%err, "cannot warm up the metadata connections; the first requests will be slower");
+        }
+    }
+
     /// Makes the current thread the one [`BatonFs::retry_locks`] and
     /// [`BatonFs::settle_queued_orphans`] run on (`None`: no such thread
     /// any more; orphans are settled by the requests themselves): it is

@@ -21,6 +21,12 @@ pub(crate) fn blocks<C: Db>(
     count: u32,
 ) -> Result<Vec<BlockRef>> {
     regular(&inode::attr(c, ino)?)?;
+    rows(c, ino, first_index, count)
+}
+
+/// [`blocks`] without the check that `ino` is a regular file (rows of
+/// anything else: none).
+pub(crate) fn rows<C: Db>(c: &C, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {
     let count = u64::from(count.min(BLOCKS_QUERY_COUNT_MAX));
     let Ok(first) = i64::try_from(first_index) else {
         return Ok(Vec::new());

@@ -347,6 +347,24 @@ impl Engine for SqliteMeta {
         f(&conn).map_err(|e| log_store_error(e.in_op(op)))
     }
 
+    fn read_on_every_connection(
+        &self,
+        op: &'static str,
+        f: impl Fn(&Connection) -> Result<()>,
+    ) -> Result<()> {
+        let run = |conn: &Connection| -> Result<()> {
+            let tx = Tx::begin(conn, "BEGIN DEFERRED")?;
+            let out = f(conn);
+            tx.end("ROLLBACK")?;
+            out
+        };
+        let lock = |m: &Mutex<Connection>| run(&m.lock().unwrap_or_else(PoisonError::into_inner));
+        std::iter::once(&self.writer)
+            .chain(&self.readers)
+            .try_for_each(lock)
+            .map_err(|e| log_store_error(e.in_op(op)))
+    }
+
     fn make_durable(&self) -> Result<()> {
         self.sync_wal()
             .map_err(|e| log_store_error(e.in_op("sync")))

@@ -402,6 +402,9 @@ struct BatonOnly {
     /// The same upgrades as the supervisor measures them (old generation
     /// stops reading → new one reads).
     upgrade_gap_ms: Option<StallFigures>,
+    /// The control: the slowest application call in an equally long window
+    /// between two upgrades.
+    upgrade_quiet_ms: Option<StallFigures>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -627,6 +630,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
                 };
                 report.baton.upgrade_stall_ms = Some(figures(&stalls.app_us));
                 report.baton.upgrade_gap_ms = Some(figures(&stalls.supervisor_us));
+                report.baton.upgrade_quiet_ms = Some(figures(&stalls.quiet_us));
             }
             Err(err) => report.errors.push(format!("upgrade stall: {err:#}")),
         }
@@ -724,10 +728,10 @@ fn print_report(r: &Report) {
         ),
         None => println!("kill -9 stall: not measured"),
     }
-    match (&b.upgrade_stall_ms, &b.upgrade_gap_ms) {
-        (Some(s), Some(g)) => println!(
-            "planned upgrade stall: {} upgrades, slowest app call p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; supervisor gap p50 {:.2} ms, max {:.2} ms",
-            s.events, s.p50, s.p99, s.max, g.p50, g.max
+    match (&b.upgrade_stall_ms, &b.upgrade_gap_ms, &b.upgrade_quiet_ms) {
+        (Some(s), Some(g), Some(q)) => println!(
+            "planned upgrade stall: {} upgrades, slowest app call p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; supervisor gap p50 {:.2} ms, max {:.2} ms; with no upgrade, slowest call in as long a window p50 {:.2} ms, max {:.2} ms",
+            s.events, s.p50, s.p99, s.max, g.p50, g.max, q.p50, q.max
         ),
         _ => println!("planned upgrade stall: not measured"),
     }

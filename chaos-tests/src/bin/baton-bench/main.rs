@@ -106,6 +106,12 @@ enum Bench {
     /// rclone mount and Baton (through fs-supervisor), in one run.
     #[command(alias = "fsclient")]
     Fs(FsArgs),
+    /// The application process of `upgrade-stall` (internal).
+    #[command(hide = true)]
+    UpgradeStallLoad {
+        /// The mountpoint.
+        mnt: std::path::PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -258,6 +264,7 @@ fn run() -> anyhow::Result<()> {
                 .as_deref(),
         ),
         Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
+        Bench::UpgradeStallLoad { mnt } => upgrade_stall::load(&mnt),
     }
 }
 

@@ -6,7 +6,18 @@
 //! - the application stall: the slowest read or write that overlapped the
 //!   upgrade command (what the prototype note measured);
 //! - the supervisor's stall: old generation stopped reading → new one
-//!   started reading (from `fsctl upgrade --json`).
+//!   started reading (from `fsctl upgrade --json`);
+//! - the control: the slowest call in a window as long as the upgrade,
+//!   just before the next one, with no upgrade running: the workload's
+//!   own jitter on this machine.
+//!
+//! The reader and the writer run in their own process (`baton-bench
+//! upgrade-stall-load`, hidden), as applications do. A process that forks
+//! while it holds files of a FUSE mount gives the child copies of them,
+//! which close at exec, and every close is a FLUSH: while the bench ran
+//! the workload itself, each `fsctl` it started committed the writer's
+//! staged data in the middle of the upgrade it timed, and the writer's next
+//! WRITE waited 5-10 ms for that commit (found with `perf sched`).
 //!
 //! Then the same workload through `successions` supervisor handovers (a
 //! DaemonSet rollout in small: a successor starts beside the supervisor,
@@ -16,19 +27,24 @@
 //!
 //! A failed read, write or upgrade fails the run: every row had 0 errors.
 
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use chaos_tests::bench::{percentile, AlignedBuf};
-use chaos_tests::mount_guard::workspace_binary;
+use chaos_tests::mount_guard::{workspace_binary, ChildGuard};
+use upgrade_protocol::monotonic_ns;
 
 use crate::supervised::{fsctl, utf8, SupervisedMount};
 
-type Calls = Arc<Mutex<Vec<(Instant, Instant)>>>;
+/// Start and end of each call, CLOCK_MONOTONIC ns (shared by the
+/// application process and the bench).
+type Calls = Arc<Mutex<Vec<(u64, u64)>>>;
 
 /// Times every call of `op` until `stop`; the first error ends the loop.
 fn timed_loop(
@@ -39,12 +55,12 @@ fn timed_loop(
     std::thread::spawn(move || {
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let start = Instant::now();
+            let start = monotonic_ns();
             op(i)?;
             calls
                 .lock()
                 .map_err(|_| std::io::Error::other("poisoned"))?
-                .push((start, Instant::now()));
+                .push((start, monotonic_ns()));
             i += 1;
         }
         Ok(i)
@@ -58,6 +74,9 @@ pub struct UpgradeStalls {
     pub app_us: Vec<u64>,
     /// Old generation stopped reading → new one reading, sorted.
     pub supervisor_us: Vec<u64>,
+    /// Slowest call in an equally long window between two swaps (none
+    /// running), sorted: the workload's own jitter.
+    pub quiet_us: Vec<u64>,
     /// Reads completed.
     pub reads: u64,
     /// Writes completed.
@@ -93,6 +112,7 @@ pub fn run(
     );
     for (name, values) in [
         ("upgrade: slowest app call during it", &stalls.app_us),
+        ("no upgrade: slowest app call, as long", &stalls.quiet_us),
         (
             "upgrade: supervisor, old stops → new reads",
             &stalls.supervisor_us,
@@ -138,6 +158,156 @@ pub fn measure(
     let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
     std::fs::write(mnt.join("read"), vec![7u8; 1 << 20])?;
 
+    let application = Application::start(&mnt)?;
+    let mut windows = Vec::with_capacity(upgrades);
+    let mut measured = Vec::with_capacity(upgrades);
+    for n in 0..upgrades {
+        std::thread::sleep(interval);
+        let start = monotonic_ns();
+        if swap == Swap::Succession {
+            mount
+                .hand_over_to_successor()
+                .with_context(|| format!("supervisor handover {n}"))?;
+            windows.push((start, monotonic_ns()));
+            continue;
+        }
+        let binary = &binaries[n % 2];
+        let out = fsctl(
+            &socket,
+            &["upgrade", utf8(&mnt)?, "--binary", utf8(binary)?, "--json"],
+        )
+        .with_context(|| format!("upgrade {n}"))?;
+        windows.push((start, monotonic_ns()));
+        let reports: serde_json::Value = serde_json::from_str(&out)?;
+        measured.push(reports[0]["stall_us"].as_u64().unwrap_or(0));
+    }
+    std::thread::sleep(interval);
+    let ApplicationRun {
+        reads,
+        writes,
+        calls,
+    } = application.finish()?;
+    let slowest_in = |&(from, to): &(u64, u64)| {
+        calls
+            .iter()
+            .filter(|&&(s, e)| s < to && e > from)
+            .map(|&(s, e)| (e - s) / 1000)
+            .max()
+            .unwrap_or(0)
+    };
+    let mut app: Vec<u64> = windows.iter().map(slowest_in).collect();
+    let mut quiet: Vec<u64> = quiet_windows(&windows, interval)
+        .iter()
+        .map(slowest_in)
+        .collect();
+    fsctl(&socket, &["umount", utf8(&mnt)?])?;
+    app.sort_unstable();
+    measured.sort_unstable();
+    quiet.sort_unstable();
+    Ok(UpgradeStalls {
+        app_us: app,
+        supervisor_us: measured,
+        quiet_us: quiet,
+        reads,
+        writes,
+    })
+}
+
+/// For each swap window, one as long ending [`QUIET_MARGIN`] before the
+/// next swap starts (`interval` after one ends); none where it would not
+/// fit. Not centred: the supervisor starts the next warm standby 100 ms
+/// after a swap, and a standby's start-up alone slows calls by about 2 ms
+/// on 2 cores; the control must not measure that.
+fn quiet_windows(windows: &[(u64, u64)], interval: Duration) -> Vec<(u64, u64)> {
+    let room = interval.saturating_sub(QUIET_MARGIN).as_nanos() as u64;
+    windows
+        .iter()
+        .filter_map(|&(from, to)| {
+            let len = to - from;
+            let start = to + room.checked_sub(len)?;
+            Some((start, start + len))
+        })
+        .collect()
+}
+
+/// Gap between a control window and the next swap.
+const QUIET_MARGIN: Duration = Duration::from_millis(5);
+
+/// The application: `baton-bench upgrade-stall-load` in its own process,
+/// the only one holding the mount's files (module docs). Killed on drop.
+struct Application {
+    child: ChildGuard,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl Application {
+    /// Starts it and waits until it has its files open.
+    fn start(mnt: &Path) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("finding baton-bench itself")?;
+        let mut child = ChildGuard(
+            Command::new(exe)
+                .arg("upgrade-stall-load")
+                .arg(mnt)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting the application process")?,
+        );
+        let stdout = child.0.stdout.take().context("application stdout")?;
+        let mut application = Application {
+            child,
+            stdout: BufReader::new(stdout),
+        };
+        let mut line = String::new();
+        application.stdout.read_line(&mut line)?;
+        if line.trim() != LOAD_READY {
+            bail!("the application process did not start (its error is above)");
+        }
+        Ok(application)
+    }
+
+    /// Stops it (EOF on its stdin) and returns what it did.
+    fn finish(mut self) -> anyhow::Result<ApplicationRun> {
+        drop(self.child.0.stdin.take());
+        let failed = || anyhow::anyhow!("the application process failed (its error is above)");
+        let mut lines = (&mut self.stdout).lines();
+        let counts = lines.next().ok_or_else(failed)??;
+        let (reads, writes) = parse_pair(&counts).ok_or_else(failed)?;
+        let calls = lines
+            .map(|line| parse_pair(&line?).ok_or_else(failed))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if !self.child.0.wait()?.success() {
+            return Err(failed());
+        }
+        Ok(ApplicationRun {
+            reads,
+            writes,
+            calls,
+        })
+    }
+}
+
+/// What the application did: reads and writes completed, and every call.
+struct ApplicationRun {
+    reads: u64,
+    writes: u64,
+    /// (start, end), CLOCK_MONOTONIC ns, in no particular order.
+    calls: Vec<(u64, u64)>,
+}
+
+fn parse_pair(line: &str) -> Option<(u64, u64)> {
+    let (a, b) = line.split_once(' ')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// What the application prints once its files are open.
+const LOAD_READY: &str = "ready";
+
+/// `baton-bench upgrade-stall-load MNT`: a reader (4 KiB O_DIRECT reads of
+/// `read`) and a writer (4 KiB O_DIRECT writes to `write`), each timing
+/// every call, until stdin closes; then prints `reads writes` and one
+/// `start end` line per call (CLOCK_MONOTONIC ns).
+pub fn load(mnt: &Path) -> anyhow::Result<()> {
     let open = |name: &str, write: bool| {
         std::fs::OpenOptions::new()
             .read(true)
@@ -146,6 +316,7 @@ pub fn measure(
             .truncate(false)
             .custom_flags(libc::O_DIRECT)
             .open(mnt.join(name))
+            .with_context(|| format!("opening {}", mnt.join(name).display()))
     };
     let (reader_file, writer_file) = (open("read", false)?, open("write", true)?);
     let stop = Arc::new(AtomicBool::new(false));
@@ -160,30 +331,9 @@ pub fn measure(
         block.fill((i % 251) as u8);
         writer_file.write_all_at(block, (i % 256) * 4096)
     });
-
-    let mut windows = Vec::with_capacity(upgrades);
-    let mut measured = Vec::with_capacity(upgrades);
-    for n in 0..upgrades {
-        std::thread::sleep(interval);
-        let start = Instant::now();
-        if swap == Swap::Succession {
-            mount
-                .hand_over_to_successor()
-                .with_context(|| format!("supervisor handover {n}"))?;
-            windows.push((start, Instant::now()));
-            continue;
-        }
-        let binary = &binaries[n % 2];
-        let out = fsctl(
-            &socket,
-            &["upgrade", utf8(&mnt)?, "--binary", utf8(binary)?, "--json"],
-        )
-        .with_context(|| format!("upgrade {n}"))?;
-        windows.push((start, Instant::now()));
-        let reports: serde_json::Value = serde_json::from_str(&out)?;
-        measured.push(reports[0]["stall_us"].as_u64().unwrap_or(0));
-    }
-    std::thread::sleep(interval);
+    println!("{LOAD_READY}");
+    std::io::stdout().flush()?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink())?;
     stop.store(true, Ordering::Relaxed);
     let reads = reader
         .join()
@@ -194,24 +344,11 @@ pub fn measure(
         .map_err(|_| anyhow::anyhow!("writer panicked"))?
         .context("an application write failed")?;
     let calls = calls.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-    let mut app: Vec<u64> = windows
-        .iter()
-        .map(|(from, to)| {
-            calls
-                .iter()
-                .filter(|(s, e)| s < to && e > from)
-                .map(|(s, e)| e.duration_since(*s).as_micros() as u64)
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    fsctl(&socket, &["umount", utf8(&mnt)?])?;
-    app.sort_unstable();
-    measured.sort_unstable();
-    Ok(UpgradeStalls {
-        app_us: app,
-        supervisor_us: measured,
-        reads,
-        writes,
-    })
+    let mut out = BufWriter::new(std::io::stdout().lock());
+    writeln!(out, "{reads} {writes}")?;
+    for (start, end) in calls.iter() {
+        writeln!(out, "{start} {end}")?;
+    }
+    out.flush()?;
+    Ok(())
 }
