@@ -13,7 +13,7 @@
 //!
 //! Faulting a buffer in takes a few hundred µs; a process that knows it
 //! will serve (a standby generation) prepares its buffers before it takes
-//! the connection ([`crate::Session::start_with_buffers`]), out of the
+//! the connection ([`crate::IdleWorkers`]), out of the
 //! applications' stall.
 
 use std::ptr::NonNull;

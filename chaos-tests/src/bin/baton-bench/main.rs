@@ -106,11 +106,14 @@ enum Bench {
     /// rclone mount and Baton (through fs-supervisor), in one run.
     #[command(alias = "fsclient")]
     Fs(FsArgs),
-    /// The application process of `upgrade-stall` (internal).
+    /// The application process of the stall benches (internal).
     #[command(hide = true)]
-    UpgradeStallLoad {
+    Application {
         /// The mountpoint.
         mnt: std::path::PathBuf,
+        /// A writer beside the reader.
+        #[arg(long)]
+        write: bool,
     },
 }
 
@@ -264,10 +267,11 @@ fn run() -> anyhow::Result<()> {
                 .as_deref(),
         ),
         Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
-        Bench::UpgradeStallLoad { mnt } => upgrade_stall::load(&mnt),
+        Bench::Application { mnt, write } => application::run(&mnt, write),
     }
 }
 
+mod application;
 mod backends;
 mod compare;
 mod stall;

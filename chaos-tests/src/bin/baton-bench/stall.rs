@@ -1,7 +1,8 @@
 //! `baton-bench stall`: what an application sees when the filesystem process
 //! is killed. A supervised Baton mount serves a reader that loops on 4 KiB
-//! O_DIRECT reads (each one reaches the server); the generation is killed
-//! with SIGKILL every `interval`; for each kill, the stall is the time from
+//! O_DIRECT reads (each one reaches the server), in a process of its own
+//! (`crate::application`); the generation is killed with SIGKILL every
+//! `interval`; for each kill, the stall is the time from
 //! the kill to the end of the first read that STARTED after it (or of the
 //! read in flight at the kill, if that one ends later).
 //!
@@ -10,16 +11,15 @@
 //! instant) counted as a stall of a few µs: the warm p50 read 0.14 ms
 //! where this measure gives 1.9 ms (same code, same machine).
 
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
-use chaos_tests::bench::{percentile, AlignedBuf};
+use chaos_tests::bench::percentile;
 use chaos_tests::mount_guard::wait_until;
+use upgrade_protocol::monotonic_ns;
 
+use crate::application::{Application, READ_FILE};
 use crate::supervised::{fsctl, SupervisedMount};
 
 fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
@@ -41,37 +41,13 @@ pub(crate) fn measure(
     let args: &[&str] = if standby { &[] } else { &["--no-standby"] };
     let mount = SupervisedMount::start(dir, "stall", args)?;
     let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
-    std::fs::write(mnt.join("data"), vec![7u8; 1 << 20])?;
-
-    // The reader: (start, end) of every read.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(mnt.join("data"))?;
-    let reads: Arc<Mutex<Vec<(Instant, Instant)>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = {
-        let (reads, stop) = (Arc::clone(&reads), Arc::clone(&stop));
-        std::thread::spawn(move || -> std::io::Result<()> {
-            let mut buf = AlignedBuf::new(4096);
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let start = Instant::now();
-                file.read_exact_at(buf.bytes_mut(), (i % 256) * 4096)?;
-                reads
-                    .lock()
-                    .map_err(|_| std::io::Error::other("poisoned"))?
-                    .push((start, Instant::now()));
-                i += 1;
-            }
-            Ok(())
-        })
-    };
+    std::fs::write(mnt.join(READ_FILE), vec![7u8; 1 << 20])?;
+    let application = Application::start(&mnt, false)?;
     let mut kill_times = Vec::with_capacity(kills);
     for _ in 0..kills {
         std::thread::sleep(interval);
         let pid = generation_pid(&socket)?;
-        let at = Instant::now();
+        let at = monotonic_ns();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
@@ -85,12 +61,7 @@ pub(crate) fn measure(
         }
     }
     std::thread::sleep(interval);
-    stop.store(true, Ordering::Relaxed);
-    reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))?
-        .context("the application's read failed")?;
-    let reads = reads.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let reads = application.finish()?.calls;
     let stalls = kill_times
         .iter()
         .filter_map(|kill| stall_after(&reads, *kill))
@@ -104,7 +75,7 @@ pub fn run(dir: &Path, kills: usize, interval: Duration) -> anyhow::Result<()> {
     let root = tempfile::Builder::new()
         .prefix("baton-stall-")
         .tempdir_in(dir)?;
-    println!("kill -9 of the serving generation every {} ms under a 4 KiB O_DIRECT read loop; stall = kill to the end of the next completed read", interval.as_millis());
+    println!("kill -9 of the serving generation every {} ms under a 4 KiB O_DIRECT read loop; stall = kill to the end of the first read started after it", interval.as_millis());
     println!("(any failed application read fails the run, so every row below had 0 errors)");
     println!(
         "{:<14} {:>6} {:>10} {:>10} {:>10} {:>12}",
@@ -130,11 +101,11 @@ pub fn run(dir: &Path, kills: usize, interval: Duration) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The stall of one kill at `kill`, µs, from the reads (start, end) in
-/// order: until the first read started after the kill completed, or the
+/// The stall of one kill at `kill`, µs, from the reads (start, end, ns)
+/// in order: until the first read started after the kill completed, or the
 /// read in flight at the kill, whichever ended later. None if no read
 /// started after it.
-fn stall_after(reads: &[(Instant, Instant)], kill: Instant) -> Option<u64> {
+fn stall_after(reads: &[(u64, u64)], kill: u64) -> Option<u64> {
     let next = reads.iter().find(|(start, _)| *start >= kill)?.1;
     let in_flight = reads
         .iter()
@@ -142,5 +113,5 @@ fn stall_after(reads: &[(Instant, Instant)], kill: Instant) -> Option<u64> {
         .map(|(_, end)| *end)
         .max();
     let end = in_flight.map_or(next, |e| e.max(next));
-    Some(end.duration_since(kill).as_micros() as u64)
+    Some((end - kill) / 1000)
 }

@@ -11,13 +11,8 @@
 //!   just before the next one, with no upgrade running: the workload's
 //!   own jitter on this machine.
 //!
-//! The reader and the writer run in their own process (`baton-bench
-//! upgrade-stall-load`, hidden), as applications do. A process that forks
-//! while it holds files of a FUSE mount gives the child copies of them,
-//! which close at exec, and every close is a FLUSH: while the bench ran
-//! the workload itself, each `fsctl` it started committed the writer's
-//! staged data in the middle of the upgrade it timed, and the writer's next
-//! WRITE waited 5-10 ms for that commit (found with `perf sched`).
+//! The reader and the writer run in a process of their own
+//! (`crate::application`), as applications do.
 //!
 //! Then the same workload through `successions` supervisor handovers (a
 //! DaemonSet rollout in small: a successor starts beside the supervisor,
@@ -27,45 +22,16 @@
 //!
 //! A failed read, write or upgrade fails the run: every row had 0 errors.
 
-use std::io::{BufRead, BufReader, BufWriter, Write};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context};
-use chaos_tests::bench::{percentile, AlignedBuf};
-use chaos_tests::mount_guard::{workspace_binary, ChildGuard};
+use anyhow::Context;
+use chaos_tests::bench::percentile;
+use chaos_tests::mount_guard::workspace_binary;
 use upgrade_protocol::monotonic_ns;
 
+use crate::application::{Application, ApplicationRun, READ_FILE};
 use crate::supervised::{fsctl, utf8, SupervisedMount};
-
-/// Start and end of each call, CLOCK_MONOTONIC ns (shared by the
-/// application process and the bench).
-type Calls = Arc<Mutex<Vec<(u64, u64)>>>;
-
-/// Times every call of `op` until `stop`; the first error ends the loop.
-fn timed_loop(
-    stop: Arc<AtomicBool>,
-    calls: Calls,
-    mut op: impl FnMut(u64) -> std::io::Result<()> + Send + 'static,
-) -> std::thread::JoinHandle<std::io::Result<u64>> {
-    std::thread::spawn(move || {
-        let mut i = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            let start = monotonic_ns();
-            op(i)?;
-            calls
-                .lock()
-                .map_err(|_| std::io::Error::other("poisoned"))?
-                .push((start, monotonic_ns()));
-            i += 1;
-        }
-        Ok(i)
-    })
-}
 
 /// Per upgrade, in µs: the slowest application call overlapping it, and
 /// the stall the supervisor measured; and the calls the application made.
@@ -156,9 +122,9 @@ pub fn measure(
         .collect::<Result<_, _>>()?;
     let mut mount = SupervisedMount::start(dir, "bench", &[])?;
     let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
-    std::fs::write(mnt.join("read"), vec![7u8; 1 << 20])?;
+    std::fs::write(mnt.join(READ_FILE), vec![7u8; 1 << 20])?;
 
-    let application = Application::start(&mnt)?;
+    let application = Application::start(&mnt, true)?;
     let mut windows = Vec::with_capacity(upgrades);
     let mut measured = Vec::with_capacity(upgrades);
     for n in 0..upgrades {
@@ -232,123 +198,3 @@ fn quiet_windows(windows: &[(u64, u64)], interval: Duration) -> Vec<(u64, u64)> 
 
 /// Gap between a control window and the next swap.
 const QUIET_MARGIN: Duration = Duration::from_millis(5);
-
-/// The application: `baton-bench upgrade-stall-load` in its own process,
-/// the only one holding the mount's files (module docs). Killed on drop.
-struct Application {
-    child: ChildGuard,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Application {
-    /// Starts it and waits until it has its files open.
-    fn start(mnt: &Path) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("finding baton-bench itself")?;
-        let mut child = ChildGuard(
-            Command::new(exe)
-                .arg("upgrade-stall-load")
-                .arg(mnt)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting the application process")?,
-        );
-        let stdout = child.0.stdout.take().context("application stdout")?;
-        let mut application = Application {
-            child,
-            stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        application.stdout.read_line(&mut line)?;
-        if line.trim() != LOAD_READY {
-            bail!("the application process did not start (its error is above)");
-        }
-        Ok(application)
-    }
-
-    /// Stops it (EOF on its stdin) and returns what it did.
-    fn finish(mut self) -> anyhow::Result<ApplicationRun> {
-        drop(self.child.0.stdin.take());
-        let failed = || anyhow::anyhow!("the application process failed (its error is above)");
-        let mut lines = (&mut self.stdout).lines();
-        let counts = lines.next().ok_or_else(failed)??;
-        let (reads, writes) = parse_pair(&counts).ok_or_else(failed)?;
-        let calls = lines
-            .map(|line| parse_pair(&line?).ok_or_else(failed))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        if !self.child.0.wait()?.success() {
-            return Err(failed());
-        }
-        Ok(ApplicationRun {
-            reads,
-            writes,
-            calls,
-        })
-    }
-}
-
-/// What the application did: reads and writes completed, and every call.
-struct ApplicationRun {
-    reads: u64,
-    writes: u64,
-    /// (start, end), CLOCK_MONOTONIC ns, in no particular order.
-    calls: Vec<(u64, u64)>,
-}
-
-fn parse_pair(line: &str) -> Option<(u64, u64)> {
-    let (a, b) = line.split_once(' ')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
-}
-
-/// What the application prints once its files are open.
-const LOAD_READY: &str = "ready";
-
-/// `baton-bench upgrade-stall-load MNT`: a reader (4 KiB O_DIRECT reads of
-/// `read`) and a writer (4 KiB O_DIRECT writes to `write`), each timing
-/// every call, until stdin closes; then prints `reads writes` and one
-/// `start end` line per call (CLOCK_MONOTONIC ns).
-pub fn load(mnt: &Path) -> anyhow::Result<()> {
-    let open = |name: &str, write: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(write)
-            .create(write)
-            .truncate(false)
-            .custom_flags(libc::O_DIRECT)
-            .open(mnt.join(name))
-            .with_context(|| format!("opening {}", mnt.join(name).display()))
-    };
-    let (reader_file, writer_file) = (open("read", false)?, open("write", true)?);
-    let stop = Arc::new(AtomicBool::new(false));
-    let calls: Calls = Arc::default();
-    let mut read_buf = AlignedBuf::new(4096);
-    let reader = timed_loop(Arc::clone(&stop), Arc::clone(&calls), move |i| {
-        reader_file.read_exact_at(read_buf.bytes_mut(), (i % 256) * 4096)
-    });
-    let mut write_buf = AlignedBuf::new(4096);
-    let writer = timed_loop(Arc::clone(&stop), Arc::clone(&calls), move |i| {
-        let block = write_buf.bytes_mut();
-        block.fill((i % 251) as u8);
-        writer_file.write_all_at(block, (i % 256) * 4096)
-    });
-    println!("{LOAD_READY}");
-    std::io::stdout().flush()?;
-    std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink())?;
-    stop.store(true, Ordering::Relaxed);
-    let reads = reader
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader panicked"))?
-        .context("an application read failed")?;
-    let writes = writer
-        .join()
-        .map_err(|_| anyhow::anyhow!("writer panicked"))?
-        .context("an application write failed")?;
-    let calls = calls.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-    let mut out = BufWriter::new(std::io::stdout().lock());
-    writeln!(out, "{reads} {writes}")?;
-    for (start, end) in calls.iter() {
-        writeln!(out, "{start} {end}")?;
-    }
-    out.flush()?;
-    Ok(())
-}
