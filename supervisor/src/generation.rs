@@ -98,6 +98,8 @@ pub struct Process {
     pub spawned_at: Instant,
     /// When it reported serving.
     pub serving_since: Option<Instant>,
+    /// [`Process::raise_priority`] ran.
+    priority_raised: bool,
 }
 
 /// Writes "0" (itself) to a cgroup's procs file. Runs between fork and
@@ -160,6 +162,7 @@ impl Process {
                 cgroup,
                 spawned_at: Instant::now(),
                 serving_since: None,
+                priority_raised: false,
             }),
             Err(err) => {
                 if let Some(cgroup) = cgroup {
@@ -223,10 +226,15 @@ impl Process {
     }
 
     /// Gives every thread of the process normal priority again (it was
-    /// started at [`STARTUP_NICE`]); called just before it gets the fd.
-    /// Threads it starts later inherit from their creator, so they are
-    /// normal too. Best effort: a failure only leaves it slower.
-    pub fn raise_priority(&self) {
+    /// started at [`STARTUP_NICE`]); called once it connected (it has
+    /// started and waits, idle, for the fd), and again, a no-op then,
+    /// before it gets the fd. Threads it starts later inherit from their
+    /// creator, so they are normal too. Best effort: a failure only leaves
+    /// it slower.
+    pub fn raise_priority(&mut self) {
+        if std::mem::replace(&mut self.priority_raised, true) {
+            return;
+        }
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
             return;
         };

@@ -14,14 +14,13 @@ use upgrade_protocol::{
 
 /// Both ends of a SOCK_SEQPACKET socketpair, as between the supervisor and
 /// a generation.
-fn seqpacket_pair() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+fn seqpacket_pair() -> nix::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
     socketpair(
         AddressFamily::Unix,
         SockType::SeqPacket,
         None,
         SockFlag::SOCK_CLOEXEC,
     )
-    .unwrap()
 }
 
 fn init() -> NegotiatedInit {
@@ -135,7 +134,7 @@ fn newer_version_truncation_and_garbage_are_refused_clearly() {
 
 #[test]
 fn fds_arrive_close_on_exec_and_counts_are_checked() {
-    let (a, b) = seqpacket_pair();
+    let (a, b) = seqpacket_pair().unwrap();
     let file = tempfile::tempfile().unwrap();
     let message = Message::Adopt {
         generation: 2,
@@ -332,7 +331,7 @@ fn control_frames_are_pinned_and_round_trip() {
 
 #[test]
 fn control_messages_cross_a_socketpair_without_fds() {
-    let (a, b) = seqpacket_pair();
+    let (a, b) = seqpacket_pair().unwrap();
     send_message(a.as_fd(), &mount_request(), &[]).unwrap();
     let (got, fds) = recv_message(b.as_fd()).unwrap();
     assert_eq!(got, mount_request());
@@ -344,7 +343,7 @@ fn messages_of_any_size_arrive_whole_and_in_order_then_closed() {
     // recv_message sizes its buffer from the next message's length (a
     // MSG_PEEK): a large message after a small one and a small one after a
     // large one must each arrive whole.
-    let (a, b) = seqpacket_pair();
+    let (a, b) = seqpacket_pair().unwrap();
     let large = Message::Control {
         request: Request::Mount {
             volume: "vol1".into(),
@@ -401,7 +400,7 @@ fn a_mount_passed_to_a_successor_crosses_with_its_fd_and_the_frames_are_pinned()
         persistent: true,
         ..record()
     };
-    let (a, b) = seqpacket_pair();
+    let (a, b) = seqpacket_pair().unwrap();
     let file = tempfile::tempfile().unwrap();
     let pass = Message::PassMount {
         record: record.clone(),

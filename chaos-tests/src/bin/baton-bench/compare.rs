@@ -588,7 +588,8 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
             .map_err(anyhow::Error::from)
             .and_then(|()| stall::measure(&dir, o.stall_kills, Duration::from_millis(250), true));
         match measured {
-            Ok((mut stalls, _reads)) => {
+            Ok(killed) => {
+                let mut stalls = killed.stalls;
                 stalls.sort_unstable();
                 let ms = |q| chaos_tests::bench::percentile(&stalls, q) / 1000.0;
                 report.baton.kill9_stall_ms = Some(StallFigures {

@@ -106,6 +106,13 @@ enum Bench {
     /// rclone mount and Baton (through fs-supervisor), in one run.
     #[command(alias = "fsclient")]
     Fs(FsArgs),
+    /// Holds this many MiB of touched memory until killed (the kill
+    /// floor of `stall`; internal).
+    #[command(hide = true)]
+    HoldMemory {
+        /// MiB to hold.
+        mib: u64,
+    },
     /// The application process of the stall benches (internal).
     #[command(hide = true)]
     Application {
@@ -268,6 +275,7 @@ fn run() -> anyhow::Result<()> {
         ),
         Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
         Bench::Application { mnt, write } => application::run(&mnt, write),
+        Bench::HoldMemory { mib } => stall::hold_memory(mib),
     }
 }
 

@@ -11,12 +11,16 @@
 //! instant) counted as a stall of a few µs: the warm p50 read 0.14 ms
 //! where this measure gives 1.9 ms (same code, same machine).
 
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use chaos_tests::bench::percentile;
-use chaos_tests::mount_guard::wait_until;
+use chaos_tests::bench::{percentile, status_kib};
+use chaos_tests::mount_guard::{wait_until, ChildGuard};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use upgrade_protocol::monotonic_ns;
 
 use crate::application::{Application, READ_FILE};
@@ -30,23 +34,25 @@ fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
         .context("no generation pid in fsctl status")
 }
 
-/// Stalls (µs) of `kills` kills, with or without a warm standby, and the
-/// number of reads the application completed (a failed read fails the run).
+/// `kills` kills, with or without a warm standby (a failed read fails the
+/// run).
 pub(crate) fn measure(
     dir: &Path,
     kills: usize,
     interval: Duration,
     standby: bool,
-) -> anyhow::Result<(Vec<u64>, usize)> {
+) -> anyhow::Result<Killed> {
     let args: &[&str] = if standby { &[] } else { &["--no-standby"] };
     let mount = SupervisedMount::start(dir, "stall", args)?;
     let (socket, mnt) = (mount.socket.clone(), mount.mnt.clone());
     std::fs::write(mnt.join(READ_FILE), vec![7u8; 1 << 20])?;
     let application = Application::start(&mnt, false)?;
     let mut kill_times = Vec::with_capacity(kills);
+    let mut rss_kib = Vec::with_capacity(kills);
     for _ in 0..kills {
         std::thread::sleep(interval);
         let pid = generation_pid(&socket)?;
+        rss_kib.extend(status_kib(pid, "VmRSS"));
         let at = monotonic_ns();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
@@ -67,7 +73,22 @@ pub(crate) fn measure(
         .filter_map(|kill| stall_after(&reads, *kill))
         .collect();
     fsctl(&socket, &["umount", mnt.to_str().context("utf-8 path")?])?;
-    Ok((stalls, reads.len()))
+    rss_kib.sort_unstable();
+    Ok(Killed {
+        stalls,
+        reads: reads.len(),
+        rss_kib: rss_kib.get(rss_kib.len() / 2).copied().unwrap_or(0),
+    })
+}
+
+/// What one run of kills measured.
+pub(crate) struct Killed {
+    /// Stall of each kill, µs.
+    pub stalls: Vec<u64>,
+    /// Reads the application completed.
+    pub reads: usize,
+    /// Median VmRSS of the killed generations, KiB.
+    pub rss_kib: u64,
 }
 
 /// Prints p50/p99/max of the stall with and without a warm standby.
@@ -81,11 +102,16 @@ pub fn run(dir: &Path, kills: usize, interval: Duration) -> anyhow::Result<()> {
         "{:<14} {:>6} {:>10} {:>10} {:>10} {:>12}",
         "mode", "kills", "p50 ms", "p99 ms", "max ms", "app reads"
     );
+    let mut generation_rss_kib = 0;
     for (name, standby) in [("warm standby", true), ("cold start", false)] {
         let dir = root.path().join(name.replace(' ', "-"));
         std::fs::create_dir_all(&dir)?;
-        let (mut stalls, reads) =
-            measure(&dir, kills, interval, standby).with_context(|| format!("{name} run"))?;
+        let Killed {
+            mut stalls,
+            reads,
+            rss_kib,
+        } = measure(&dir, kills, interval, standby).with_context(|| format!("{name} run"))?;
+        generation_rss_kib = generation_rss_kib.max(rss_kib);
         stalls.sort_unstable();
         let ms = |q: f64| percentile(&stalls, q) / 1000.0;
         println!(
@@ -98,7 +124,91 @@ pub fn run(dir: &Path, kills: usize, interval: Duration) -> anyhow::Result<()> {
             reads
         );
     }
+    let generation_mib = generation_rss_kib.div_ceil(1024);
+    for (name, mib) in [
+        ("floor, sleep".to_string(), 0),
+        (format!("floor, {generation_mib} MiB"), generation_mib),
+    ] {
+        let floors = kill_floor(kills, mib)?;
+        let ms = |q: f64| percentile(&floors, q) / 1000.0;
+        println!(
+            "{:<14} {:>6} {:>10.2} {:>10.2} {:>10.2} {:>12}",
+            name,
+            floors.len(),
+            ms(0.5),
+            ms(0.99),
+            ms(1.0),
+            "-"
+        );
+    }
+    println!("(floor: kill -9 of an idle process until its pidfd is readable, the soonest a death can be noticed: a bare `sleep`, and one holding as much memory as the killed generations, {generation_mib} MiB median VmRSS)");
     Ok(())
+}
+
+/// The kernel's share of every takeover on this machine, µs, sorted: from
+/// SIGKILL of an idle process until its pidfd is readable, which is when a
+/// supervisor learns of a death. The kernel frees the dead process's
+/// memory first, so this grows with it: the process holds `mib` MiB
+/// (`baton-bench hold-memory`; 0: a bare `sleep`).
+fn kill_floor(kills: usize, mib: u64) -> anyhow::Result<Vec<u64>> {
+    let mut floors = Vec::with_capacity(kills);
+    for _ in 0..kills {
+        let mut command = if mib == 0 {
+            let mut sleep = Command::new("sleep");
+            sleep.arg("600");
+            sleep
+        } else {
+            let mut hold = Command::new(std::env::current_exe()?);
+            hold.arg("hold-memory").arg(mib.to_string());
+            hold
+        };
+        let mut child = ChildGuard(
+            command
+                .stdout(Stdio::piped())
+                .spawn()
+                .context("starting a process for the kill floor")?,
+        );
+        if mib > 0 {
+            let mut line = String::new();
+            let stdout = child.0.stdout.take().context("hold-memory stdout")?;
+            BufReader::new(stdout).read_line(&mut line)?;
+        }
+        // Let it reach its sleep, as a generation waits in read().
+        std::thread::sleep(Duration::from_millis(20));
+        let pidfd = pidfd_open(child.0.id())?;
+        let start = Instant::now();
+        child.0.kill()?;
+        let mut ready = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        poll(&mut ready, PollTimeout::from(10_000u16)).context("polling a pidfd")?;
+        floors.push(start.elapsed().as_micros() as u64);
+    }
+    floors.sort_unstable();
+    Ok(floors)
+}
+
+/// `baton-bench hold-memory MIB` (hidden): touches `mib` MiB of memory,
+/// says `ready`, and sleeps until killed.
+pub fn hold_memory(mib: u64) -> anyhow::Result<()> {
+    let mut held = vec![0u8; (mib as usize) << 20];
+    for page in held.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&held);
+    println!("ready");
+    std::io::stdout().flush()?;
+    std::thread::sleep(Duration::from_secs(600));
+    Ok(())
+}
+
+/// pidfd_open(2) (nix has no wrapper).
+fn pidfd_open(pid: u32) -> anyhow::Result<OwnedFd> {
+    // SAFETY: pidfd_open with no flags returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("pidfd_open");
+    }
+    // SAFETY: the kernel just gave us this fd; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// The stall of one kill at `kill`, µs, from the reads (start, end, ns)
