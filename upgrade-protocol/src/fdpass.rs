@@ -113,7 +113,9 @@ pub fn recv_message(socket: BorrowedFd<'_>) -> Result<(Message, Vec<OwnedFd>), P
 
 /// The length of the next message, without taking it (MSG_PEEK; MSG_TRUNC
 /// makes the kernel return the whole length, not the 0 bytes copied).
-/// Blocks until one arrives; 0 when the peer closed the socket.
+/// Blocks until one arrives; 0 when the peer closed the socket. Only for
+/// SOCK_SEQPACKET (every socket here): on a stream socket MSG_TRUNC
+/// would mean something else.
 fn next_message_len(socket: BorrowedFd<'_>) -> Result<usize, ProtocolError> {
     loop {
         match recv(
