@@ -22,6 +22,23 @@ const DOT_COOKIE: u64 = 1;
 /// Cookie of `..`; entry cookies are `dentries.cookie + DOTDOT_COOKIE`.
 const DOTDOT_COOKIE: u64 = 2;
 
+/// A batch of entries after a cookie (?2), in cookie order: a range scan
+/// of the (parent, cookie) index, never a sort of the whole directory.
+pub(crate) const READDIR_SQL: &str =
+    "SELECT d.cookie, d.name, d.ino, i.kind FROM dentries d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3";
+
+/// [`READDIR_SQL`] with the attributes and committed bytes (?4: the block
+/// size).
+pub(crate) const READDIR_PLUS_SQL: &str = concat!(
+    "SELECT d.cookie, d.name, ",
+    attr_columns!("i."),
+    ", ",
+    committed_bytes_column!("?4"),
+    " FROM dentries d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3"
+);
+
 /// Up to `limit` (clamped to [`READDIR_ENTRIES_MAX`]) entries after `offset`.
 /// A removed directory (nlink 0) lists as empty.
 pub(crate) fn readdir<C: Db>(c: &C, ino: u64, offset: u64, limit: u32) -> Result<Vec<DirEntry>> {
@@ -29,10 +46,7 @@ pub(crate) fn readdir<C: Db>(c: &C, ino: u64, offset: u64, limit: u32) -> Result
     let Some((after, left)) = dots(c, ino, offset, limit, &mut out)? else {
         return Ok(out);
     };
-    let mut stmt = c.prepare_cached(
-        "SELECT d.cookie, d.name, d.ino, i.kind FROM dentries d JOIN inodes i ON i.ino = d.ino
-         WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3",
-    )?;
+    let mut stmt = c.prepare_cached(READDIR_SQL)?;
     stmt.extend_rows(params![ino, after, left], &mut out, |r| {
         Ok(DirEntry {
             offset_next: r.get::<_, u64>(0)? + DOTDOT_COOKIE,
@@ -67,16 +81,10 @@ pub(crate) fn readdir_plus<C: Db>(
     let Some((after, left)) = after_dots else {
         return Ok(out);
     };
-    const SQL: &str = concat!(
-        "SELECT d.cookie, d.name, ",
-        attr_columns!("i."),
-        ", ",
-        committed_bytes_column!("?4"),
-        " FROM dentries d JOIN inodes i ON i.ino = d.ino
-         WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3"
-    );
-    c.prepare_cached(SQL)?
-        .extend_rows(params![ino, after, left, block_size], &mut out, |r| {
+    c.prepare_cached(READDIR_PLUS_SQL)?.extend_rows(
+        params![ino, after, left, block_size],
+        &mut out,
+        |r| {
             let attr = inode::row_attr_at(r, 2)?;
             Ok(DirEntryPlus {
                 entry: DirEntry {
@@ -88,7 +96,8 @@ pub(crate) fn readdir_plus<C: Db>(
                 committed_bytes: r.get(17)?,
                 attr: Some(attr),
             })
-        })?;
+        },
+    )?;
     Ok(out)
 }
 

@@ -422,6 +422,58 @@ mod tests {
         (dir, m)
     }
 
+    /// The plan of `sql` (EXPLAIN QUERY PLAN details, one per step).
+    fn plan(c: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let params = [1i64, 0, 100, 4096];
+        let count = stmt.parameter_count();
+        let mut rows = stmt
+            .query(rusqlite::params_from_iter(&params[..count]))
+            .unwrap();
+        let mut steps = Vec::new();
+        while let Some(row) = rows.next().unwrap() {
+            steps.push(row.get::<_, String>(3).unwrap());
+        }
+        steps
+    }
+
+    fn assert_readdir_is_a_range_scan(c: &Connection) {
+        for sql in [
+            crate::ops::readdir::READDIR_SQL,
+            crate::ops::readdir::READDIR_PLUS_SQL,
+        ] {
+            let steps = plan(c, sql);
+            assert!(
+                steps
+                    .iter()
+                    .any(|s| s.contains("dentries_by_parent_cookie")),
+                "{steps:?}"
+            );
+            // A sort here reads the whole directory for every batch.
+            assert!(
+                !steps.iter().any(|s| s.contains("TEMP B-TREE")),
+                "{steps:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn readdir_batches_scan_the_parent_cookie_index_also_in_older_volumes() {
+        let (dir, m) = formatted();
+        assert_readdir_is_a_range_scan(&m.writer.lock().unwrap());
+        // A volume made before the index: opening adds it.
+        m.writer
+            .lock()
+            .unwrap()
+            .execute_batch("DROP INDEX dentries_by_parent_cookie")
+            .unwrap();
+        drop(m);
+        let path = dir.path().join("m.db");
+        let m = SqliteMeta::open(path.to_str().unwrap()).unwrap();
+        assert_readdir_is_a_range_scan(&m.writer.lock().unwrap());
+        assert_readdir_is_a_range_scan(&m.readers[0].lock().unwrap());
+    }
+
     #[test]
     fn cached_statements_with_order_by_are_not_reprepared_per_run() {
         let (_dir, m) = formatted();

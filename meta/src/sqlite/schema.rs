@@ -14,6 +14,7 @@
 //!        parent -- directories only: the directory holding its entry (for ..))
 //! dentries(cookie INTEGER PRIMARY KEY AUTOINCREMENT -- readdir cookie, never reused
 //!        parent -> inodes, name BLOB, ino -> inodes, UNIQUE(parent, name))
+//!        + index on (parent, cookie), added in place by `open`
 //! symlinks(ino -> inodes PRIMARY KEY, target BLOB)
 //! xattrs(ino -> inodes, name BLOB, value BLOB, PRIMARY KEY(ino, name))
 //! blocks(ino -> inodes, idx, object_key TEXT, len, PRIMARY KEY(ino, idx))
@@ -154,12 +155,23 @@ CREATE TABLE IF NOT EXISTS locks (
 CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
 ";
 
-/// Creates the tables added to format v1 after its first builds in a
-/// database made before they existed.
+/// A directory's entries in cookie order from a cookie (readdir). Without
+/// it every READDIR batch read and sorted all of the directory's entries
+/// (a temporary B-tree per batch), so listing n entries cost O(n²): 78 ms
+/// for 10,000 entries in SQL alone, 6 ms with it. Additive: builds from
+/// before it neither need nor mind it, and SQLite keeps it current for
+/// them too.
+pub(crate) const DENTRIES_BY_PARENT_DDL: &str =
+    "CREATE INDEX IF NOT EXISTS dentries_by_parent_cookie ON dentries(parent, cookie);";
+
+/// Creates the tables and indexes added to format v1 after its first
+/// builds in a database made before they existed (the first open by a
+/// newer build; an index over a large table takes a while to build once).
 pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(REQUESTS_DDL)?;
     conn.execute_batch(SESSIONS_DDL)?;
     conn.execute_batch(LOCKS_DDL)?;
+    conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     Ok(())
 }
 
@@ -172,6 +184,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(REQUESTS_DDL)?;
     tx.execute_batch(SESSIONS_DDL)?;
     tx.execute_batch(LOCKS_DDL)?;
+    tx.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)
