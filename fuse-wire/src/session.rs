@@ -378,19 +378,22 @@ pub struct IdleWorkers<F: Filesystem> {
 impl<F: Filesystem> IdleWorkers<F> {
     /// Starts `threads` (clamped to 1..=[`WORKERS_MAX`]) idle workers, each
     /// with a `buffer_len`-byte read buffer (a worker whose session needs a
-    /// larger one makes it then).
+    /// larger one makes it then). Returns once every buffer is faulted in.
     pub fn spawn(threads: usize, buffer_len: usize) -> Result<Self, Error> {
         let threads = threads.clamp(1, WORKERS_MAX);
         let mut idle = IdleWorkers {
             posts: Vec::with_capacity(threads),
             handles: Vec::with_capacity(threads),
         };
+        let (ready, buffers_ready) = sync_channel::<()>(threads);
         for index in 0..threads {
             let (post, work) = sync_channel::<(Worker<F>, tracing::Span)>(1);
+            let ready = ready.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("fuse-worker-{index}"))
                 .spawn(move || {
                     let buffer = RequestBuffer::new(buffer_len);
+                    let _ = ready.send(());
                     if let Ok((mut worker, span)) = work.recv() {
                         worker.buffer = Some(buffer);
                         span.in_scope(|| worker.run());
@@ -399,6 +402,14 @@ impl<F: Filesystem> IdleWorkers<F> {
                 .map_err(Error::Spawn)?;
             idle.posts.push(post);
             idle.handles.push(handle);
+        }
+        drop(ready);
+        for _ in 0..threads {
+            buffers_ready.recv().map_err(|_| {
+                Error::Spawn(std::io::Error::other(
+                    "a FUSE worker thread ended before its read buffer was ready",
+                ))
+            })?;
         }
         Ok(idle)
     }
