@@ -200,7 +200,8 @@ pub fn hold_memory(mib: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// pidfd_open(2) (nix has no wrapper).
+/// pidfd_open(2) (nix has no wrapper). The supervisor has its own:
+/// chaos-tests drives the binaries from outside and does not link it.
 fn pidfd_open(pid: u32) -> anyhow::Result<OwnedFd> {
     // SAFETY: pidfd_open with no flags returns a new fd or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
