@@ -193,6 +193,16 @@ pub enum BlocksError {
         reason: String,
     },
 
+    /// Writing a block object's file in a local store's directory failed.
+    #[error("writing block object file {path} failed: {source}; check free space and permissions of the volume's data directory")]
+    ObjectFileWrite {
+        /// The object's file.
+        path: PathBuf,
+        /// Underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Reading a block object's file in a local store's directory failed.
     #[error("reading block object file {path} failed: {source}; check the volume's data directory and its disk")]
     ObjectFileIo {
@@ -312,7 +322,8 @@ impl BlocksError {
             BlocksError::InvalidArgument { .. } | BlocksError::InvalidKey { .. } => libc::EINVAL,
             BlocksError::StagingIo { source, .. }
             | BlocksError::CacheIo { source, .. }
-            | BlocksError::ObjectFileIo { source, .. } => {
+            | BlocksError::ObjectFileIo { source, .. }
+            | BlocksError::ObjectFileWrite { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
             BlocksError::StorageUnreachable { .. } => libc::EIO,

@@ -78,6 +78,7 @@ mod error;
 mod faulty_store;
 mod in_place;
 mod key;
+mod local_put;
 mod passphrase;
 mod s3;
 mod staging;
@@ -101,7 +102,7 @@ pub use s3::{
 };
 pub use staging::{
     Overlay, OverlaySegment, StagedBlock, StagedSize, Staging, UploadSet, BLOCK_SIZE_BYTES_MAX,
-    FILE_SIZE_BYTES_MAX, OVERLAY_READ_BYTES_MAX, STAGING_LOCK_STRIPE_COUNT,
+    FILE_SIZE_BYTES_MAX, OVERLAY_READ_BYTES_MAX, STAGING_LOCK_STRIPE_COUNT, STAGING_RETIRE_DELAY,
     UPLOAD_SET_BLOCK_COUNT_MAX,
 };
 pub use store::{

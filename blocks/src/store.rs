@@ -261,6 +261,9 @@ impl BlockStore {
 
     /// Uploads one block under a fresh key and returns the key.
     pub fn put_block(&self, ino: u64, index: u64, data: Bytes) -> Result<ObjectKey> {
+        if let Some(root) = &self.local_root {
+            return self.put_local(root, ino, index, &data);
+        }
         let store = self.store.clone();
         let codec = self.codec.clone();
         self.block_on(put_one(
@@ -277,6 +280,11 @@ impl BlockStore {
     /// returned in input order. If any upload fails, the objects that did
     /// upload are deleted (best effort) and the first error is returned.
     pub fn put_blocks(&self, blocks: Vec<(u64, u64, Bytes)>) -> Result<Vec<ObjectKey>> {
+        // One block to a local directory: on this thread (`local_put.rs`);
+        // several go through the runtime, which writes them in parallel.
+        if let (Some(root), [(ino, index, data)]) = (&self.local_root, blocks.as_slice()) {
+            return Ok(vec![self.put_local(root, *ino, *index, data)?]);
+        }
         let store = self.store.clone();
         let attempts = self.attempt_count_max;
         let codec = self.codec.clone();
@@ -306,6 +314,19 @@ impl BlockStore {
                 Err(err)
             }
         }
+    }
+
+    /// Writes one block as a file of the local store at `root`.
+    fn put_local(&self, root: &Path, ino: u64, index: u64, data: &Bytes) -> Result<ObjectKey> {
+        let key = ObjectKey::generate(ino, index);
+        match &self.codec {
+            Some(codec) => {
+                let encoded = codec.encode(key.to_path().as_ref(), data)?;
+                crate::local_put::put_file(root, &key, &encoded)?
+            }
+            None => crate::local_put::put_file(root, &key, data)?,
+        }
+        Ok(key)
     }
 
     /// Reads bytes `range` of object `key` (ranged GET). The result has

@@ -8,7 +8,8 @@ use std::cell::Cell;
 use std::os::unix::fs::MetadataExt;
 
 use baton_blocks::{
-    BlocksError, StagedSize, Staging, OVERLAY_READ_BYTES_MAX, UPLOAD_SET_BLOCK_COUNT_MAX,
+    BlocksError, StagedSize, Staging, OVERLAY_READ_BYTES_MAX, STAGING_RETIRE_DELAY,
+    UPLOAD_SET_BLOCK_COUNT_MAX,
 };
 use bytes::Bytes;
 use common::pattern;
@@ -359,4 +360,65 @@ fn offsets_past_the_file_size_max_are_rejected() {
     let err = staging.write(1, u64::MAX - 1, b"xx", &no_base).unwrap_err();
     assert_eq!(err.errno(), libc::EINVAL);
     assert!(staging.set_size(1, u64::MAX).is_err());
+}
+
+/// A flush leaves the emptied inode dir for the timer thread (removing a
+/// dir frees a block: a synchronous discard on some filesystems); only a
+/// dir that is still empty is retired, and a deleted file's dir goes at
+/// once, its removal later.
+#[test]
+fn emptied_inode_dirs_are_retired_later_and_never_with_data_in_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = Staging::open(dir.path(), BS).unwrap();
+    let inode_dir = |ino: u64| dir.path().join(format!("{ino:016x}"));
+    assert_eq!(staging.retire_due(), None);
+    for ino in [1, 2] {
+        staging.write(ino, 0, b"flushed", &no_base).unwrap();
+        let set = staging.take_for_upload(ino).unwrap();
+        staging.clear(&set).unwrap();
+    }
+    assert!(inode_dir(1).exists(), "kept until retired");
+    let due = staging.retire_due().expect("a pass is due");
+    assert!(due <= STAGING_RETIRE_DELAY);
+    staging.write(2, 0, b"written again", &no_base).unwrap();
+
+    for ino in staging.take_emptied() {
+        staging.retire_if_empty(ino).unwrap();
+    }
+    assert_eq!(staging.remove_retired().unwrap(), 1);
+    assert!(!inode_dir(1).exists());
+    assert_eq!(read_through(&staging, 2, &[], 0, 13), b"written again");
+    assert_eq!(staging.recover().unwrap(), vec![2]);
+    assert_eq!(staging.retire_due(), None);
+
+    staging.discard(2).unwrap();
+    assert!(!inode_dir(2).exists(), "a deleted file's dir goes at once");
+    assert!(staging.recover().unwrap().is_empty());
+    assert!(staging.retire_due().is_some());
+    assert_eq!(staging.remove_retired().unwrap(), 1);
+    let retired: Vec<_> = std::fs::read_dir(dir.path().join("retired"))
+        .unwrap()
+        .collect();
+    assert!(retired.is_empty(), "{retired:?}");
+}
+
+/// What a dead process left to retire is removed by the next one: an
+/// empty inode dir is retired by recovery, and leftovers in `retired/`
+/// make a pass due as soon as the area is opened.
+#[test]
+fn a_new_process_retires_what_a_dead_one_left() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let staging = Staging::open(dir.path(), BS).unwrap();
+        staging.write(1, 0, b"x", &no_base).unwrap();
+        let set = staging.take_for_upload(1).unwrap();
+        staging.clear(&set).unwrap();
+        staging.write(2, 0, b"y", &no_base).unwrap();
+        staging.discard(2).unwrap();
+    } // dies with dir 1 empty and dir 2 in retired/
+    let staging = Staging::open(dir.path(), BS).unwrap();
+    assert!(staging.retire_due().is_some(), "leftovers in retired/");
+    assert!(staging.recover().unwrap().is_empty());
+    assert!(!dir.path().join(format!("{:016x}", 1)).exists());
+    assert_eq!(staging.remove_retired().unwrap(), 2);
 }

@@ -315,3 +315,45 @@ fn an_encrypted_compressed_store_round_trips_and_hides_the_bytes() {
     assert_eq!(raw.list_keys().unwrap().len(), 2);
     assert_eq!(raw.delete(&[k]), 1);
 }
+
+/// One block to a local store is written on the caller's thread
+/// (`local_put.rs`): the file `LocalFileSystem` would write, no temp file
+/// left beside it, and a data directory that cannot hold it is an error
+/// naming the file.
+#[test]
+fn a_local_put_leaves_only_the_object_and_names_a_file_it_cannot_write() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path())).unwrap();
+    let key = store.put_block(7, 0, Bytes::from_static(b"abc")).unwrap();
+    let keys = store
+        .put_blocks(vec![(7, 1, Bytes::from_static(b"de"))])
+        .unwrap();
+    let inode_dir = root.path().join(key.to_string());
+    let mut names: Vec<String> = std::fs::read_dir(inode_dir.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut want = [key.to_string(), keys[0].to_string()];
+    want.sort();
+    let want: Vec<String> = want
+        .iter()
+        .map(|k| k.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(names, want);
+    assert_eq!(store.list_keys().unwrap().len(), 2);
+    assert_eq!(&store.get_range(&keys[0], 0..2).unwrap()[..], b"de");
+
+    let broken = tempfile::tempdir().unwrap();
+    std::fs::write(broken.path().join("blocks"), b"not a directory").unwrap();
+    let store = BlockStore::open(&file_url(broken.path())).unwrap();
+    let err = store
+        .put_block(7, 0, Bytes::from_static(b"abc"))
+        .unwrap_err();
+    assert!(matches!(err, BlocksError::ObjectFileWrite { .. }), "{err}");
+    assert!(
+        err.to_string().contains("blocks/0000000000000007/"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("data directory"), "{err}");
+}

@@ -20,4 +20,5 @@ pub mod memfs;
 pub mod mount_guard;
 pub mod rw_workload;
 pub mod s3_server;
+pub mod staged;
 pub mod workload;

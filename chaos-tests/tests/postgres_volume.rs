@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use chaos_tests::fsx::{run, FsxConfig};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
+use chaos_tests::staged::staged_inodes;
 
 const URL_ENV: &str = "BATON_TEST_POSTGRES_URL";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -206,12 +207,6 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 10) as u8)
         .collect()
-}
-
-fn staged_inodes(dir: &Path) -> usize {
-    fs::read_dir(dir)
-        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use chaos_tests::fsx::{run, FsxConfig};
 use chaos_tests::mount_guard::{workspace_binary, ChildGuard, MountGuard};
 use chaos_tests::s3_server::{S3Server, S3_TEST_ACCESS_KEY_ID, S3_TEST_SECRET_ACCESS_KEY};
+use chaos_tests::staged::staged_inodes;
 
 const BUCKET: &str = "baton-test";
 const PREFIX: &str = "volumes/vol";
@@ -96,9 +97,7 @@ impl S3Volume {
     }
 
     fn staged_inodes(&self) -> usize {
-        fs::read_dir(self.base().join("vol/staging"))
-            .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
-            .unwrap_or(0)
+        staged_inodes(&self.base().join("vol/staging"))
     }
 
     fn mount(&self) -> Mounted {

@@ -4,7 +4,9 @@
 //! cleans up after dead ones (`fs/orphans.rs` says what a tick does).
 //! The same thread retries lock requests parked behind another mount's
 //! lock (`fs/lock.rs`), every `LOCK_RETRY_INTERVAL` while any wait, and
-//! lets go of the inodes requests unlinked (`fs/orphans.rs`), in batches.
+//! lets go of the inodes requests unlinked (`fs/orphans.rs`), in batches,
+//! and retires the staging directories flushes emptied
+//! (`fs/staging_dirs.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -69,6 +71,9 @@ impl SessionTimer {
                     sleep = sleep.min(LOCK_RETRY_INTERVAL);
                 }
                 if let Some(due) = orphans_due {
+                    sleep = sleep.min(due);
+                }
+                if let Some(due) = fs.retire_staging_dirs() {
                     sleep = sleep.min(due);
                 }
                 std::thread::park_timeout(sleep);

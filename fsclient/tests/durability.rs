@@ -12,13 +12,6 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 
 use common::*;
 
-fn staged_inodes(vol: &Volume) -> usize {
-    let dir = vol.base.join(VOLUME).join("staging");
-    fs::read_dir(dir)
-        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
-        .unwrap_or(0)
-}
-
 fn sync_range(f: &File) {
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
         | libc::SYNC_FILE_RANGE_WRITE

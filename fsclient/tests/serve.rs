@@ -124,13 +124,6 @@ fn sigterm(child: &mut ChildGuard) {
     assert!(status.success(), "{status}");
 }
 
-fn staged_inodes(vol: &Volume) -> usize {
-    let dir = vol.base.join(VOLUME).join("staging");
-    fs::read_dir(dir)
-        .map(|d| d.filter(|e| e.as_ref().unwrap().path().is_dir()).count())
-        .unwrap_or(0)
-}
-
 #[test]
 fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
     let vol = Volume::new();

@@ -9,7 +9,16 @@
 //! staging_dir/{ino:016x}/{index:08x}.blk    complete new content of a dirty block
 //! staging_dir/{ino:016x}/size               size record (see `record`)
 //! staging_dir/{ino:016x}/*.tmp              being written; deleted at open
+//! staging_dir/retired/{ino:016x}.{n}        an empty inode dir, to be removed
 //! ```
+//!
+//! An inode dir that a flush empties stays until the timer thread retires
+//! it (`retire.rs`): moved into `retired/` under the
+//! stripe lock, then removed. Removing a directory frees its block, and on
+//! a filesystem mounted with `discard` and no journal (this project's CI
+//! machines) that is a synchronous discard of ~0.3 ms: it must not be paid
+//! inside a FLUSH. Older builds ignore `retired/` (not an inode dir name)
+//! and treat an empty inode dir as nothing staged.
 //!
 //! A staged block file holds the **complete** new content of its block up
 //! to its length (bytes past its length, within the block, are zeros): the
@@ -40,6 +49,7 @@
 
 mod io;
 mod record;
+mod retire;
 
 use std::collections::HashMap;
 use std::fs;
@@ -63,10 +73,12 @@ pub const OVERLAY_READ_BYTES_MAX: u64 = 64 << 20;
 pub const BLOCK_SIZE_BYTES_MAX: u64 = 256 << 20;
 /// Largest supported file offset (POSIX `off_t`).
 pub const FILE_SIZE_BYTES_MAX: u64 = i64::MAX as u64;
+pub use retire::STAGING_RETIRE_DELAY;
 const FORMAT_FILE: &str = "FORMAT";
 const FORMAT_MAGIC: &str = "baton-staging v1";
 const SIZE_FILE: &str = "size";
 const TMP_SUFFIX: &str = ".tmp";
+const RETIRED_DIR: &str = "retired";
 const BLOCK_SUFFIX: &str = ".blk";
 
 /// Staged data overlapping a read: apply over committed data.
@@ -145,6 +157,8 @@ pub struct Staging {
     block_size_bytes: u64,
     stripes: Vec<Mutex<Stripe>>,
     seq_next: AtomicU64,
+    /// Inode dirs emptied by flushes, waiting to be retired.
+    emptied: Mutex<retire::EmptiedDirs>,
 }
 
 impl std::fmt::Debug for Staging {

@@ -39,8 +39,10 @@ impl Staging {
                 .map(|_| Mutex::default())
                 .collect(),
             seq_next: AtomicU64::new(1),
+            emptied: Mutex::default(),
         };
         staging.check_format()?;
+        staging.note_retired_leftovers();
         Ok(staging)
     }
 
@@ -389,23 +391,18 @@ impl Staging {
             stripe.block_seq.remove(&(ino, index));
         }
         if remaining.is_empty() && self.record(ino)?.is_none() {
-            // Fails harmlessly if something else appeared.
-            let _ = fs::remove_dir(self.inode_dir(ino));
+            // Retired later, off the request path (`retire.rs`).
+            self.note_emptied(ino);
         }
         Ok(())
     }
 
-    /// Drops everything staged for `ino` (the file was deleted).
+    /// Drops everything staged for `ino` (the file was deleted): its
+    /// directory moves into `retired/` at once and is removed later.
     pub fn discard(&self, ino: u64) -> Result<()> {
         let mut stripe = self.stripe(ino);
         stripe.block_seq.retain(|(i, _), _| *i != ino);
-        let dir = self.inode_dir(ino);
-        match fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(self.err("remove inode dir", &dir, e))
-            }
-            _ => Ok(()),
-        }
+        self.retire_now(ino)
     }
 
     /// Makes the staged data of `ino` durable against power loss (FUSE fsync).
@@ -429,11 +426,11 @@ impl Staging {
 
 // Private helpers.
 impl Staging {
-    fn err(&self, op: &'static str, path: &Path, e: std::io::Error) -> BlocksError {
+    pub(super) fn err(&self, op: &'static str, path: &Path, e: std::io::Error) -> BlocksError {
         BlocksError::staging(&self.dir, op, path, e)
     }
 
-    fn stripe(&self, ino: u64) -> MutexGuard<'_, Stripe> {
+    pub(super) fn stripe(&self, ino: u64) -> MutexGuard<'_, Stripe> {
         let m = &self.stripes[(ino % STAGING_LOCK_STRIPE_COUNT as u64) as usize];
         // The on-disk state is authoritative; the seq map only gets stale
         // entries from a panic, which at worst keeps a block staged longer.
@@ -471,7 +468,7 @@ impl Staging {
         spans
     }
 
-    fn inode_dir(&self, ino: u64) -> PathBuf {
+    pub(super) fn inode_dir(&self, ino: u64) -> PathBuf {
         self.dir.join(format!("{ino:016x}"))
     }
 
@@ -544,10 +541,11 @@ impl Staging {
     }
 
     /// Deletes temp files (interrupted writes, never acknowledged) and
-    /// removes the directory if nothing staged is left.
+    /// retires the directory if nothing staged is left.
     fn clean_inode_dir(&self, ino: u64) -> Result<()> {
         let dir = self.inode_dir(ino);
         let entries = fs::read_dir(&dir).map_err(|e| self.err("list inode dir", &dir, e))?;
+        let mut staged = false;
         for entry in entries {
             let path = entry
                 .map_err(|e| self.err("list inode dir", &dir, e))?
@@ -555,9 +553,13 @@ impl Staging {
             if path.to_string_lossy().ends_with(TMP_SUFFIX) {
                 tracing::info!(path = %path.display(), "removing interrupted staging temp file");
                 remove_optional(&path).map_err(|e| self.err("remove temp file", &path, e))?;
+            } else {
+                staged = true;
             }
         }
-        let _ = fs::remove_dir(&dir);
+        if !staged {
+            self.retire_now(ino)?;
+        }
         Ok(())
     }
 

@@ -202,8 +202,10 @@ impl BatonFs {
         }
         // Test hook: committed, staging half cleared (record settled, block
         // files still there). No opcode filter, like DuringUpload.
-        self.staging.clear_with(set, &|| {
-            crate::fault::hit(crate::fault::Point::DuringClear, 0)
+        self.waking_retirement(|| {
+            self.staging.clear_with(set, &|| {
+                crate::fault::hit(crate::fault::Point::DuringClear, 0)
+            })
         })?;
         self.delete_objects(released.iter().map(|o| o.key.as_str()));
         tracing::debug!(

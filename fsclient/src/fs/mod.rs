@@ -27,6 +27,7 @@ pub mod lock;
 mod namespace;
 mod once;
 mod orphans;
+mod staging_dirs;
 mod xattr;
 
 use std::collections::HashMap;

@@ -72,6 +72,15 @@ impl BatonFs {
         )
     }
 
+    /// A SETATTR that only sets times (what the kernel sends when a file
+    /// written through the writeback cache is closed, or `touch` does):
+    /// run again after a death it sets the same times (or "now" once
+    /// more), so it needs no exactly-once record.
+    pub(super) fn do_setattr_times(&self, ino: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut> {
+        crate::fault::hit(crate::fault::Point::AfterRead, abi::opcode::SETATTR);
+        self.setattr_once(ino, arg, None)
+    }
+
     fn setattr_once(
         &self,
         ino: u64,
@@ -390,6 +399,18 @@ fn killed_suidgid(mode: u32) -> u32 {
 }
 
 /// A time from SETATTR: explicit (ns precision), now, or unchanged.
+/// Whether a SETATTR sets nothing but times (see `do_setattr_times`).
+pub(super) fn sets_times_only(arg: &abi::SetattrIn) -> bool {
+    const TIMES: u32 = fattr::ATIME
+        | fattr::MTIME
+        | fattr::CTIME
+        | fattr::ATIME_NOW
+        | fattr::MTIME_NOW
+        | fattr::FH
+        | fattr::LOCKOWNER;
+    arg.valid & !TIMES == 0
+}
+
 fn time_arg(valid: u32, set: u32, now: u32, sec: u64, nsec: u32) -> Option<TimeOrNow> {
     if valid & now != 0 {
         Some(TimeOrNow::Now)
@@ -411,6 +432,30 @@ mod tests {
     fn kill_suidgid_keeps_sgid_without_group_execute() {
         assert_eq!(killed_suidgid(0o6755), 0o0755);
         assert_eq!(killed_suidgid(0o6745), 0o2745);
+    }
+
+    /// Only a SETATTR that changes times and nothing else skips the
+    /// exactly-once record: mode, owner, size or a suid kill replayed
+    /// could undo a later change or run twice.
+    #[test]
+    fn only_time_setattrs_go_without_a_record() {
+        let with = |valid| abi::SetattrIn {
+            valid,
+            ..Default::default()
+        };
+        assert!(sets_times_only(&with(fattr::MTIME | fattr::CTIME)));
+        assert!(sets_times_only(&with(
+            fattr::ATIME_NOW | fattr::MTIME_NOW | fattr::FH
+        )));
+        for other in [
+            fattr::MODE,
+            fattr::UID,
+            fattr::GID,
+            fattr::SIZE,
+            fattr::KILL_SUIDGID,
+        ] {
+            assert!(!sets_times_only(&with(fattr::MTIME | other)), "{other:#x}");
+        }
     }
 
     #[test]

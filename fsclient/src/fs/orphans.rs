@@ -305,7 +305,7 @@ impl BatonFs {
     /// Local cleanup after the metadata reclaimed `ino`: staged data,
     /// caches, then its objects.
     fn reclaimed(&self, ino: u64, released: &[ObjectRef]) -> Result<()> {
-        self.staging.discard(ino)?;
+        self.waking_retirement(|| self.staging.discard(ino))?;
         self.invalidate(ino);
         super::lock(&self.readahead).remove(&ino);
         self.delete_objects(released.iter().map(|o| o.key.as_str()));

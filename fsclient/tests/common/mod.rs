@@ -200,6 +200,21 @@ impl Drop for Watchdog {
     }
 }
 
+/// Inodes with data in the volume's staging area: inode directories
+/// holding a file (an emptied one waits there for the timer thread, and
+/// `retired/` holds only what is being removed).
+pub fn staged_inodes(vol: &Volume) -> usize {
+    let dir = vol.base.join(VOLUME).join("staging");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .map(|e| e.expect("staging dir entry").path())
+        .filter(|p| p.file_name().is_some_and(|n| n.len() == 16) && p.is_dir())
+        .filter(|p| std::fs::read_dir(p).is_ok_and(|mut d| d.next().is_some()))
+        .count()
+}
+
 pub fn s(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
 }
