@@ -16,6 +16,12 @@ pub const PASSPHRASE_FILE_ENV: &str = "BATON_PASSPHRASE_FILE";
 
 /// Worker threads by default.
 pub const DEFAULT_THREADS: usize = 4;
+/// Default entry and attribute cache time of a volume only this mount
+/// serves (see [`VolumeArgs::attr_ttl`]).
+pub const EXCLUSIVE_ATTR_TTL: Duration = Duration::from_secs(60);
+/// Default entry and attribute cache time of a volume other hosts may
+/// change: what they did shows here within this long.
+pub const SHARED_ATTR_TTL: Duration = Duration::from_secs(1);
 
 /// The fsclient command line.
 #[derive(Debug, Parser)]
@@ -94,9 +100,11 @@ pub struct VolumeArgs {
     /// [default: $BATON_PASSPHRASE_FILE].
     #[arg(long, value_name = "FILE")]
     pub passphrase_file: Option<PathBuf>,
-    /// How long the kernel caches entries and attributes, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    pub attr_ttl_ms: u64,
+    /// How long the kernel caches entries and attributes, in milliseconds
+    /// [default: 60000 for a volume only this mount serves (SQLite), 1000
+    /// for one other hosts may change (PostgreSQL)].
+    #[arg(long)]
+    pub attr_ttl_ms: Option<u64>,
     /// How long after its last heartbeat another mount of the volume counts
     /// as dead (its open-but-unlinked files are then reclaimed), in
     /// milliseconds; heartbeats are sent five times as often [default:
@@ -126,9 +134,21 @@ impl VolumeArgs {
         }
     }
 
-    /// The attribute cache time.
-    pub fn attr_ttl(&self) -> Duration {
-        Duration::from_millis(self.attr_ttl_ms)
+    /// The attribute cache time: the flag, else by whether other hosts
+    /// may change the volume (`shared`).
+    ///
+    /// A volume only this mount serves changes only through this kernel,
+    /// which updates or drops what it cached on each of its own requests
+    /// (and asks again for size, times and blocks after writes): its cache
+    /// stays right however long it is kept, and every lookup or stat it
+    /// answers saves a round trip to the filesystem process. The bound
+    /// limits how long a change the kernel did not see could show.
+    pub fn attr_ttl(&self, shared: bool) -> Duration {
+        match (self.attr_ttl_ms, shared) {
+            (Some(ms), _) => Duration::from_millis(ms),
+            (None, true) => SHARED_ATTR_TTL,
+            (None, false) => EXCLUSIVE_ATTR_TTL,
+        }
     }
 
     /// The session expiry: the flag, else the environment, else the
@@ -209,7 +229,8 @@ mod tests {
         assert_eq!(options.cache_size, None, "cache as the store needs it");
         assert_eq!(options.threads, DEFAULT_THREADS);
         assert_eq!(options.base_dir, PathBuf::from(DEFAULT_BASE_DIR));
-        assert_eq!(options.attr_ttl(), Duration::from_secs(1));
+        assert_eq!(options.attr_ttl(false), EXCLUSIVE_ATTR_TTL);
+        assert_eq!(options.attr_ttl(true), SHARED_ATTR_TTL);
         assert!(
             Cli::try_parse_from(["fsclient", "mount", "v", "/m", "--session-expiry-ms", "5"])
                 .is_err()

@@ -59,7 +59,7 @@ fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<Ba
     let name = opened.name.clone();
     let shared = opened.shared;
     let config = FsConfig {
-        attr_ttl: options.attr_ttl(),
+        attr_ttl: options.attr_ttl(shared),
     };
     let (fs, lock) = BatonFs::from_volume(opened, config);
     Ok((

@@ -750,6 +750,44 @@ fn large_directories_list_completely() {
     m.stop();
 }
 
+/// On a volume only this mount serves, the kernel keeps listings and
+/// entries (60 s): every change made through the mount must still show in
+/// the next listing and lookup, never a kept one.
+#[test]
+fn kept_listings_and_entries_show_every_change_through_the_mount() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    fs::create_dir(m.p("d")).unwrap();
+    let names = || {
+        let mut got: Vec<String> = fs::read_dir(m.p("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        got.sort();
+        got
+    };
+    fs::write(m.p("d/a"), b"a").unwrap();
+    fs::write(m.p("d/b"), b"b").unwrap();
+    assert_eq!(names(), ["a", "b"]);
+    assert_eq!(names(), ["a", "b"], "listed again, unchanged");
+    fs::write(m.p("d/c"), b"c").unwrap();
+    assert_eq!(names(), ["a", "b", "c"]);
+    fs::rename(m.p("d/a"), m.p("d/z")).unwrap();
+    fs::remove_file(m.p("d/b")).unwrap();
+    assert_eq!(names(), ["c", "z"]);
+    fs::create_dir(m.p("d/sub")).unwrap();
+    fs::hard_link(m.p("d/c"), m.p("elsewhere")).unwrap();
+    fs::rename(m.p("elsewhere"), m.p("d/linked")).unwrap();
+    assert_eq!(names(), ["c", "linked", "sub", "z"]);
+    fs::remove_dir(m.p("d/sub")).unwrap();
+    assert_eq!(names(), ["c", "linked", "z"]);
+    assert_eq!(err_of(fs::metadata(m.p("d/b"))), libc::ENOENT);
+    assert_eq!(fs::metadata(m.p("d/c")).unwrap().nlink(), 2);
+    fs::write(m.p("d/c"), b"longer now").unwrap();
+    assert_eq!(fs::metadata(m.p("d/linked")).unwrap().len(), 10);
+    m.stop();
+}
+
 #[test]
 fn concurrent_writers_on_one_file_and_many_files() {
     let vol = Volume::new();

@@ -20,6 +20,20 @@ use crate::error::{Error, Result};
 const DIRENT_BYTES_MIN: u32 = 32;
 
 impl BatonFs {
+    /// How the kernel may cache a directory's listing. A volume only this
+    /// mount serves changes only through this kernel, which notes each
+    /// change to a directory and lists it anew after one: there it keeps
+    /// listings (`CACHE_DIR`) across opens (`KEEP_CACHE`), and a directory
+    /// listed again unchanged costs no request. Other hosts change a shared
+    /// volume unseen: there every listing asks.
+    pub(super) fn dir_open_flags(&self) -> u32 {
+        if self.meta.shared_by_hosts() {
+            0
+        } else {
+            abi::fopen::CACHE_DIR | abi::fopen::KEEP_CACHE
+        }
+    }
+
     /// OPENDIR: registered before the inode is read, as OPEN (`data.rs`).
     pub(super) fn do_opendir(&self, ino: u64, open_flags: u32) -> Result<u64> {
         let fh = self.register(ino, open_flags, true)?;

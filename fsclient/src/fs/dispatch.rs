@@ -349,7 +349,7 @@ impl Filesystem for BatonFs {
             nodeid,
             self.do_opendir(nodeid, arg.flags),
             reply,
-            |fh| reply.opened(fh, 0)
+            |fh| reply.opened(fh, self.dir_open_flags())
         );
     }
 
