@@ -422,3 +422,41 @@ fn a_new_process_retires_what_a_dead_one_left() {
     assert!(!dir.path().join(format!("{:016x}", 1)).exists());
     assert_eq!(staging.remove_retired().unwrap(), 2);
 }
+
+/// A standby opens the area while its predecessor still writes; once it
+/// owns the area it answers for every inode from memory, and must still
+/// see all the predecessor staged, also what it staged after the open.
+#[test]
+fn an_owner_sees_what_its_predecessor_staged_and_forgets_what_it_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let predecessor = Staging::open(dir.path(), BS).unwrap();
+    predecessor.write(3, 0, b"early", &no_base).unwrap();
+    let standby = Staging::open(dir.path(), BS).unwrap();
+    predecessor.write(4, BS, b"late", &no_base).unwrap();
+    predecessor.set_size(5, 7).unwrap();
+    drop(predecessor); // dead, or fenced for a handover
+
+    assert_eq!(standby.own().unwrap(), vec![3, 4, 5]);
+    assert_eq!(read_through(&standby, 3, &[], 0, 5), b"early");
+    assert_eq!(read_through(&standby, 4, &[], BS, 4), b"late");
+    assert_eq!(standby.dirty_blocks(4).unwrap(), vec![1]);
+    assert_eq!(standby.staged_size(5).unwrap(), Some(StagedSize::Exact(7)));
+    assert_eq!(standby.staged_size(6).unwrap(), None);
+
+    // Committed and cleared: nothing staged, from memory and on disk.
+    let set = standby.take_for_upload(3).unwrap();
+    standby.clear(&set).unwrap();
+    assert_eq!(standby.staged_size(3).unwrap(), None);
+    assert!(standby.take_for_upload(3).unwrap().blocks.is_empty());
+    assert!(!block_file(dir.path(), 3, 0).exists());
+    // Staged again after the clear: seen again.
+    standby
+        .write(3, 2, b"again", &|_| Ok(Some(Bytes::from_static(b"xx"))))
+        .unwrap();
+    assert_eq!(read_through(&standby, 3, b"xx", 0, 7), b"xxagain");
+    // Discarded (the file was deleted): gone, and a second discard is a no-op.
+    standby.discard(4).unwrap();
+    standby.discard(4).unwrap();
+    assert_eq!(standby.dirty_blocks(4).unwrap(), Vec::<u64>::new());
+    assert_eq!(standby.staged_inodes().unwrap(), vec![3, 5]);
+}

@@ -135,6 +135,8 @@ impl Generation {
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
         fs.set_connection(adoption.connection, adoption.generation, inherited);
+        // The predecessor, if any, is dead or fenced: staging is ours.
+        fs.own_staging()?;
         let mut journal = InflightJournal::default();
         if let Some(path) = &adoption.handover {
             let (state, loaded) = load_handover(path)?;
@@ -450,6 +452,8 @@ impl Generation {
             std::process::exit(EXIT_RESTART_CLEAN);
         }
         self.fs.unfence();
+        // Whatever the successor staged before it failed is ours again.
+        self.fs.own_staging()?;
         self.channel.unseal();
         tracing::info!(resend, "resuming after a rolled-back upgrade");
         self.start(&journal, resend)

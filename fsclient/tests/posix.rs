@@ -196,6 +196,19 @@ fn an_unlinked_open_file_stays_usable_until_its_last_close() {
     f.read_exact_at(&mut end, data.len() as u64).unwrap();
     assert_eq!(&end, b"tail");
     assert_eq!(f.metadata().unwrap().nlink(), 0);
+    // Times set through the open handle of the unlinked file stick.
+    let then = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    f.set_times(std::fs::FileTimes::new().set_modified(then))
+        .unwrap();
+    assert_eq!(f.metadata().unwrap().modified().unwrap(), then);
+    let stored = baton_meta::open(s(&vol.meta_path()))
+        .unwrap()
+        .getattr(ino)
+        .unwrap();
+    assert_eq!(
+        stored.mtime.sec, 1_000_000_000,
+        "the volume keeps times set on an open unlinked file"
+    );
     drop(f);
     assert!(
         wait_until(DEADLINE, || objects_of(&vol, ino) == 0),

@@ -26,6 +26,20 @@
 //! the caller's `base` reader) into a temp file, applies the write, then
 //! renames it into place. Holes stay sparse.
 //!
+//! # Which inodes are staged
+//!
+//! Every GETATTR, LOOKUP, READDIRPLUS entry and READ asks whether its
+//! inode has staged data; almost always it has not, and asking the files
+//! (a failed `open` of the size record) costs a path walk each time. So
+//! once this process is the only writer ([`Staging::own`]: the generation
+//! before it is dead, or fenced for a handover), each stripe knows the
+//! inodes that may have staged files: those found by the scan in `own`,
+//! and those this process staged for since (inserted under the stripe lock
+//! before their first file is created). An inode leaves the set only when
+//! a clear or discard removed its last file. Until `own` (a standby that
+//! opened the area while its predecessor still writes), every question
+//! goes to the files.
+//!
 //! # Truncation floor
 //!
 //! `set_size` records a *floor*: committed bytes at or past it are dead
@@ -51,10 +65,10 @@ mod io;
 mod record;
 mod retire;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
@@ -149,6 +163,9 @@ struct Stripe {
     /// Write sequence of blocks dirtied by this process ((ino, index) -> seq);
     /// blocks absent here (recovered ones) have seq 0.
     block_seq: HashMap<(u64, u64), u64>,
+    /// Inodes of this stripe that may have staged files (module docs,
+    /// "Which inodes are staged"); consulted once the area is owned.
+    staged: HashSet<u64>,
 }
 
 /// The write staging area. See the module docs for layout and protocol.
@@ -159,6 +176,8 @@ pub struct Staging {
     seq_next: AtomicU64,
     /// Inode dirs emptied by flushes, waiting to be retired.
     emptied: Mutex<retire::EmptiedDirs>,
+    /// Set by [`Staging::own`]: the stripes' `staged` sets are complete.
+    owned: AtomicBool,
 }
 
 impl std::fmt::Debug for Staging {

@@ -40,6 +40,7 @@ impl Staging {
                 .collect(),
             seq_next: AtomicU64::new(1),
             emptied: Mutex::default(),
+            owned: AtomicBool::new(false),
         };
         staging.check_format()?;
         staging.note_retired_leftovers();
@@ -62,7 +63,21 @@ impl Staging {
     /// calls it once its predecessor is dead, then flushes what that one
     /// acknowledged.
     pub fn recover(&self) -> Result<Vec<u64>> {
-        self.list_staged(true)
+        let inos = self.list_staged(true)?;
+        self.owned.store(true, Ordering::Release);
+        Ok(inos)
+    }
+
+    /// This process is now the only one writing to the area (its
+    /// predecessor is dead, or fenced for a handover): from here on, an
+    /// inode neither found now nor staged for since has nothing staged,
+    /// without a look at the files (module docs, "Which inodes are
+    /// staged"). Returns the inodes with staged data, ascending; changes
+    /// no file. Safe to call again (a rolled-back handover).
+    pub fn own(&self) -> Result<Vec<u64>> {
+        let inos = self.list_staged(false)?;
+        self.owned.store(true, Ordering::Release);
+        Ok(inos)
     }
 
     /// Inodes with staged data, ascending, changing nothing: safe while
@@ -74,7 +89,7 @@ impl Staging {
     fn list_staged(&self, clean: bool) -> Result<Vec<u64>> {
         let mut inos = Vec::new();
         for ino in self.inode_dirs()? {
-            let _guard = self.stripe(ino);
+            let mut stripe = self.stripe(ino);
             if clean {
                 self.clean_inode_dir(ino)?;
                 if !self.inode_dir(ino).exists() {
@@ -82,6 +97,7 @@ impl Staging {
                 }
             }
             if self.record(ino)?.is_some() || !self.block_indices(ino)?.is_empty() {
+                stripe.staged.insert(ino);
                 inos.push(ino);
             }
         }
@@ -109,6 +125,7 @@ impl Staging {
         }
         let end = self.checked_end(offset, data.len() as u64)?;
         let mut stripe = self.stripe(ino);
+        stripe.staged.insert(ino);
         self.ensure_inode_dir(ino)?;
         let rec = self.record(ino)?;
         let floor = rec.and_then(|r| r.floor_bytes);
@@ -201,7 +218,10 @@ impl Staging {
                 what: format!("overlay read of {len} bytes exceeds {OVERLAY_READ_BYTES_MAX}"),
             });
         }
-        let _guard = self.stripe(ino);
+        let stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(Overlay::default());
+        }
         let rec = self.record(ino)?;
         let mut overlay = Overlay {
             size: rec.map(|r| r.size),
@@ -245,6 +265,7 @@ impl Staging {
             });
         }
         let mut stripe = self.stripe(ino);
+        stripe.staged.insert(ino);
         self.ensure_inode_dir(ino)?;
         for index in self.block_indices(ino)? {
             let block_start = index.saturating_mul(self.block_size_bytes);
@@ -291,13 +312,19 @@ impl Staging {
 
     /// The staged size of `ino`, if any.
     pub fn staged_size(&self, ino: u64) -> Result<Option<StagedSize>> {
-        let _guard = self.stripe(ino);
+        let stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(None);
+        }
         Ok(self.record(ino)?.map(|r| r.size))
     }
 
     /// Indices of the staged (dirty) blocks of `ino`, ascending.
     pub fn dirty_blocks(&self, ino: u64) -> Result<Vec<u64>> {
-        let _guard = self.stripe(ino);
+        let stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(Vec::new());
+        }
         self.block_indices(ino)
     }
 
@@ -306,6 +333,17 @@ impl Staging {
     /// Nothing is removed: call [`Staging::clear`] after the commit.
     pub fn take_for_upload(&self, ino: u64) -> Result<UploadSet> {
         let stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(UploadSet {
+                ino,
+                size: None,
+                floor_bytes: None,
+                blocks: Vec::new(),
+                complete: true,
+                record_seq: None,
+                floor_seq: 0,
+            });
+        }
         let rec = self.record(ino)?;
         let indices = self.block_indices(ino)?;
         let mut blocks = Vec::new();
@@ -354,6 +392,9 @@ impl Staging {
     pub fn clear_with(&self, set: &UploadSet, between: &dyn Fn()) -> Result<()> {
         let ino = set.ino;
         let mut stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(());
+        }
         let unchanged: Vec<u64> = set
             .blocks
             .iter()
@@ -391,6 +432,7 @@ impl Staging {
             stripe.block_seq.remove(&(ino, index));
         }
         if remaining.is_empty() && self.record(ino)?.is_none() {
+            stripe.staged.remove(&ino);
             // Retired later, off the request path (`retire.rs`).
             self.note_emptied(ino);
         }
@@ -402,7 +444,12 @@ impl Staging {
     pub fn discard(&self, ino: u64) -> Result<()> {
         let mut stripe = self.stripe(ino);
         stripe.block_seq.retain(|(i, _), _| *i != ino);
-        self.retire_now(ino)
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(());
+        }
+        self.retire_now(ino)?;
+        stripe.staged.remove(&ino);
+        Ok(())
     }
 
     /// Makes the staged data of `ino` durable against power loss (FUSE fsync).
@@ -432,9 +479,16 @@ impl Staging {
 
     pub(super) fn stripe(&self, ino: u64) -> MutexGuard<'_, Stripe> {
         let m = &self.stripes[(ino % STAGING_LOCK_STRIPE_COUNT as u64) as usize];
-        // The on-disk state is authoritative; the seq map only gets stale
-        // entries from a panic, which at worst keeps a block staged longer.
+        // The on-disk state is authoritative; the seq map and the staged
+        // set only get stale entries from a panic, which at worst keep a
+        // block staged longer or cost a look at the files.
         m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether `ino` may have staged files: always, until [`Staging::own`]
+    /// (module docs, "Which inodes are staged"). `stripe`: its, locked.
+    fn may_be_staged(&self, stripe: &Stripe, ino: u64) -> bool {
+        !self.owned.load(Ordering::Acquire) || stripe.staged.contains(&ino)
     }
 
     fn checked_end(&self, offset: u64, len: u64) -> Result<u64> {

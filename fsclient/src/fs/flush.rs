@@ -94,6 +94,16 @@ impl BatonFs {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// This process now writes the staging area alone (adopted after a
+    /// death or a handover, or resumed after a rolled-back one): from here
+    /// on, questions about inodes it never staged for skip the files
+    /// (`Staging::own`).
+    pub fn own_staging(&self) -> Result<()> {
+        let staged = self.staging.own()?;
+        tracing::debug!(inodes = staged.len(), "staging area owned");
+        Ok(())
+    }
+
     /// Commits what a dead process left staged, before serving. With
     /// `others_dead` (this process holds the volume's exclusive lock, so
     /// no other mount can be serving it) every registered session is

@@ -30,7 +30,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use baton_meta::{MetaError, ObjectRef, SessionInfo};
+use baton_meta::{MetaError, SessionInfo};
 
 use super::BatonFs;
 use crate::error::Result;
@@ -236,18 +236,23 @@ impl BatonFs {
     /// [`BatonFs::settle_orphan`] of each of `inos`, with one metadata
     /// transaction for all, under all their stripe mutexes.
     fn settle_orphans(&self, inos: &[u64]) -> Result<()> {
-        let _guards = self.inode_locks_of(inos);
-        // Every inode is marked (its last close here settles it again),
-        // whether or not the table is inherited.
-        let unopened: Vec<u64> = inos
-            .iter()
-            .copied()
-            .filter(|&ino| !self.handles.mark_orphan(ino))
-            .collect();
-        if self.handles.inherited() {
-            return Ok(());
-        }
-        self.release_locked(Some(self.session_id()), &unopened)
+        let mut doomed = Vec::new();
+        let released = {
+            let _guards = self.inode_locks_of(inos);
+            // Every inode is marked (its last close here settles it again),
+            // whether or not the table is inherited.
+            let unopened: Vec<u64> = inos
+                .iter()
+                .copied()
+                .filter(|&ino| !self.handles.mark_orphan(ino))
+                .collect();
+            if self.handles.inherited() {
+                return Ok(());
+            }
+            self.release_locked(Some(self.session_id()), &unopened, &mut doomed)
+        };
+        self.delete_objects(doomed.iter().map(String::as_str));
+        released
     }
 
     /// The stripe mutexes of all of `inos`, taken in ascending stripe
@@ -266,14 +271,28 @@ impl BatonFs {
     /// Drops `session`'s holds on `inos` (`None`: none), reclaiming those
     /// nobody holds, in one transaction under their stripe mutexes.
     fn release_orphans(&self, session: Option<u64>, inos: &[u64]) -> Result<()> {
-        let _guards = self.inode_locks_of(inos);
-        self.release_locked(session, inos)
+        let mut doomed = Vec::new();
+        let released = {
+            let _guards = self.inode_locks_of(inos);
+            self.release_locked(session, inos, &mut doomed)
+        };
+        self.delete_objects(doomed.iter().map(String::as_str));
+        released
     }
 
     /// [`BatonFs::release_orphans`] for a caller holding the stripes: the
     /// transaction, then the local cleanup of every inode it reclaimed
-    /// (each one's, even after one failed).
-    fn release_locked(&self, session: Option<u64>, inos: &[u64]) -> Result<()> {
+    /// (each one's, even after one failed). The keys of the reclaimed
+    /// objects go to `doomed`, for the caller to delete once it has let go
+    /// of the stripes: nothing can reach them any more, and deleting them
+    /// (a slow unlink per block on a local store, a request each on S3)
+    /// must not hold up requests on the inodes that share those stripes.
+    fn release_locked(
+        &self,
+        session: Option<u64>,
+        inos: &[u64],
+        doomed: &mut Vec<String>,
+    ) -> Result<()> {
         if inos.is_empty() {
             return Ok(());
         }
@@ -285,7 +304,8 @@ impl BatonFs {
         };
         let mut first_err = None;
         for (ino, released) in reclaimed {
-            if let Err(err) = self.reclaimed(ino, &released) {
+            doomed.extend(released.into_iter().map(|object| object.key));
+            if let Err(err) = self.reclaimed(ino) {
                 first_err.get_or_insert(err);
             }
         }
@@ -302,14 +322,13 @@ impl BatonFs {
         Ok(())
     }
 
-    /// Local cleanup after the metadata reclaimed `ino`: staged data,
-    /// caches, then its objects.
-    fn reclaimed(&self, ino: u64, released: &[ObjectRef]) -> Result<()> {
+    /// Local cleanup after the metadata reclaimed `ino`: staged data and
+    /// caches (its objects are the caller's, see `release_locked`).
+    fn reclaimed(&self, ino: u64) -> Result<()> {
         self.waking_retirement(|| self.staging.discard(ino))?;
         self.invalidate(ino);
         super::lock(&self.readahead).remove(&ino);
-        self.delete_objects(released.iter().map(|o| o.key.as_str()));
-        tracing::debug!(nodeid = ino, objects = released.len(), "orphan reclaimed");
+        tracing::debug!(nodeid = ino, "orphan reclaimed");
         Ok(())
     }
 }
