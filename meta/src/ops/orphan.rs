@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::sql::{params, Db, Stmt};
+use crate::sql::{params, Db, Dialect, Stmt};
 
 use super::{blockmap, inode};
 use crate::error::{MetaError, Result};
@@ -33,8 +33,22 @@ pub(crate) fn reclaim<C: Db>(c: &C, ino: u64) -> Result<Vec<ObjectRef>> {
             "inode {ino} has nlink 0 but still appears in a directory entry"
         )));
     }
-    let mut stmt = c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 RETURNING object_key")?;
-    let keys: BTreeSet<String> = stmt.collect_rows(params![ino], |r| r.get(0))?;
+    let keys: BTreeSet<String> = match C::DIALECT {
+        // SQLite builds a temporary b-tree for every `RETURNING`; two
+        // searches of the primary key cost less.
+        Dialect::Sqlite => {
+            let keys = c
+                .prepare_cached("SELECT object_key FROM blocks WHERE ino = ?1")?
+                .collect_rows(params![ino], |r| r.get(0))?;
+            c.prepare_cached("DELETE FROM blocks WHERE ino = ?1")?
+                .execute(params![ino])?;
+            keys
+        }
+        // One round trip.
+        Dialect::Postgres => c
+            .prepare_cached("DELETE FROM blocks WHERE ino = ?1 RETURNING object_key")?
+            .collect_rows(params![ino], |r| r.get(0))?,
+    };
     for sql in [
         "DELETE FROM xattrs WHERE ino = ?1",
         "DELETE FROM symlinks WHERE ino = ?1",

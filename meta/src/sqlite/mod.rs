@@ -70,6 +70,7 @@ impl SqliteMeta {
     /// [`MetaError::AlreadyFormatted`] if any file exists there.
     pub fn format(url_or_path: &str, config: &VolumeConfig) -> Result<SqliteMeta> {
         config.check()?;
+        schema::configure_library();
         let Location::Sqlite(path) = Location::parse(url_or_path)?;
         let io = |source| MetaError::Io {
             path: path.clone(),
@@ -109,6 +110,7 @@ impl SqliteMeta {
     /// Opens an existing metadata database, checking it is a Baton volume of
     /// a supported format version before changing anything in the file.
     pub fn open(url_or_path: &str) -> Result<SqliteMeta> {
+        schema::configure_library();
         let Location::Sqlite(path) = Location::parse(url_or_path)?;
         if !path.exists() {
             return Err(MetaError::NotFormatted { path });
