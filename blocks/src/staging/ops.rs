@@ -61,7 +61,7 @@ impl Staging {
     /// deleting temp files of interrupted (never acknowledged) writes. Call
     /// only when no other process writes to this area: a new generation
     /// calls it once its predecessor is dead, then flushes what that one
-    /// acknowledged.
+    /// acknowledged. Owns the area as [`Staging::own`] does.
     pub fn recover(&self) -> Result<Vec<u64>> {
         let inos = self.list_staged(true)?;
         self.owned.store(true, Ordering::Release);
