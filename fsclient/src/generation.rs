@@ -135,8 +135,13 @@ impl Generation {
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
         fs.set_connection(adoption.connection, adoption.generation, inherited);
-        // The predecessor, if any, is dead or fenced: staging is ours.
-        fs.own_staging()?;
+        let recovering = adoption.handover.is_none() && adoption.resend;
+        if !recovering {
+            // The predecessor, if any, is fenced: staging is ours. (After a
+            // death, `recover` takes it over in its own scan, which is in
+            // the stall the application sees: one scan, not two.)
+            fs.own_staging()?;
+        }
         let mut journal = InflightJournal::default();
         if let Some(path) = &adoption.handover {
             let (state, loaded) = load_handover(path)?;
@@ -150,7 +155,7 @@ impl Generation {
                 journaled = journal.requests.len(),
                 "handover state loaded"
             );
-        } else if adoption.resend {
+        } else if recovering {
             // No other generation is alive: commit what the dead one left,
             // and take over the locks its callers still hold.
             fs.recover(false)?;
