@@ -213,7 +213,7 @@ impl BlockCache {
             })?;
         Ok(BlockCache(Backing::InPlace(InPlaceReader::new(
             root.to_path_buf(),
-        ))))
+        )?)))
     }
 
     /// Reads `len` bytes at `offset` of the block `key` whose length is
@@ -239,6 +239,31 @@ impl BlockCache {
         }
     }
 
+    /// [`BlockCache::read`] into `buf`, as many bytes as it holds; returns
+    /// how many were read (fewer only at the end of the block). In place,
+    /// the object's file is read straight into `buf`: a cold scan's every
+    /// request then costs one copy, not an allocation, a fill and two.
+    pub fn read_into(
+        &self,
+        key: &ObjectKey,
+        block_len_bytes: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let len = (buf.len() as u64).min(block_len_bytes.saturating_sub(offset)) as usize;
+        match &self.0 {
+            Backing::OnDisk(cache) => {
+                let bytes = cache.read(key, block_len_bytes, offset, len as u64)?;
+                buf[..bytes.len()].copy_from_slice(&bytes);
+                Ok(bytes.len())
+            }
+            Backing::InPlace(reader) => {
+                reader.read_into(key, offset, &mut buf[..len])?;
+                Ok(len)
+            }
+        }
+    }
+
     /// Inserts a block the caller already has (e.g. just uploaded). Best
     /// effort: a cache write failure is logged and ignored. In place:
     /// nothing to do.
@@ -259,12 +284,12 @@ impl BlockCache {
     /// Readahead hint: fetches `(key, block_len_bytes)` blocks in the
     /// background. Blocks already cached are skipped; hints beyond
     /// [`PREFETCH_QUEUE_MAX`] waiting requests are dropped. Returns how many
-    /// were queued (none in place: the kernel's readahead of the object
-    /// files does that job).
+    /// were queued. In place, the kernel reads the objects' files ahead
+    /// ([`InPlaceReader::prefetch`]).
     pub fn prefetch(&self, blocks: &[(ObjectKey, u64)]) -> usize {
         match &self.0 {
             Backing::OnDisk(cache) => cache.prefetch(blocks),
-            Backing::InPlace(_) => 0,
+            Backing::InPlace(reader) => reader.prefetch(blocks),
         }
     }
 

@@ -214,7 +214,6 @@ fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
         "a read past the block's end is cut at it"
     );
     assert!(cache.read(&key, BLOCK as u64, 2000, 10).unwrap().is_empty());
-    assert_eq!(cache.prefetch(&[(key.clone(), BLOCK as u64)]), 0);
     assert!(!cache.contains(&key));
     let stats = cache.stats();
     assert_eq!(
@@ -237,6 +236,115 @@ fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
         cache.read(&key, 2 * BLOCK as u64, 0, 2 * BLOCK as u64),
         Err(BlocksError::ShortObject { .. })
     ));
+}
+
+#[test]
+fn read_into_fills_the_callers_buffer_from_either_cache() {
+    let (dir, store) = setup();
+    let key = put(&store, 4);
+    let data = pattern(BLOCK, 4);
+    let in_place = BlockCache::in_place(&store).unwrap();
+    let on_disk = BlockCache::open(&dir.path().join("cache"), 1 << 20, store).unwrap();
+    for (name, cache) in [("in place", &in_place), ("on disk", &on_disk)] {
+        let mut buf = vec![0xAAu8; 300];
+        assert_eq!(
+            cache.read_into(&key, BLOCK as u64, 100, &mut buf).unwrap(),
+            300,
+            "{name}"
+        );
+        assert_eq!(&buf[..], &data[100..400], "{name}");
+        let mut buf = vec![0xAAu8; 300];
+        assert_eq!(
+            cache.read_into(&key, BLOCK as u64, 900, &mut buf).unwrap(),
+            100,
+            "{name}: a read past the block's end is cut at it"
+        );
+        assert_eq!(&buf[..100], &data[900..], "{name}");
+        assert!(
+            buf[100..].iter().all(|&b| b == 0xAA),
+            "{name}: the rest is left alone"
+        );
+        let gone = ObjectKey::from_parts(1, 9, 9);
+        assert!(
+            cache.read_into(&gone, BLOCK as u64, 0, &mut buf).is_err(),
+            "{name}"
+        );
+    }
+}
+
+/// Pages of `path` in the page cache (mincore of a mapping of it).
+fn resident_pages(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let pages = len.div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a private read-only mapping of a file we hold open, unmapped
+    // before return; `vec` has one byte per page of it.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED);
+        assert_eq!(libc::mincore(addr, len, vec.as_mut_ptr()), 0);
+        libc::munmap(addr, len);
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+#[test]
+fn prefetch_in_place_has_the_kernel_read_the_objects_ahead() {
+    let (dir, store) = setup();
+    let keys: Vec<ObjectKey> = (0..3).map(|i| put(&store, i)).collect();
+    let paths: Vec<_> = keys
+        .iter()
+        .map(|k| dir.path().join("objects").join(k.to_string()))
+        .collect();
+    for path in &paths {
+        let file = std::fs::File::open(path).unwrap();
+        file.sync_all().unwrap();
+        nix::fcntl::posix_fadvise(
+            &file,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .unwrap();
+        assert_eq!(resident_pages(path), 0, "{} evicted", path.display());
+    }
+    let cache = BlockCache::in_place(&store).unwrap();
+    let blocks: Vec<_> = keys.iter().map(|k| (k.clone(), BLOCK as u64)).collect();
+    assert_eq!(cache.prefetch(&blocks), 3);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while paths.iter().any(|p| resident_pages(p) == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "prefetched objects still not in memory"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let missing = ObjectKey::from_parts(1, 9, 9);
+    assert_eq!(
+        cache.prefetch(&[(missing.clone(), BLOCK as u64)]),
+        1,
+        "a hint for a missing object is queued"
+    );
+    assert!(
+        matches!(
+            cache.read(&missing, BLOCK as u64, 0, 10),
+            Err(BlocksError::ObjectMissing { .. })
+        ),
+        "and the read that needs it reports it"
+    );
+    assert_eq!(
+        &cache.read(&keys[2], BLOCK as u64, 0, BLOCK as u64).unwrap()[..],
+        &pattern(BLOCK, 2)[..]
+    );
 }
 
 #[test]

@@ -498,6 +498,15 @@ fn mount_serves_reports_generation_one_and_umount_cleans_up() {
         0,
         "HAS_RESEND granted"
     );
+    let connection = status["connection_id"].as_u64().expect("connection id");
+    let read_ahead =
+        std::fs::read_to_string(format!("/sys/class/bdi/0:{connection}/read_ahead_kb"))
+            .expect("the mount's bdi");
+    assert_eq!(
+        read_ahead.trim(),
+        fuse_wire::READ_AHEAD_KIB.to_string(),
+        "sequential reads arrive as 1 MiB requests, several at a time"
+    );
     let cgroup = PathBuf::from(status["cgroup"].as_str().expect("cgroup"));
     let procs = std::fs::read_to_string(cgroup.join("cgroup.procs")).expect("cgroup procs");
     assert!(

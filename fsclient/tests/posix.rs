@@ -865,8 +865,11 @@ fn sequential_reads_prefetch_the_next_blocks() {
     let mnt = vol.mountpoint("mnt");
     let m = vol.mount(&mnt);
     let bs = BLOCK_SIZE as usize;
+    let ahead = fsclient::fs::READAHEAD_BLOCKS as usize;
     let data = pattern(8 * bs, 8);
     fs::write(m.p("seq"), &data).unwrap();
+    let scan = pattern(24 * bs, 24);
+    fs::write(m.p("scan"), &scan).unwrap();
     m.stop();
     let cache = vol.base.join(VOLUME).join("cache");
     assert!(
@@ -900,8 +903,26 @@ fn sequential_reads_prefetch_the_next_blocks() {
     f.read_exact_at(&mut buf, 16 * 1024).unwrap();
     assert_eq!(&buf[..], &data[16 * 1024..32 * 1024]);
     assert!(
-        wait_until(DEADLINE, || cached() == 3),
-        "a sequential read prefetches the next two blocks"
+        wait_until(DEADLINE, || cached() == 1 + ahead),
+        "a sequential read prefetches the next READAHEAD_BLOCKS blocks"
+    );
+    // A 1 MiB read from the start is a scan from its first request (one
+    // READ: the buffer is page-aligned, so the kernel does not split it).
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("scan"))
+        .unwrap();
+    let mut backing = vec![0u8; (1 << 20) + 4096];
+    let at = backing.as_ptr().align_offset(4096);
+    let buf = &mut backing[at..at + (1 << 20)];
+    f.read_exact_at(buf, 0).unwrap();
+    assert_eq!(&buf[..], &scan[..1 << 20]);
+    let read = (1 << 20) / bs;
+    assert!(
+        wait_until(DEADLINE, || cached() == 1 + ahead + read + ahead),
+        "a large read at offset 0 prefetches the blocks after it: {} cached",
+        cached()
     );
     m.stop();
 }

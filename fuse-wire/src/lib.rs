@@ -56,7 +56,10 @@ pub use dispatch::{dispatch, expects_reply};
 pub use error::Error;
 pub use filesystem::{Filesystem, DEFAULT_POLL_MASK};
 pub use init::{initialize, negotiate, read_buffer_len, InitConfig, InitParams};
-pub use mount::{abort_connection, connection_id, mount_fuse, unmount, MountOptions};
+pub use mount::{
+    abort_connection, connection_id, mount_fuse, set_read_ahead, unmount, MountOptions,
+    READ_AHEAD_KIB,
+};
 pub use nix::errno::Errno;
 pub use request::{DecodeError, DecodeOptions, Operation, Request};
 pub use request_buffer::RequestBuffer;

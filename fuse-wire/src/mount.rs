@@ -89,6 +89,39 @@ pub fn unmount(mountpoint: &Path) -> Result<(), Error> {
 /// from /proc/self/mountinfo (it is the minor device number; `stat` on the
 /// mountpoint would block until INIT is answered).
 pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
+    let device = mount_device(mountpoint)?;
+    device
+        .split_once(':')
+        .and_then(|(_, minor)| minor.parse().ok())
+        .ok_or_else(|| Error::NotMounted {
+            path: mountpoint.to_path_buf(),
+        })
+}
+
+/// Baton's readahead window, KiB: 1 MiB, INIT's `max_pages`, so that a
+/// sequential read arrives as READs of the largest size. Not larger: the
+/// kernel also reads a whole window around each page fault of a mapping
+/// (for its first hundred misses), and Baton reads further ahead itself,
+/// a block at a time.
+pub const READ_AHEAD_KIB: u32 = 1024;
+
+/// How far the kernel reads ahead on the FUSE mount at `mountpoint`, in
+/// KiB: `/sys/class/bdi/{device}/read_ahead_kb` (needs root). The kernel
+/// starts every FUSE mount at 128 KiB and INIT can only lower it, so a
+/// sequential read arrives as 128 KiB requests, one or two at a time;
+/// with a larger window it arrives as requests of up to `max_pages`,
+/// several at a time. Set it after INIT (INIT caps the window).
+pub fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<(), Error> {
+    let path = PathBuf::from(format!(
+        "/sys/class/bdi/{}/read_ahead_kb",
+        mount_device(mountpoint)?
+    ));
+    std::fs::write(&path, kib.to_string()).map_err(|source| Error::Mountpoint { path, source })
+}
+
+/// The `major:minor` device of the mount at `mountpoint`, from
+/// /proc/self/mountinfo (the top of the stack when mounts are stacked).
+fn mount_device(mountpoint: &Path) -> Result<String, Error> {
     let wanted = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let text =
         std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| Error::Mountpoint {
@@ -98,13 +131,12 @@ pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
     // Later lines are newer mounts: the last match is the top of the stack.
     text.lines()
         .rev()
-        .filter_map(|line| {
+        .find_map(|line| {
             let mut fields = line.split(' ');
-            let devno = fields.nth(2)?;
+            let device = fields.nth(2)?;
             let point = fields.nth(1)?;
-            (Path::new(&unescape_mountinfo(point)) == wanted).then_some(devno)
+            (Path::new(&unescape_mountinfo(point)) == wanted).then(|| device.to_string())
         })
-        .find_map(|devno| devno.split_once(':')?.1.parse().ok())
         .ok_or_else(|| Error::NotMounted {
             path: mountpoint.to_path_buf(),
         })

@@ -173,7 +173,16 @@ pub fn mount_and_init(
         config.flags &= !fuse_wire::abi::init_flags::WRITEBACK_CACHE;
     }
     match fuse_wire::initialize(&channel, &config) {
-        Ok(params) => Ok((channel, to_record(&params), connection_id)),
+        Ok(params) => {
+            if let Err(err) = fuse_wire::set_read_ahead(mountpoint, fuse_wire::READ_AHEAD_KIB) {
+                tracing::warn!(
+                    mountpoint = %mountpoint.display(),
+                    %err,
+                    "kernel readahead left at its default: sequential reads will arrive in 128 KiB requests"
+                );
+            }
+            Ok((channel, to_record(&params), connection_id))
+        }
         Err(err) => {
             let _ = fuse_wire::unmount(mountpoint);
             Err(err)

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use fuse_wire::abi::{self, flags};
 use fuse_wire::{Errno, Request};
 
-use super::{lock, BatonFs, READAHEAD_BLOCKS, READAHEAD_ENTRIES_MAX};
+use super::{lock, BatonFs, READAHEAD_BLOCKS, READAHEAD_ENTRIES_MAX, SCAN_START_BYTES_MIN};
 use crate::error::{Error, Result};
 use crate::handles::Handle;
 
@@ -256,17 +256,20 @@ impl BatonFs {
                 continue;
             }
             let key = ObjectKey::parse(&row.object_key)?;
-            let bytes = self
-                .cache
-                .read(&key, u64::from(row.len), lo - block_start, hi - lo)?;
             let at = (lo - offset) as usize;
-            buf[at..at + bytes.len()].copy_from_slice(&bytes);
+            self.cache.read_into(
+                &key,
+                u64::from(row.len),
+                lo - block_start,
+                &mut buf[at..at + (hi - lo) as usize],
+            )?;
         }
         Ok(())
     }
 
-    /// Readahead: a read that starts where the last one ended prefetches
-    /// the next blocks once per block.
+    /// Readahead: a large read from the start of the file, or a read that
+    /// starts where the last one ended, prefetches the next blocks once per
+    /// block; a file read again from its start is prefetched again.
     fn note_read(&self, ino: u64, offset: u64, len: u64) {
         let bs = self.block_size;
         let next_index = (offset + len).div_ceil(bs);
@@ -276,8 +279,17 @@ impl BatonFs {
                 map.clear();
             }
             let pattern = map.entry(ino).or_default();
-            let sequential = pattern.next_offset == offset && offset > 0;
+            let sequential = if offset == 0 {
+                len >= SCAN_START_BYTES_MIN
+            } else {
+                pattern.next_offset == offset
+            };
             pattern.next_offset = offset + len;
+            if !sequential {
+                // A new scan, or a jump: what an earlier scan prefetched may
+                // have left memory since. Prefetch again from here on.
+                pattern.prefetched_to_index = pattern.prefetched_to_index.min(offset / bs);
+            }
             if !sequential || len == 0 || pattern.prefetched_to_index > next_index {
                 None
             } else {

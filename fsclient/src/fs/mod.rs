@@ -56,7 +56,12 @@ pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
 /// Inodes whose read pattern is remembered (for readahead).
 pub const READAHEAD_ENTRIES_MAX: usize = 4096;
 /// Blocks prefetched ahead of a sequential reader.
-pub const READAHEAD_BLOCKS: u32 = 2;
+pub const READAHEAD_BLOCKS: u32 = 4;
+/// A READ at least this large from offset 0 starts a scan. The kernel's
+/// first readahead is four times the application's read (to 256 KiB for
+/// a 64 KiB read), so only reads of 128 KiB and more, and mappings, reach
+/// it; a small read of a file's header does not.
+pub const SCAN_START_BYTES_MIN: u64 = 512 << 10;
 
 /// Tunables of a [`BatonFs`].
 #[derive(Clone, Copy, Debug)]
