@@ -251,6 +251,9 @@ impl BlockCache {
         buf: &mut [u8],
     ) -> Result<usize> {
         let len = (buf.len() as u64).min(block_len_bytes.saturating_sub(offset)) as usize;
+        if len == 0 {
+            return Ok(0);
+        }
         match &self.0 {
             Backing::OnDisk(cache) => {
                 let bytes = cache.read(key, block_len_bytes, offset, len as u64)?;

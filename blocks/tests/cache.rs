@@ -279,8 +279,8 @@ fn resident_pages(path: &std::path::Path) -> usize {
     let len = file.metadata().unwrap().len() as usize;
     let pages = len.div_ceil(4096);
     let mut vec = vec![0u8; pages];
-    // SAFETY: a private read-only mapping of a file we hold open, unmapped
-    // before return; `vec` has one byte per page of it.
+    // SAFETY: a read-only mapping of a file we hold open, unmapped before
+    // return; `vec` has one byte per page of it.
     unsafe {
         let addr = libc::mmap(
             std::ptr::null_mut(),

@@ -285,10 +285,12 @@ impl BatonFs {
                 pattern.next_offset == offset
             };
             pattern.next_offset = offset + len;
-            if !sequential {
-                // A new scan, or a jump: what an earlier scan prefetched may
-                // have left memory since. Prefetch again from here on.
-                pattern.prefetched_to_index = pattern.prefetched_to_index.min(offset / bs);
+            if offset == 0 {
+                // Read again from the start: what an earlier scan prefetched
+                // may have left memory since. (Not on every other jump: the
+                // kernel's concurrent READs arrive out of order, and each
+                // would prefetch the same blocks again.)
+                pattern.prefetched_to_index = 0;
             }
             if !sequential || len == 0 || pattern.prefetched_to_index > next_index {
                 None
