@@ -116,13 +116,7 @@ fn mount(
             return Err(err.into());
         }
     };
-    if let Err(err) = fuse_wire::set_read_ahead(mountpoint, fuse_wire::READ_AHEAD_KIB) {
-        tracing::warn!(
-            mountpoint = %mountpoint.display(),
-            %err,
-            "kernel readahead left at its default: sequential reads will arrive in 128 KiB requests"
-        );
-    }
+    fuse_wire::raise_read_ahead(mountpoint);
     tracing::info!(volume = %held.name, mountpoint = %mountpoint.display(), "mounted");
     let timer = SessionTimer::start(Arc::clone(&fs), options.session_expiry());
     let (reason, flushed) = serve_until_signal(&fs, channel, params, options.threads, signals)?;

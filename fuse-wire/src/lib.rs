@@ -57,7 +57,7 @@ pub use error::Error;
 pub use filesystem::{Filesystem, DEFAULT_POLL_MASK};
 pub use init::{initialize, negotiate, read_buffer_len, InitConfig, InitParams};
 pub use mount::{
-    abort_connection, connection_id, mount_fuse, set_read_ahead, unmount, MountOptions,
+    abort_connection, connection_id, mount_fuse, raise_read_ahead, unmount, MountOptions,
     READ_AHEAD_KIB,
 };
 pub use nix::errno::Errno;

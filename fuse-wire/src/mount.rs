@@ -105,13 +105,25 @@ pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
 /// a block at a time.
 pub const READ_AHEAD_KIB: u32 = 1024;
 
-/// How far the kernel reads ahead on the FUSE mount at `mountpoint`, in
-/// KiB: `/sys/class/bdi/{device}/read_ahead_kb` (needs root). The kernel
-/// starts every FUSE mount at 128 KiB and INIT can only lower it, so a
-/// sequential read arrives as 128 KiB requests, one or two at a time;
+/// Sets the kernel's readahead window on the FUSE mount at `mountpoint`
+/// to [`READ_AHEAD_KIB`]; call it after INIT (INIT caps the window). The
+/// kernel starts every FUSE mount at 128 KiB and INIT can only lower it,
+/// so a sequential read arrives as 128 KiB requests, one or two at a time;
 /// with a larger window it arrives as requests of up to `max_pages`,
-/// several at a time. Set it after INIT (INIT caps the window).
-pub fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<(), Error> {
+/// several at a time. A failure (not root, no sysfs) is logged, not
+/// returned: the mount works as it is.
+pub fn raise_read_ahead(mountpoint: &Path) {
+    if let Err(err) = set_read_ahead(mountpoint, READ_AHEAD_KIB) {
+        tracing::warn!(
+            mountpoint = %mountpoint.display(),
+            %err,
+            "kernel readahead left at its default: sequential reads will arrive in 128 KiB requests"
+        );
+    }
+}
+
+/// Writes `kib` to `/sys/class/bdi/{device}/read_ahead_kb` of the mount.
+fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<(), Error> {
     let path = PathBuf::from(format!(
         "/sys/class/bdi/{}/read_ahead_kb",
         mount_device(mountpoint)?

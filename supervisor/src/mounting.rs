@@ -174,13 +174,7 @@ pub fn mount_and_init(
     }
     match fuse_wire::initialize(&channel, &config) {
         Ok(params) => {
-            if let Err(err) = fuse_wire::set_read_ahead(mountpoint, fuse_wire::READ_AHEAD_KIB) {
-                tracing::warn!(
-                    mountpoint = %mountpoint.display(),
-                    %err,
-                    "kernel readahead left at its default: sequential reads will arrive in 128 KiB requests"
-                );
-            }
+            fuse_wire::raise_read_ahead(mountpoint);
             Ok((channel, to_record(&params), connection_id))
         }
         Err(err) => {
