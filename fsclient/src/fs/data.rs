@@ -280,18 +280,16 @@ impl BatonFs {
             }
             let pattern = map.entry(ino).or_default();
             let sequential = if offset == 0 {
-                len >= SCAN_START_BYTES_MIN
-            } else {
-                pattern.next_offset == offset
-            };
-            pattern.next_offset = offset + len;
-            if offset == 0 {
                 // Read again from the start: what an earlier scan prefetched
                 // may have left memory since. (Not on every other jump: the
                 // kernel's concurrent READs arrive out of order, and each
                 // would prefetch the same blocks again.)
                 pattern.prefetched_to_index = 0;
-            }
+                len >= SCAN_START_BYTES_MIN
+            } else {
+                pattern.next_offset == offset
+            };
+            pattern.next_offset = offset + len;
             if !sequential || len == 0 || pattern.prefetched_to_index > next_index {
                 None
             } else {
