@@ -460,3 +460,99 @@ fn an_owner_sees_what_its_predecessor_staged_and_forgets_what_it_committed() {
     assert_eq!(standby.dirty_blocks(4).unwrap(), Vec::<u64>::new());
     assert_eq!(standby.staged_inodes().unwrap(), vec![3, 5]);
 }
+
+fn size_record(dir: &std::path::Path, ino: u64) -> std::path::PathBuf {
+    dir.join(format!("{ino:016x}")).join("size")
+}
+
+#[test]
+fn extending_writes_rewrite_the_size_record_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = Staging::open(dir.path(), BS).unwrap();
+    staging.write(3, 0, b"first", &no_base).unwrap();
+    let record = size_record(dir.path(), 3);
+    let inode = std::fs::metadata(&record).unwrap().ino();
+    for end in 1..=20u64 {
+        staging.write(3, end * 1000, b"more", &no_base).unwrap();
+        assert_eq!(
+            std::fs::metadata(&record).unwrap().ino(),
+            inode,
+            "an extending write replaced the size record (a new inode per WRITE)"
+        );
+    }
+    staging.set_size(3, 7).unwrap();
+    assert_eq!(std::fs::metadata(&record).unwrap().ino(), inode);
+    drop(staging);
+    let staging = Staging::open(dir.path(), BS).unwrap();
+    assert_eq!(staging.staged_size(3).unwrap(), Some(StagedSize::Exact(7)));
+}
+
+/// Set in the child of `size_record_survives_kill_9_during_extending_writes`:
+/// the staging directory it writes to.
+const KILL_CHILD_ENV: &str = "BATON_STAGING_KILL_CHILD_DIR";
+
+#[test]
+fn size_record_survives_kill_9_during_extending_writes() {
+    use std::io::{BufRead, Write};
+    const INO: u64 = 21;
+    if let Some(dir) = std::env::var_os(KILL_CHILD_ENV) {
+        // The child: extending writes as fast as it can, printing the end
+        // of each one acknowledged (returned) until it is killed.
+        let staging = Staging::open(std::path::Path::new(&dir), BS).unwrap();
+        let mut out = std::io::stdout().lock();
+        for end in 1u64.. {
+            staging.write(INO, end - 1, b"z", &no_base).unwrap();
+            writeln!(out, "{end}").unwrap();
+            out.flush().unwrap();
+        }
+        return;
+    }
+    let test_name = "size_record_survives_kill_9_during_extending_writes";
+    for round in 0..5u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(KILL_CHILD_ENV, dir.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut acknowledged = 0u64;
+        // Let it run past its start-up, then kill it between any two of
+        // its instructions: at a different write each round.
+        let wanted = 500 + round * 137;
+        for line in lines.by_ref() {
+            if let Ok(end) = line.unwrap().trim().parse::<u64>() {
+                acknowledged = end;
+                if end >= wanted {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_micros(round * 300));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for line in lines {
+            if let Ok(end) = line.unwrap().trim().parse::<u64>() {
+                acknowledged = end;
+            }
+        }
+        assert!(
+            acknowledged >= wanted,
+            "round {round}: the child stopped early"
+        );
+        let staging = Staging::open(dir.path(), BS).unwrap();
+        let Some(StagedSize::AtLeast(size)) = staging.staged_size(INO).unwrap() else {
+            panic!("round {round}: no readable size record after kill -9");
+        };
+        assert!(
+            size >= acknowledged,
+            "round {round}: staged size {size} lost acknowledged writes up to {acknowledged}"
+        );
+        let bytes = read_through(&staging, INO, &[], 0, size);
+        assert!(
+            bytes.iter().all(|b| *b == b'z'),
+            "round {round}: staged bytes corrupt"
+        );
+    }
+}

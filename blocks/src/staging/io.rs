@@ -1,5 +1,6 @@
 //! Small file helpers for the staging area: positional reads padded with
-//! zeros, space reservation before writes, atomic replace, directory listing.
+//! zeros, space reservation before writes, atomic replace and in-page
+//! overwrite.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -74,6 +75,22 @@ pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
         let _ = fs::remove_file(tmp);
     }
     res
+}
+
+/// Writes `data` at offset 0 of `path`, creating the file if missing: a
+/// record of fixed length rewritten in place. `data` must fit in one page
+/// (then the write reaches the page cache whole or not at all, even if the
+/// process dies in it). Unlike [`replace`], it allocates no inode when the
+/// file exists: a write-then-rename per call is an inode allocated and one
+/// freed, on every extending WRITE of a file being written.
+pub(crate) fn overwrite_in_page(path: &Path, data: &[u8]) -> io::Result<()> {
+    debug_assert!(data.len() as u64 <= PAGE_BYTES);
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?
+        .write_all_at(data, 0)
 }
 
 /// Opens an existing file for positional writing.

@@ -2,7 +2,8 @@
 //! size changes, and the take/clear halves of a flush.
 
 use super::io::{
-    fsync_path, open_optional, open_rw, read_padded, remove_optional, replace, write_at_reserved,
+    fsync_path, open_optional, open_rw, overwrite_in_page, read_padded, remove_optional, replace,
+    write_at_reserved,
 };
 use super::*;
 
@@ -126,8 +127,12 @@ impl Staging {
         let end = self.checked_end(offset, data.len() as u64)?;
         let mut stripe = self.stripe(ino);
         stripe.staged.insert(ino);
-        self.ensure_inode_dir(ino)?;
         let rec = self.record(ino)?;
+        // A size record is a file in the inode dir, and dirs are retired
+        // only empty, under this lock: with one, the dir exists already.
+        if rec.is_none() {
+            self.ensure_inode_dir(ino)?;
+        }
         let floor = rec.and_then(|r| r.floor_bytes);
         for span in self.spans(offset, end) {
             let from = (span.block_start + span.lo - offset) as usize;
@@ -545,12 +550,11 @@ impl Staging {
         }
     }
 
+    /// Rewrites the record in place (`record.rs` says why that is safe).
     fn write_record(&self, ino: u64, rec: &SizeRecord) -> Result<()> {
-        let dir = self.inode_dir(ino);
-        let path = dir.join(SIZE_FILE);
-        let tmp = dir.join(format!("{SIZE_FILE}{TMP_SUFFIX}"));
+        let path = self.inode_dir(ino).join(SIZE_FILE);
         let buf: [u8; RECORD_BYTES] = rec.encode();
-        replace(&path, &tmp, &buf).map_err(|e| self.err("write size record", &path, e))
+        overwrite_in_page(&path, &buf).map_err(|e| self.err("write size record", &path, e))
     }
 
     fn block_indices(&self, ino: u64) -> Result<Vec<u64>> {

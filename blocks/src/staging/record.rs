@@ -1,6 +1,14 @@
 //! The per-inode `size` record of the staging area: the staged logical size,
 //! the truncation floor, and their sequence numbers, as one 56-byte
-//! checksummed record replaced atomically (write `size.tmp`, rename).
+//! checksummed record.
+//!
+//! It is rewritten in place (`pwrite` at offset 0): 56 bytes within one
+//! page reach the page cache whole or not at all, even if the process dies
+//! in the call, so a reader after a kill -9 finds the old record or the
+//! new one. Readers in this process hold the inode's stripe lock; another
+//! process reads the area only once this one is dead or fenced. Earlier
+//! builds replaced it (`size.tmp`, rename): an inode allocated and one
+//! freed on every extending WRITE. Each build reads what the other wrote.
 //!
 //! Byte layout (little endian), format version 1:
 //!
