@@ -91,3 +91,44 @@ fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
     drop(staging);
     drop(guard);
 }
+
+/// The first size record of an inode, written when its block fitted but
+/// the record did not, leaves no record rather than an empty one (which
+/// would make every later read and flush of the inode fail).
+#[test]
+fn a_record_that_does_not_fit_leaves_no_unreadable_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(guard) = mount_tiny_tmpfs(tmp.path()) else {
+        return;
+    };
+    let dir = guard.0.join("staging");
+    let staging = Staging::open(&dir, BS).unwrap();
+    let mut written = 0u64;
+    while staging
+        .write(1, written * BS, &block_bytes(written), &no_base)
+        .is_ok()
+    {
+        written += 1;
+        assert!(written < 64, "1 MiB tmpfs never filled");
+    }
+    // Fill the last pages one by one, then free exactly one page: cutting
+    // the last staged block by 4 KiB.
+    let mut ino = 100;
+    while staging.write(ino, 0, &[7u8; 4096], &no_base).is_ok() {
+        ino += 1;
+    }
+    staging.set_size(1, written * BS - 4096).unwrap();
+    // One page free: the new inode's block takes it, its record cannot.
+    let err = staging.write(500, 0, b"x", &no_base).unwrap_err();
+    assert!(matches!(err, BlocksError::StagingFull { .. }), "{err}");
+    assert!(
+        staging.staged_size(500).is_ok(),
+        "an unreadable size record was left: {:?}",
+        staging.staged_size(500)
+    );
+    for i in 100..ino {
+        assert!(staging.staged_size(i).unwrap().is_some());
+    }
+    drop(staging);
+    drop(guard);
+}

@@ -77,20 +77,21 @@ pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
     res
 }
 
-/// Writes `data` at offset 0 of `path`, creating the file if missing: a
-/// record of fixed length rewritten in place. `data` must fit in one page
-/// (then the write reaches the page cache whole or not at all, even if the
-/// process dies in it). Unlike [`replace`], it allocates no inode when the
-/// file exists: a write-then-rename per call is an inode allocated and one
-/// freed, on every extending WRITE of a file being written.
-pub(crate) fn overwrite_in_page(path: &Path, data: &[u8]) -> io::Result<()> {
+/// Rewrites the record `path` holds with `data`, a record of the same
+/// length, in place: `Ok(false)` if there is no such file (write it with
+/// [`replace`]: a file created here and killed or out of space before its
+/// bytes would be an empty, unreadable record). `data` must fit in one page:
+/// then the write reaches the page cache whole or not at all, even if the
+/// process dies in it, and an existing page needs no new space. Unlike
+/// [`replace`] it allocates no inode: a write-then-rename per call is an
+/// inode allocated and one freed, on every extending WRITE of a file.
+pub(crate) fn overwrite_in_page(path: &Path, data: &[u8]) -> io::Result<bool> {
     debug_assert!(data.len() as u64 <= PAGE_BYTES);
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)?
-        .write_all_at(data, 0)
+    match OpenOptions::new().write(true).open(path) {
+        Ok(file) => file.write_all_at(data, 0).map(|()| true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Opens an existing file for positional writing.

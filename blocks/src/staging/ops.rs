@@ -324,6 +324,16 @@ impl Staging {
         Ok(self.record(ino)?.map(|r| r.size))
     }
 
+    /// Whether `ino` has nothing staged: no block and no size record.
+    /// Answered from memory once the area is owned.
+    pub fn is_unstaged(&self, ino: u64) -> Result<bool> {
+        let stripe = self.stripe(ino);
+        if !self.may_be_staged(&stripe, ino) {
+            return Ok(true);
+        }
+        Ok(self.record(ino)?.is_none() && self.block_indices(ino)?.is_empty())
+    }
+
     /// Indices of the staged (dirty) blocks of `ino`, ascending.
     pub fn dirty_blocks(&self, ino: u64) -> Result<Vec<u64>> {
         let stripe = self.stripe(ino);
@@ -550,11 +560,18 @@ impl Staging {
         }
     }
 
-    /// Rewrites the record in place (`record.rs` says why that is safe).
+    /// Writes a new record with write-then-rename, and rewrites an existing
+    /// one in place (`record.rs` says why that is safe).
     fn write_record(&self, ino: u64, rec: &SizeRecord) -> Result<()> {
-        let path = self.inode_dir(ino).join(SIZE_FILE);
+        let dir = self.inode_dir(ino);
+        let path = dir.join(SIZE_FILE);
         let buf: [u8; RECORD_BYTES] = rec.encode();
-        overwrite_in_page(&path, &buf).map_err(|e| self.err("write size record", &path, e))
+        let written = match overwrite_in_page(&path, &buf) {
+            Ok(true) => Ok(()),
+            Ok(false) => replace(&path, &dir.join(format!("{SIZE_FILE}{TMP_SUFFIX}")), &buf),
+            Err(e) => Err(e),
+        };
+        written.map_err(|e| self.err("write size record", &path, e))
     }
 
     fn block_indices(&self, ino: u64) -> Result<Vec<u64>> {

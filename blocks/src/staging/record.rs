@@ -2,13 +2,17 @@
 //! the truncation floor, and their sequence numbers, as one 56-byte
 //! checksummed record.
 //!
-//! It is rewritten in place (`pwrite` at offset 0): 56 bytes within one
-//! page reach the page cache whole or not at all, even if the process dies
-//! in the call, so a reader after a kill -9 finds the old record or the
-//! new one. Readers in this process hold the inode's stripe lock; another
+//! The first record of an inode is written to `size.tmp` and renamed into
+//! place, so a record is never empty or partial, even if the process dies
+//! or the disk fills while writing it. Later ones rewrite it in place
+//! (`pwrite` at offset 0): 56 bytes within one page reach the page cache
+//! whole or not at all, even if the process dies in the call, and need no
+//! new space, so a reader after a kill -9 finds the old record or the new
+//! one. Readers in this process hold the inode's stripe lock; another
 //! process reads the area only once this one is dead or fenced. Earlier
-//! builds replaced it (`size.tmp`, rename): an inode allocated and one
-//! freed on every extending WRITE. Each build reads what the other wrote.
+//! builds replaced every record (`size.tmp`, rename): an inode allocated and
+//! one freed on every extending WRITE. Each build reads what the other
+//! wrote.
 //!
 //! Byte layout (little endian), format version 1:
 //!
