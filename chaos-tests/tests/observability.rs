@@ -407,6 +407,46 @@ fn metrics_count_real_requests_and_bytes_and_never_go_down_across_a_kill_9() {
     assert_eq!(value(&gauges, "baton_mount_serving{", &[]), 1.0);
 }
 
+/// Small writes land in the writeback cache without a round trip each:
+/// the mount clears set-ID bits itself (HANDLE_KILLPRIV_V2), so the kernel
+/// does not ask for `security.capability` (GETXATTR) on every `write(2)`.
+#[test]
+fn small_writes_are_not_a_request_each() {
+    const WRITES: u64 = 2000;
+    let mut fx = Fixture::start(&["--no-standby"]);
+    let mnt = fx.mount("vol");
+    let m = s(&mnt);
+    app(&format!(
+        "dd if=/dev/zero of={m}/small bs=4k count={WRITES} 2>/dev/null"
+    ));
+    let mut seen = BTreeMap::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            seen = counters(&fx.get("/metrics"));
+            value(&seen, "baton_mount_written_bytes_total{", &[]) >= (WRITES * 4096) as f64
+        }),
+        "{WRITES} writes of 4 KiB were not counted:\n{}",
+        fx.get("/metrics")
+    );
+    let count = |op: &str| {
+        value(
+            &seen,
+            "baton_mount_requests_total{",
+            &[&format!("opcode=\"{op}\"")],
+        )
+    };
+    assert!(
+        count("getxattr") < 10.0,
+        "{} GETXATTRs for {WRITES} writes: the kernel asks for security.capability per write(2)",
+        count("getxattr")
+    );
+    assert!(
+        count("write") < (WRITES / 10) as f64,
+        "{} WRITE requests for {WRITES} writes of 4 KiB: the writeback cache did not gather them",
+        count("write")
+    );
+}
+
 fn chromium() -> Option<PathBuf> {
     ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
         .into_iter()

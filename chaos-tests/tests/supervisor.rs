@@ -2068,6 +2068,54 @@ else:
     );
 }
 
+/// A small file's close sends one WRITE with all of it, which is uploaded
+/// and committed at once (write-through). Generation 1 is killed between
+/// that upload and its commit: the resent WRITE must leave the file whole,
+/// and the close succeed.
+#[test]
+fn a_generation_killed_while_writing_a_small_file_through_loses_nothing() {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "during-upload@write"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let script = format!(
+        r#"
+import os
+want = bytes((i * 7) % 251 + 1 for i in range(5000))
+with open("{m}/small", "wb") as f:
+    f.write(want)
+with open("{m}/small", "rb") as f:
+    got = f.read()
+print("intact" if got == want else "len %d, want %d" % (len(got), len(want)))
+"#
+    );
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "intact", "{}", fx.logs());
+    assert!(
+        fx.status()["generation"].as_u64() >= Some(2),
+        "the fault never fired (no write-through): {}",
+        fx.logs()
+    );
+    // What the filesystem has, not the kernel's page cache of it.
+    let check = format!(
+        r#"
+import os
+open("/proc/sys/vm/drop_caches", "w").write("3")
+want = bytes((i * 7) % 251 + 1 for i in range(5000))
+print("intact" if open("{m}/small", "rb").read() == want else "differs")
+"#
+    );
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("python3 -c '{check}'")).finish();
+    assert!(ok && out.trim() == "intact", "{out}{err}");
+}
+
 /// Every line a generation logs once it serves names its mount and its
 /// generation, in every thread (the request workers included).
 #[test]

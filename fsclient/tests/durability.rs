@@ -241,3 +241,69 @@ fn a_file_larger_than_the_staging_disk_is_written_without_fsync() {
     assert_eq!(fs::read(m.p("big")).unwrap(), data);
     m.stop();
 }
+
+/// The staging directory of `path`'s inode exists (it held staged data
+/// at some point since its last retirement).
+fn has_staging_dir(vol: &Volume, path: &std::path::Path) -> bool {
+    let ino = fs::metadata(path).unwrap().ino();
+    vol.base
+        .join(VOLUME)
+        .join("staging")
+        .join(format!("{ino:016x}"))
+        .exists()
+}
+
+/// A WRITE at offset 0 holding a whole small file is committed at once
+/// (write-through: nothing staged, as its flush would have committed it);
+/// a write that keeps bytes of the file after it, one past the size
+/// limit, and one over a pending truncation are staged. Every outcome
+/// survives a kill -9 before any close.
+#[test]
+fn a_small_file_written_whole_is_committed_by_its_write() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    // O_DIRECT: each write(2) is one WRITE, acknowledged before it returns.
+    let open = |name: &str| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.p(name))
+            .unwrap()
+    };
+    let whole = open("whole");
+    whole.write_all_at(b"abc", 0).unwrap();
+    assert!(
+        !has_staging_dir(&vol, &m.p("whole")),
+        "a whole small file was staged"
+    );
+    let rewritten = open("rewritten");
+    rewritten.write_all_at(b"abcdef", 0).unwrap();
+    rewritten.write_all_at(b"XY", 0).unwrap();
+    assert!(
+        has_staging_dir(&vol, &m.p("rewritten")),
+        "a write keeping the file's tail went around staging"
+    );
+    let large_data = pattern(100_000, 7);
+    let large = open("large");
+    large.write_all_at(&large_data, 0).unwrap();
+    assert!(has_staging_dir(&vol, &m.p("large")));
+    let truncated = open("truncated");
+    truncated.write_all_at(b"0123456789", 0).unwrap();
+    truncated.set_len(20).unwrap();
+    truncated.write_all_at(b"abc", 0).unwrap();
+
+    m.kill9();
+    drop((whole, rewritten, large, truncated));
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::read(m.p("whole")).unwrap(), b"abc");
+    assert_eq!(fs::read(m.p("rewritten")).unwrap(), b"XYcdef");
+    assert_eq!(fs::read(m.p("large")).unwrap(), large_data);
+    let mut want = b"abc3456789".to_vec();
+    want.resize(20, 0);
+    assert_eq!(fs::read(m.p("truncated")).unwrap(), want);
+    m.stop();
+}

@@ -127,3 +127,54 @@ fn writes_by_a_non_owner_clear_set_user_id() {
     assert_eq!(fs::read(m.p("suid")).unwrap(), b"xmore\n");
     m.stop();
 }
+
+/// The mode of `name` once its set-ID bits settled (the kernel may answer
+/// from attributes cached before the change).
+fn mode_after_change(m: &Mounted, name: &str, want: u32) -> u32 {
+    let mut mode = 0;
+    wait_until(DEADLINE, || {
+        mode = fs::metadata(m.p(name)).unwrap().mode() & 0o7777;
+        mode == want
+    });
+    mode
+}
+
+/// The mount clears set-ID bits itself (HANDLE_KILLPRIV_V2): on an open
+/// that truncates, a truncate and a write by a non-owner, as a local
+/// filesystem does; set-group-ID without group-execute (mandatory locking)
+/// stays, and the owner (root, CAP_FSETID) keeps both.
+#[test]
+fn truncation_and_writes_by_a_non_owner_clear_set_id_bits() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let cases: [(&str, &str, u32, u32); 4] = [
+        ("o_trunc", ": > {}", 0o6777, 0o0777),
+        ("truncate", "truncate -s 1 {}", 0o6777, 0o0777),
+        ("write", "printf more >> {}", 0o6777, 0o0777),
+        ("locking", "truncate -s 1 {}", 0o6766, 0o2766),
+    ];
+    for (name, script, before, after) in cases {
+        fs::write(m.p(name), b"xyz").unwrap();
+        fs::set_permissions(m.p(name), fs::Permissions::from_mode(before)).unwrap();
+        let (ok, _, err) = sh_as_nobody(&script.replace("{}", s(&m.p(name))));
+        assert!(ok, "{name}: {err}");
+        assert_eq!(
+            mode_after_change(&m, name, after),
+            after,
+            "{name}: mode {before:o} after `{script}` by a non-owner"
+        );
+    }
+    fs::write(m.p("root"), b"xyz").unwrap();
+    fs::set_permissions(m.p("root"), fs::Permissions::from_mode(0o6777)).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.p("root"))
+        .unwrap();
+    assert_eq!(
+        fs::metadata(m.p("root")).unwrap().mode() & 0o7777,
+        0o6777,
+        "root truncating keeps set-ID bits (CAP_FSETID)"
+    );
+    m.stop();
+}

@@ -190,6 +190,9 @@ pub mod flags {
     pub const WRITE_LOCKOWNER: u32 = 1 << 1;
     /// `fuse_write_in.write_flags`: kill suid and sgid bits.
     pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+    /// `fuse_open_in.open_flags` / `fuse_create_in.open_flags`: an open
+    /// that truncates kills suid and sgid bits.
+    pub const OPEN_KILL_SUIDGID: u32 = 1 << 0;
     /// `fuse_fsync_in.fsync_flags`: data only.
     pub const FSYNC_FDATASYNC: u32 = 1 << 0;
     /// `fuse_notify_inval_entry_out.flags`: only expire the entry.

@@ -33,7 +33,14 @@ pub struct InitConfig {
 impl InitConfig {
     /// Everything a later Baton version may want, fixed for the mount's life:
     /// 1 MiB writes, async reads, parallel dirops, readdirplus, writeback
-    /// cache, POSIX and flock locks served by the filesystem, and RESEND.
+    /// cache, POSIX and flock locks served by the filesystem, RESEND, and
+    /// set-user-ID/set-group-ID cleared by the filesystem
+    /// (`HANDLE_KILLPRIV_V2`: the server clears them on the WRITE, SETATTR
+    /// and OPEN that carry a kill flag). Without that last one the kernel
+    /// asks for `security.capability` (a GETXATTR round trip) on every
+    /// `write(2)`, even one the writeback cache absorbs; with it the
+    /// superblock is `SB_NOSEC` and it asks once per inode until the
+    /// attributes are next refreshed.
     pub fn baton() -> Self {
         InitConfig {
             flags: f::ASYNC_READ
@@ -54,7 +61,8 @@ impl InitConfig {
                 | f::INIT_EXT
                 | f::HAS_EXPIRE_ONLY
                 | f::DIRECT_IO_ALLOW_MMAP
-                | f::HAS_RESEND,
+                | f::HAS_RESEND
+                | f::HANDLE_KILLPRIV_V2,
             max_write: 1 << 20,
             max_pages: 256,
             max_background: 64,
@@ -63,14 +71,18 @@ impl InitConfig {
         }
     }
 
-    /// Like [`InitConfig::baton`] but with locks left to the kernel, no
-    /// writeback cache and no AUTO_INVAL_DATA (which costs a GETATTR per
-    /// read once attributes expire): for simple filesystems that keep no
-    /// lock table and whose data changes only through the mount.
+    /// Like [`InitConfig::baton`] but with locks and set-user-ID clearing
+    /// left to the kernel, no writeback cache and no AUTO_INVAL_DATA (which
+    /// costs a GETATTR per read once attributes expire): for simple
+    /// filesystems that keep no lock table and whose data changes only
+    /// through the mount.
     pub fn simple() -> Self {
         let mut config = Self::baton();
-        config.flags &=
-            !(f::POSIX_LOCKS | f::FLOCK_LOCKS | f::WRITEBACK_CACHE | f::AUTO_INVAL_DATA);
+        config.flags &= !(f::POSIX_LOCKS
+            | f::FLOCK_LOCKS
+            | f::WRITEBACK_CACHE
+            | f::AUTO_INVAL_DATA
+            | f::HANDLE_KILLPRIV_V2);
         config
     }
 }

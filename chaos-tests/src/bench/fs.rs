@@ -1,5 +1,6 @@
 //! Filesystem workloads for `baton-bench fs`: sequential write and read of
-//! one large file, random 4 KiB reads (a fixed count right after caches were
+//! one large file, a sequential write in small writes (as an application
+//! writing a log or a checkpoint through a buffered stream does), random 4 KiB reads (a fixed count right after caches were
 //! dropped, or for a duration once warm), small-file metadata churn on
 //! several threads, and a many-file tree read in order the way a model
 //! loader reads its shards. Each returns a throughput figure; targets are
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// The read and write size of the sequential workloads.
 pub const SEQUENTIAL_CHUNK_BYTES: usize = 1 << 20;
+/// The write size of the small-writes workload.
+pub const SMALL_WRITE_BYTES: usize = 4096;
 /// Files per directory of the many-file tree.
 pub const TREE_FILES_PER_DIR: usize = 20;
 

@@ -97,9 +97,11 @@ impl BatonFs {
     /// OPEN. The handle is registered BEFORE the inode is read, so that a
     /// session decision about an orphan sees it (`orphans.rs`); an inode
     /// found at nlink 0 (another host unlinked it) is held by this session.
-    pub(super) fn do_open(&self, ino: u64, open_flags: u32) -> Result<u64> {
+    /// `fuse_open_flags`: `fuse_open_in.open_flags` (the kill flag).
+    pub(super) fn do_open(&self, ino: u64, open_flags: u32, fuse_open_flags: u32) -> Result<u64> {
         let fh = self.register(ino, open_flags, false)?;
-        match self.check_open(ino, open_flags) {
+        let kill_suidgid = fuse_open_flags & flags::OPEN_KILL_SUIDGID != 0;
+        match self.check_open(ino, open_flags, kill_suidgid) {
             Ok(()) => Ok(fh),
             Err(e) => {
                 self.unregister(fh);
@@ -108,7 +110,7 @@ impl BatonFs {
         }
     }
 
-    fn check_open(&self, ino: u64, open_flags: u32) -> Result<()> {
+    fn check_open(&self, ino: u64, open_flags: u32, kill_suidgid: bool) -> Result<()> {
         let attr = self.meta.getattr(ino)?;
         let flags = open_flags as i32;
         if attr.kind == FileKind::Directory && flags & libc::O_ACCMODE != libc::O_RDONLY {
@@ -127,6 +129,9 @@ impl BatonFs {
         {
             // The handle just registered is the only one: commit at once.
             self.truncate_open(ino, 0, 1)?;
+            if kill_suidgid {
+                self.kill_suidgid(ino)?;
+            }
         }
         Ok(())
     }
@@ -188,7 +193,7 @@ impl BatonFs {
         )?;
         let Some(attr) = created else {
             let attr = self.meta.lookup(parent, name)?;
-            let fh = self.do_open(attr.ino, arg.flags)?;
+            let fh = self.do_open(attr.ino, arg.flags, arg.open_flags)?;
             let attr = self.meta.getattr(attr.ino)?;
             return Ok((self.entry_out(&attr)?, fh));
         };
@@ -351,8 +356,12 @@ impl BatonFs {
                     // Handing over: the next generation writes it (journal).
                     return Err(baton_meta::MetaError::Fenced { op: "write" }.into());
                 }
-                self.staging
-                    .write(ino, arg.offset, data, &|index| self.base_block(ino, index))
+                if self.wrote_through(ino, arg.offset, data) {
+                    Ok(())
+                } else {
+                    self.staging
+                        .write(ino, arg.offset, data, &|index| self.base_block(ino, index))
+                }
             };
             match written {
                 Ok(()) => break,

@@ -213,7 +213,7 @@ impl Filesystem for BatonFs {
             req,
             "open",
             nodeid,
-            self.do_open(nodeid, arg.flags),
+            self.do_open(nodeid, arg.flags, arg.open_flags),
             reply,
             // Keep the page cache across opens: data changes only through
             // this mount, and AUTO_INVAL_DATA drops pages when mtime or size

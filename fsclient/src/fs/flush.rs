@@ -6,6 +6,9 @@
 //!    staging filesystem is enough to survive the death of this process;
 //!    FUSE fsync additionally commits (below) and then syncs the metadata
 //!    (`MetaStore::sync`), which makes the commit survive power loss.
+//!    The one exception, a WRITE at offset 0 that holds a whole small file
+//!    with nothing staged, runs the upload and commit of step 2 itself
+//!    before its reply (`write_through.rs`).
 //! 2. FLUSH (every close), FSYNC, RELEASE, SYNCFS, shutdown, and recovery at
 //!    start run these steps under the inode's mutex, until staging is empty
 //!    for the inode (at most [`FLUSH_ROUNDS_MAX`] rounds):

@@ -8,6 +8,7 @@
 //! - [`orphans`]: this mount's session and when an orphan is reclaimed;
 //! - [`data`]: open, create, read, write, fallocate, lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
+//! - [`write_through`]: a WRITE of a whole small file, committed at once;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
 //! - [`xattr`]: extended attributes;
 //! - [`lock`]: getlk, setlk, setlkw and interrupts.
@@ -28,6 +29,7 @@ mod namespace;
 mod once;
 mod orphans;
 mod staging_dirs;
+mod write_through;
 mod xattr;
 
 use std::collections::HashMap;

@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use chaos_tests::bench::fs::{
     drop_page_cache, random_reads, random_reads_counted, read_tree, sequential_read,
     sequential_write, small_files, tree_sizes, write_tree, SEQUENTIAL_CHUNK_BYTES,
+    SMALL_WRITE_BYTES,
 };
 use chaos_tests::bench::{status_kib, Spread, Target};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
@@ -62,13 +63,14 @@ const fn key(workload: &'static str, unit: &'static str, threads: usize) -> Key 
 }
 
 const SEQ_WRITE: Key = key("seq write + fsync", "MiB/s", 1);
+const SMALL_WRITES: Key = key("4K writes + fsync", "MiB/s", 1);
 const SEQ_READ_COLD: Key = key("seq read cold", "MiB/s", 1);
 const SEQ_READ_WARM: Key = key("seq read warm", "MiB/s", 1);
 const TREE_READ_COLD: Key = key("many-file read cold", "MiB/s", 1);
 
 /// Every row, in table order.
 fn all_keys() -> Vec<Key> {
-    let mut keys = vec![SEQ_WRITE, SEQ_READ_COLD, SEQ_READ_WARM];
+    let mut keys = vec![SEQ_WRITE, SMALL_WRITES, SEQ_READ_COLD, SEQ_READ_WARM];
     for threads in [1, 4] {
         keys.push(key("rand 4K read cold", "ops/s", threads));
     }
@@ -344,6 +346,15 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         SEQ_WRITE,
         sequential_write(&big, o.size_mib << 20, SEQUENTIAL_CHUNK_BYTES).context("seq write")?,
     ));
+    // A quarter of the big file's size: on a filesystem that makes each
+    // small write a round trip this is the slowest workload.
+    let small = t.root.join("small-writes");
+    out.push((
+        SMALL_WRITES,
+        sequential_write(&small, (o.size_mib << 20) / 4, SMALL_WRITE_BYTES)
+            .context("small writes")?,
+    ));
+    std::fs::remove_file(&small).context("removing the small-writes file")?;
     t.cold()?;
     out.push((
         SEQ_READ_COLD,
@@ -677,8 +688,8 @@ fn print_report(r: &Report) {
         r.kernel, r.cpus, o.runs
     );
     println!(
-        "  {} MiB file in 1 MiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB",
-        o.size_mib, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib
+        "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB",
+        o.size_mib, o.size_mib / 4, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib
     );
     for (name, reason) in &r.skipped {
         println!("  skipped {name}: {reason}");

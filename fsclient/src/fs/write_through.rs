@@ -1,0 +1,101 @@
+//! Write-through of a whole small file: a WRITE at offset 0 that replaces
+//! everything the file holds, on a file with nothing staged, is uploaded
+//! and committed at once, as the FLUSH after it would have done, instead
+//! of being staged.
+//!
+//! This is what a new small file's close sends with the writeback cache
+//! (CREATE, then one WRITE with all its bytes, then FLUSH). Staging it cost
+//! a staging directory, a block file and a size record (three inodes
+//! allocated on the local disk, freed again by the flush a moment later),
+//! and reading them back; on a local disk without a journal, allocating an
+//! inode next to recently freed ones was most of a small file's create.
+//!
+//! Durability is the flush's: the commit is a metadata transaction before
+//! the reply, and an object uploaded for a commit that did not happen is
+//! garbage, never wrong data. Run again (a WRITE resent after a kill -9)
+//! it commits the same bytes once more. Anything else, and any failure
+//! (an object store outage, a full disk), stages the write as before: this
+//! is a shortcut, never a new way to fail.
+
+use baton_meta::{BlockRef, CommitBlocks, FileKind, TimeOrNow};
+use bytes::Bytes;
+
+use super::BatonFs;
+use crate::error::Result;
+
+/// Largest WRITE committed at once. A file's first WRITE is committed
+/// only if it is the whole file so far; one that turns out not to be the
+/// last (the file grows later) makes the next write to its first block
+/// read it back to stage the block. Small files are written whole by one
+/// WRITE; a larger one usually is not.
+pub const WRITE_THROUGH_BYTES_MAX: usize = 64 << 10;
+
+impl BatonFs {
+    /// Commits the WRITE of `data` at `offset` at once if it is a whole
+    /// small file (module docs); `false`: stage it. The caller holds the
+    /// inode mutex.
+    pub(super) fn wrote_through(&self, ino: u64, offset: u64, data: &[u8]) -> bool {
+        if offset != 0
+            || data.is_empty()
+            || data.len() > WRITE_THROUGH_BYTES_MAX
+            || data.len() as u64 > self.block_size
+        {
+            return false;
+        }
+        match self.write_through(ino, data) {
+            Ok(committed) => committed,
+            Err(err) => {
+                tracing::debug!(nodeid = ino, %err, "write-through failed; staging the write");
+                false
+            }
+        }
+    }
+
+    fn write_through(&self, ino: u64, data: &[u8]) -> Result<bool> {
+        // An open orphan's data stays staged until it is reclaimed.
+        if self.handles.is_open_orphan(ino) || !self.staging.is_unstaged(ino)? {
+            return Ok(false);
+        }
+        let attr = self.meta.getattr(ino)?;
+        let len = data.len() as u64;
+        if attr.kind != FileKind::Regular || attr.size > len {
+            return Ok(false);
+        }
+        let bytes = Bytes::copy_from_slice(data);
+        let keys = self.store.put_blocks(vec![(ino, 0, bytes.clone())])?;
+        // Test hook: uploaded, not committed. The flush's point, but with
+        // the WRITE opcode: `during-upload@write` fires only here.
+        crate::fault::hit(
+            crate::fault::Point::DuringUpload,
+            fuse_wire::abi::opcode::WRITE,
+        );
+        let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
+        let commit = CommitBlocks {
+            new_size: Some(len),
+            mtime: (!writeback).then_some(TimeOrNow::Now),
+            blocks: keys
+                .iter()
+                .map(|key| BlockRef {
+                    index: 0,
+                    object_key: key.to_string(),
+                    len: data.len() as u32,
+                })
+                .collect(),
+            punched: Vec::new(),
+        };
+        let released = match self.meta.commit_blocks(ino, &commit, None) {
+            Ok((_, released)) => released,
+            Err(err) => {
+                self.store.delete(&keys);
+                return Err(err.into());
+            }
+        };
+        self.invalidate(ino);
+        for key in &keys {
+            self.cache.insert(key, &bytes);
+        }
+        self.delete_objects(released.iter().map(|o| o.key.as_str()));
+        tracing::trace!(nodeid = ino, len, "written through");
+        Ok(true)
+    }
+}
