@@ -49,14 +49,12 @@ fn block_bytes(index: u64) -> Vec<u8> {
     vec![(index as u8).wrapping_add(1); BS as usize]
 }
 
-#[test]
-fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(guard) = mount_tiny_tmpfs(tmp.path()) else {
-        return;
-    };
-    let dir = guard.0.join("staging");
-    let staging = Staging::open(&dir, BS).unwrap();
+/// A `Staging` in a fresh 1 MiB tmpfs (`None`, with a printed reason,
+/// without root), and how many blocks of inode 1 fitted before it was
+/// full, with the error of the one that did not.
+fn full_staging(tmp: &Path) -> Option<(MountGuard, Staging, u64, BlocksError)> {
+    let guard = mount_tiny_tmpfs(tmp)?;
+    let staging = Staging::open(&guard.0.join("staging"), BS).unwrap();
     let mut written = 0u64;
     let err = loop {
         assert!(written < 64, "1 MiB tmpfs never filled");
@@ -65,6 +63,16 @@ fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
             Err(e) => break e,
         }
     };
+    Some((guard, staging, written, err))
+}
+
+#[test]
+fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some((guard, staging, written, err)) = full_staging(tmp.path()) else {
+        return;
+    };
+    let dir = guard.0.join("staging");
     assert!(written > 0, "nothing fitted");
     eprintln!("staged {written} blocks of {BS} bytes before ENOSPC");
     assert!(matches!(err, BlocksError::StagingFull { .. }), "{err}");
@@ -98,19 +106,9 @@ fn full_staging_fs_reports_staging_full_and_keeps_earlier_data() {
 #[test]
 fn a_record_that_does_not_fit_leaves_no_unreadable_record() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(guard) = mount_tiny_tmpfs(tmp.path()) else {
+    let Some((guard, staging, written, _)) = full_staging(tmp.path()) else {
         return;
     };
-    let dir = guard.0.join("staging");
-    let staging = Staging::open(&dir, BS).unwrap();
-    let mut written = 0u64;
-    while staging
-        .write(1, written * BS, &block_bytes(written), &no_base)
-        .is_ok()
-    {
-        written += 1;
-        assert!(written < 64, "1 MiB tmpfs never filled");
-    }
     // Fill the last pages one by one, then free exactly one page: cutting
     // the last staged block by 4 KiB.
     let mut ino = 100;

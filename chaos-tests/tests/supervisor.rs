@@ -2021,14 +2021,7 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
 /// again and the bytes written after the truncation become zeros.
 #[test]
 fn a_generation_killed_while_clearing_staging_after_a_truncation_loses_nothing() {
-    let mut fx = Fixture::start_with_env(
-        &[],
-        &[
-            ("BATON_FAULT", "during-clear#2"),
-            ("BATON_FAULT_GENERATION", "1"),
-        ],
-    );
-    fx.mount();
+    let fx = fixture_killing_generation_1("during-clear#2");
     let m = s(&fx.mnt).to_string();
     let script = format!(
         r#"
@@ -2056,10 +2049,7 @@ else:
     print("len", len(got), "want", len(want), "first difference at", first)
 "#
     );
-    let (ok, out, err) =
-        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
-    assert!(ok, "{out}{err}");
-    assert_eq!(out.trim(), "intact", "{}", fx.logs());
+    assert_eq!(python(&fx, &script), "intact", "{}", fx.logs());
     // The fault did fire: generation 1 was killed and replaced.
     assert!(
         fx.status()["generation"].as_u64() >= Some(2),
@@ -2074,14 +2064,7 @@ else:
 /// and the close succeed.
 #[test]
 fn a_generation_killed_while_writing_a_small_file_through_loses_nothing() {
-    let mut fx = Fixture::start_with_env(
-        &[],
-        &[
-            ("BATON_FAULT", "during-upload@write"),
-            ("BATON_FAULT_GENERATION", "1"),
-        ],
-    );
-    fx.mount();
+    let fx = fixture_killing_generation_1("during-upload@write");
     let m = s(&fx.mnt).to_string();
     let script = format!(
         r#"
@@ -2094,10 +2077,7 @@ with open("{m}/small", "rb") as f:
 print("intact" if got == want else "len %d, want %d" % (len(got), len(want)))
 "#
     );
-    let (ok, out, err) =
-        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
-    assert!(ok, "{out}{err}");
-    assert_eq!(out.trim(), "intact", "{}", fx.logs());
+    assert_eq!(python(&fx, &script), "intact", "{}", fx.logs());
     assert!(
         fx.status()["generation"].as_u64() >= Some(2),
         "the fault never fired (no write-through): {}",
@@ -2112,8 +2092,26 @@ want = bytes((i * 7) % 251 + 1 for i in range(5000))
 print("intact" if open("{m}/small", "rb").read() == want else "differs")
 "#
     );
-    let (ok, out, err) = App::sh(&fx.mnt, &format!("python3 -c '{check}'")).finish();
-    assert!(ok && out.trim() == "intact", "{out}{err}");
+    assert_eq!(python(&fx, &check), "intact");
+}
+
+/// A mounted fixture whose generation 1 is killed at fault point `fault`.
+fn fixture_killing_generation_1(fault: &str) -> Fixture {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_FAULT", fault), ("BATON_FAULT_GENERATION", "1")],
+    );
+    fx.mount();
+    fx
+}
+
+/// Runs the Python `script` as an application on `fx`'s mount; returns
+/// what it printed, trimmed. A failed script fails the test.
+fn python(fx: &Fixture, script: &str) -> String {
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("python3 -c '{script}'")).finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    out.trim().to_string()
 }
 
 /// Every line a generation logs once it serves names its mount and its

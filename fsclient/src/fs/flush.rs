@@ -53,7 +53,7 @@ use std::collections::BTreeSet;
 
 use baton_blocks::{ObjectKey, UploadSet};
 use baton_meta::limits::COMMIT_BLOCKS_ROWS_MAX;
-use baton_meta::{BlockRef, CommitBlocks, FileKind, TimeOrNow};
+use baton_meta::{BlockRef, CommitBlocks, FileKind, ObjectRef, TimeOrNow};
 use bytes::Bytes;
 use fuse_wire::abi::{self, flags};
 
@@ -62,11 +62,12 @@ use super::BatonFs;
 use crate::error::{Error, Result};
 use crate::locks::LockKind;
 
-/// One commit's content.
-struct CommitPlan {
-    size: u64,
-    uploads: Vec<(u64, Bytes)>,
-    punched: Vec<u64>,
+/// One commit's content: the new size, the blocks to upload (index,
+/// content) and the rows to punch.
+pub(super) struct CommitPlan {
+    pub(super) size: u64,
+    pub(super) uploads: Vec<(u64, Bytes)>,
+    pub(super) punched: Vec<u64>,
 }
 
 /// Upload-and-commit rounds of one flush at most; each takes up to
@@ -177,15 +178,47 @@ impl BatonFs {
     /// deletes the objects the commit released.
     fn commit_set(&self, ino: u64, set: &UploadSet, punched: Vec<u64>) -> Result<()> {
         let plan = self.plan(ino, set, punched)?;
+        // The upload runs from flush, fsync, release or shutdown: no opcode
+        // filter for the test hook.
+        let released = self.upload_and_commit(ino, &plan, 0)?;
+        // Test hook: committed, staging half cleared (record settled, block
+        // files still there). No opcode filter, like DuringUpload.
+        self.waking_retirement(|| {
+            self.staging.clear_with(set, &|| {
+                crate::fault::hit(crate::fault::Point::DuringClear, 0)
+            })
+        })?;
+        self.delete_objects(released.iter().map(|o| o.key.as_str()));
+        tracing::debug!(
+            nodeid = ino,
+            blocks = plan.uploads.len(),
+            size = plan.size,
+            released = released.len(),
+            "staged data committed"
+        );
+        Ok(())
+    }
+
+    /// Steps 2 and 3 of the protocol: uploads `plan`'s blocks under fresh
+    /// keys and commits them, its punched rows and its size in one
+    /// metadata transaction (the objects are deleted again if it fails).
+    /// Returns the objects the commit released: delete them once the
+    /// caller is done. `fault_op`: the opcode the `during-upload` test hook
+    /// reports.
+    pub(super) fn upload_and_commit(
+        &self,
+        ino: u64,
+        plan: &CommitPlan,
+        fault_op: u32,
+    ) -> Result<Vec<ObjectRef>> {
         let keys = self.store.put_blocks(
             plan.uploads
                 .iter()
                 .map(|(i, d)| (ino, *i, d.clone()))
                 .collect(),
         )?;
-        // Test hook: blocks uploaded, block map not committed. The upload
-        // runs from flush, fsync, release or shutdown: no opcode filter.
-        crate::fault::hit(crate::fault::Point::DuringUpload, 0);
+        // Test hook: blocks uploaded, block map not committed.
+        crate::fault::hit(crate::fault::Point::DuringUpload, fault_op);
         let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
         let commit = CommitBlocks {
             new_size: Some(plan.size),
@@ -200,7 +233,7 @@ impl BatonFs {
                     len: data.len() as u32,
                 })
                 .collect(),
-            punched: plan.punched,
+            punched: plan.punched.clone(),
         };
         let released = match self.meta.commit_blocks(ino, &commit, None) {
             Ok((_, released)) => released,
@@ -213,22 +246,7 @@ impl BatonFs {
         for ((_, data), key) in plan.uploads.iter().zip(&keys) {
             self.cache.insert(key, data);
         }
-        // Test hook: committed, staging half cleared (record settled, block
-        // files still there). No opcode filter, like DuringUpload.
-        self.waking_retirement(|| {
-            self.staging.clear_with(set, &|| {
-                crate::fault::hit(crate::fault::Point::DuringClear, 0)
-            })
-        })?;
-        self.delete_objects(released.iter().map(|o| o.key.as_str()));
-        tracing::debug!(
-            nodeid = ino,
-            blocks = keys.len(),
-            size = plan.size,
-            released = released.len(),
-            "staged data committed"
-        );
-        Ok(())
+        Ok(released)
     }
 
     /// What one commit writes: the size, the blocks to upload (staged ones

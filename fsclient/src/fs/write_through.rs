@@ -17,9 +17,10 @@
 //! (an object store outage, a full disk), stages the write as before: this
 //! is a shortcut, never a new way to fail.
 
-use baton_meta::{BlockRef, CommitBlocks, FileKind, TimeOrNow};
+use baton_meta::FileKind;
 use bytes::Bytes;
 
+use super::flush::CommitPlan;
 use super::BatonFs;
 use crate::error::Result;
 
@@ -61,39 +62,13 @@ impl BatonFs {
         if attr.kind != FileKind::Regular || attr.size > len {
             return Ok(false);
         }
-        let bytes = Bytes::copy_from_slice(data);
-        let keys = self.store.put_blocks(vec![(ino, 0, bytes.clone())])?;
-        // Test hook: uploaded, not committed. The flush's point, but with
-        // the WRITE opcode: `during-upload@write` fires only here.
-        crate::fault::hit(
-            crate::fault::Point::DuringUpload,
-            fuse_wire::abi::opcode::WRITE,
-        );
-        let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
-        let commit = CommitBlocks {
-            new_size: Some(len),
-            mtime: (!writeback).then_some(TimeOrNow::Now),
-            blocks: keys
-                .iter()
-                .map(|key| BlockRef {
-                    index: 0,
-                    object_key: key.to_string(),
-                    len: data.len() as u32,
-                })
-                .collect(),
+        let plan = CommitPlan {
+            size: len,
+            uploads: vec![(0, Bytes::copy_from_slice(data))],
             punched: Vec::new(),
         };
-        let released = match self.meta.commit_blocks(ino, &commit, None) {
-            Ok((_, released)) => released,
-            Err(err) => {
-                self.store.delete(&keys);
-                return Err(err.into());
-            }
-        };
-        self.invalidate(ino);
-        for key in &keys {
-            self.cache.insert(key, &bytes);
-        }
+        // `during-upload@write` fires only here (a flush reports no opcode).
+        let released = self.upload_and_commit(ino, &plan, fuse_wire::abi::opcode::WRITE)?;
         self.delete_objects(released.iter().map(|o| o.key.as_str()));
         tracing::trace!(nodeid = ino, len, "written through");
         Ok(true)
