@@ -307,3 +307,47 @@ fn a_small_file_written_whole_is_committed_by_its_write() {
     assert_eq!(fs::read(m.p("truncated")).unwrap(), want);
     m.stop();
 }
+
+/// During an object store outage a whole small file's WRITE tries to
+/// upload once, then is staged; after that failure the next ones are
+/// staged without waiting for the store (which would take its retries'
+/// time each). Everything is committed once the store is back.
+#[test]
+fn small_files_written_during_a_storage_outage_are_staged_and_kept() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let outage = vol.path("outage");
+    // Every store operation takes 200 ms; while `outage` exists it then
+    // fails (and is retried). The mount probes the store: up at first.
+    let fault = format!("delay_ms=200,unreachable_file={}", s(&outage));
+    let m = vol.mount_with_env(&mnt, &[], &[("BATON_STORAGE_FAULT", &fault)]);
+    fs::write(&outage, b"").unwrap();
+    let write = |name: &str, data: &[u8]| {
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.p(name))
+            .unwrap();
+        let start = std::time::Instant::now();
+        f.write_all_at(data, 0).unwrap();
+        (f, start.elapsed())
+    };
+    let (first, tried) = write("first", b"one");
+    assert!(has_staging_dir(&vol, &m.p("first")), "not staged");
+    let (second, skipped) = write("second", b"two");
+    assert!(has_staging_dir(&vol, &m.p("second")), "not staged");
+    assert!(
+        skipped * 2 < tried,
+        "the second write waited for the store again: {skipped:?} (the first, which tried, {tried:?})"
+    );
+    fs::remove_file(&outage).unwrap();
+    drop((first, second));
+    m.stop();
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::read(m.p("first")).unwrap(), b"one");
+    assert_eq!(fs::read(m.p("second")).unwrap(), b"two");
+    assert_eq!(staged_inodes(&vol), 0);
+    m.stop();
+}

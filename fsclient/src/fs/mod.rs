@@ -110,6 +110,8 @@ pub struct BatonFs {
     orphans_to_settle: Mutex<orphans::OrphanQueue>,
     inode_locks: Vec<Mutex<()>>,
     committed_bytes: committed_bytes::CommittedBytes,
+    /// Set when a write-through upload failed (`write_through.rs`).
+    write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
     /// Identity of the FUSE connection served (exactly-once keys).
     connection: AtomicU64,
@@ -160,6 +162,7 @@ impl BatonFs {
                 .map(|_| Mutex::new(()))
                 .collect(),
             committed_bytes: committed_bytes::CommittedBytes::default(),
+            write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
             connection: AtomicU64::new(0),
             fenced: AtomicBool::new(false),

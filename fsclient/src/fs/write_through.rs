@@ -15,14 +15,20 @@
 //! garbage, never wrong data. Run again (a WRITE resent after a kill -9)
 //! it commits the same bytes once more. Anything else, and any failure
 //! (an object store outage, a full disk), stages the write as before: this
-//! is a shortcut, never a new way to fail.
+//! is a shortcut, never a new way to fail. After an upload failed, WRITEs
+//! are staged without trying for [`WRITE_THROUGH_PAUSE`]: an object store
+//! that is down would otherwise make every small WRITE wait out its
+//! timeouts and retries before being staged (and its FLUSH wait again).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use baton_meta::FileKind;
 use bytes::Bytes;
 
 use super::flush::CommitPlan;
-use super::BatonFs;
-use crate::error::Result;
+use super::{lock, BatonFs};
+use crate::error::{Error, Result};
 
 /// Largest WRITE committed at once. A file's first WRITE is committed
 /// only if it is the whole file so far; one that turns out not to be the
@@ -30,6 +36,25 @@ use crate::error::Result;
 /// read it back to stage the block. Small files are written whole by one
 /// WRITE; a larger one usually is not.
 pub const WRITE_THROUGH_BYTES_MAX: usize = 64 << 10;
+/// How long WRITEs are staged without trying after a write-through upload
+/// failed.
+pub const WRITE_THROUGH_PAUSE: Duration = Duration::from_secs(10);
+
+/// Until when write-through is paused (an upload failed).
+#[derive(Debug, Default)]
+pub(super) struct Pause {
+    until: Mutex<Option<Instant>>,
+}
+
+impl Pause {
+    fn active(&self) -> bool {
+        lock(&self.until).is_some_and(|until| Instant::now() < until)
+    }
+
+    fn start(&self) {
+        *lock(&self.until) = Some(Instant::now() + WRITE_THROUGH_PAUSE);
+    }
+}
 
 impl BatonFs {
     /// Commits the WRITE of `data` at `offset` at once if it is a whole
@@ -40,13 +65,19 @@ impl BatonFs {
             || data.is_empty()
             || data.len() > WRITE_THROUGH_BYTES_MAX
             || data.len() as u64 > self.block_size
+            || self.write_through_pause.active()
         {
             return false;
         }
         match self.write_through(ino, data) {
             Ok(committed) => committed,
             Err(err) => {
-                tracing::debug!(nodeid = ino, %err, "write-through failed; staging the write");
+                if matches!(err, Error::Blocks(_)) {
+                    self.write_through_pause.start();
+                    tracing::info!(nodeid = ino, %err, pause = ?WRITE_THROUGH_PAUSE, "write-through upload failed; staging writes for a while");
+                } else {
+                    tracing::debug!(nodeid = ino, %err, "write-through failed; staging the write");
+                }
                 false
             }
         }

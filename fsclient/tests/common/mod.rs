@@ -72,6 +72,11 @@ impl Volume {
 
     /// `fsclient mount vol MNT --base-dir BASE ...extra`, not waited for.
     pub fn spawn_mount(&self, mnt: &Path, extra: &[&str]) -> ChildGuard {
+        self.spawn_mount_env(mnt, extra, &[])
+    }
+
+    /// [`Volume::spawn_mount`] with more environment variables for fsclient.
+    pub fn spawn_mount_env(&self, mnt: &Path, extra: &[&str], env: &[(&str, &str)]) -> ChildGuard {
         let mut args = vec!["mount", VOLUME, s(mnt), "--base-dir", s(&self.base)];
         args.extend_from_slice(extra);
         ChildGuard(
@@ -81,6 +86,7 @@ impl Volume {
                     "RUST_LOG",
                     std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
                 )
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .spawn()
                 .expect("spawn fsclient"),
@@ -93,7 +99,12 @@ impl Volume {
     }
 
     pub fn mount_with(&self, mnt: &Path, extra: &[&str]) -> Mounted {
-        let mut child = self.spawn_mount(mnt, extra);
+        self.mount_with_env(mnt, extra, &[])
+    }
+
+    /// [`Volume::mount_with`] with more environment variables for fsclient.
+    pub fn mount_with_env(&self, mnt: &Path, extra: &[&str], env: &[(&str, &str)]) -> Mounted {
+        let mut child = self.spawn_mount_env(mnt, extra, env);
         let up = wait_until(DEADLINE, || {
             if let Ok(Some(status)) = child.0.try_wait() {
                 panic!("fsclient exited before mounting: {status}");
