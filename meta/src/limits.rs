@@ -38,3 +38,14 @@ pub const READ_CONNECTIONS_MAX: usize = 4;
 pub const PREPARED_STATEMENTS_CACHED_MAX: usize = 256;
 /// How long a SQLite connection waits for a lock before failing.
 pub const BUSY_TIMEOUT_MS: u64 = 5000;
+/// Write-ahead log length, in pages, at which the checkpoint thread is
+/// woken (`sqlite/checkpointer.rs`); SQLite's own default threshold.
+pub const WAL_CHECKPOINT_PAGES: i32 = 1000;
+/// Pages still to copy at which the checkpoint thread stops catching up
+/// beside the writers and finishes with writes held off.
+pub const WAL_CHECKPOINT_FINISH_PAGES: i32 = 64;
+/// Checkpoints beside the writers, at most, before the finishing one.
+pub const WAL_CHECKPOINT_CATCH_UP_ROUNDS_MAX: u32 = 4;
+/// Write-ahead log length, in pages, past which a COMMIT checkpoints itself
+/// because the checkpoint thread has not kept up (64 MiB of 4 KiB pages).
+pub const WAL_CHECKPOINT_INLINE_PAGES: i32 = 16 * WAL_CHECKPOINT_PAGES;

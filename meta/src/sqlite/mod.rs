@@ -5,8 +5,10 @@
 //! (its page cache stays warm across its own writes), else on a pool of
 //! [`READ_CONNECTIONS_MAX`] read-only connections beside the writer (WAL
 //! mode). A multi-statement read runs in its own deferred transaction so it
-//! sees one snapshot; a one-statement read (lookup, getattr) needs none. Pragmas: `journal_mode =
-//! WAL`, `synchronous = NORMAL`, `foreign_keys = ON`, `busy_timeout`.
+//! sees one snapshot; a one-statement read (lookup, getattr) needs none. A
+//! thread with a connection of its own copies the write-ahead log back
+//! into the database (`checkpointer.rs`). Pragmas: `journal_mode = WAL`,
+//! `synchronous = NORMAL`, `foreign_keys = ON`, `busy_timeout`.
 //!
 //! # Durability
 //! - A committed transaction survives the death of the process at any
@@ -28,16 +30,18 @@
 //! A panic inside a transaction poisons its mutex; the transaction was rolled
 //! back on unwind, so the connection is reused as is.
 
+mod checkpointer;
 mod schema;
 
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, OpenFlags};
 
+use self::checkpointer::Checkpointer;
 use crate::answered::AnsweredQueue;
 use crate::engine::Engine;
 use crate::error::{MetaError, Result};
@@ -53,7 +57,7 @@ use crate::FORMAT_VERSION;
 pub struct SqliteMeta {
     path: PathBuf,
     volume: VolumeRecord,
-    writer: Mutex<Connection>,
+    writer: Arc<Mutex<Connection>>,
     readers: Vec<Mutex<Connection>>,
     next_reader: AtomicUsize,
     /// Answered requests whose records a later write deletes.
@@ -62,6 +66,8 @@ pub struct SqliteMeta {
     fenced: AtomicBool,
     /// The directory was fsynced after the `-wal` file existed.
     wal_entry_synced: AtomicBool,
+    /// Checkpoints the write-ahead log off the writer's path.
+    _checkpointer: Checkpointer,
 }
 
 impl SqliteMeta {
@@ -127,6 +133,9 @@ impl SqliteMeta {
     }
 
     fn from_writer(path: PathBuf, volume: VolumeRecord, writer: Connection) -> Result<SqliteMeta> {
+        let writer = Arc::new(Mutex::new(writer));
+        let checkpointer =
+            Checkpointer::start(&path, &writer).map_err(|e| e.in_op("open checkpointer"))?;
         let mut readers = Vec::with_capacity(READ_CONNECTIONS_MAX);
         for _ in 0..READ_CONNECTIONS_MAX {
             let reader = schema::open_reader(&path).map_err(|e| e.in_op("open reader"))?;
@@ -136,12 +145,13 @@ impl SqliteMeta {
         Ok(SqliteMeta {
             path,
             volume,
-            writer: Mutex::new(writer),
+            writer,
             readers,
             next_reader: AtomicUsize::new(0),
             answered: AnsweredQueue::default(),
             fenced: AtomicBool::new(false),
             wal_entry_synced: AtomicBool::new(false),
+            _checkpointer: checkpointer,
         })
     }
 
@@ -152,9 +162,7 @@ impl SqliteMeta {
 
     /// Path of the write-ahead log beside the database file.
     fn wal_path(&self) -> PathBuf {
-        let mut p = self.path.as_os_str().to_owned();
-        p.push("-wal");
-        PathBuf::from(p)
+        wal_path(&self.path)
     }
 
     /// See [`MetaStore::sync`]. Every transaction committed before this
@@ -253,6 +261,13 @@ fn log_store_error(e: MetaError) -> MetaError {
         tracing::warn!(op, error = %source, "metadata store error");
     }
     e
+}
+
+/// Path of the write-ahead log beside the database file `db`.
+fn wal_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-wal");
+    PathBuf::from(p)
 }
 
 fn random_u128() -> std::io::Result<u128> {
@@ -361,7 +376,7 @@ impl Engine for SqliteMeta {
             out
         };
         let lock = |m: &Mutex<Connection>| run(&m.lock().unwrap_or_else(PoisonError::into_inner));
-        std::iter::once(&self.writer)
+        std::iter::once(&*self.writer)
             .chain(&self.readers)
             .try_for_each(lock)
             .map_err(|e| log_store_error(e.in_op(op)))

@@ -284,7 +284,9 @@ fn keep_plans(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-fn set_wal(conn: &Connection) -> Result<()> {
+/// Puts the database in WAL mode (it stays so), and makes `conn` read the
+/// file, so it knows the mode.
+pub(crate) fn set_wal(conn: &Connection) -> Result<()> {
     let mode: String =
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
