@@ -41,8 +41,9 @@ pub const BUSY_TIMEOUT_MS: u64 = 5000;
 /// Write-ahead log length, in pages, at which the checkpoint thread is
 /// woken (`sqlite/checkpointer.rs`); SQLite's own default threshold.
 pub const WAL_CHECKPOINT_PAGES: i32 = 1000;
-/// Pages still to copy at which the checkpoint thread stops catching up
-/// beside the writers and finishes with writes held off.
+/// A catch-up round beside the writers that copied at most this many new
+/// pages is the last: the checkpoint thread then finishes with writes held
+/// off.
 pub const WAL_CHECKPOINT_FINISH_PAGES: i32 = 64;
 /// Checkpoints beside the writers, at most, before the finishing one.
 pub const WAL_CHECKPOINT_CATCH_UP_ROUNDS_MAX: u32 = 4;
