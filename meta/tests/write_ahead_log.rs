@@ -31,9 +31,11 @@ fn a_stream_of_writes_keeps_the_write_ahead_log_short_and_loses_nothing() {
             note_length();
         }
     }
-    // The thread is woken at 1,000 pages (4 MiB). A log that is never
-    // completely copied while writes go on is never started again, and
-    // grows to 16,000 pages (64 MiB), where commits checkpoint themselves.
+    // The thread is woken at 1,000 pages (4 MiB); past 4,000 (16 MiB) a
+    // commit checkpoints by itself. This stream is faster than any FUSE
+    // workload, and on a loaded machine the thread can fall behind it, so
+    // what is asserted is the bound. That no commit waits for a whole
+    // checkpoint is a matter of time, measured in docs/BENCHMARKS.md.
     assert!(
         longest < 24 << 20,
         "the write-ahead log grew to {longest} bytes"

@@ -15,8 +15,8 @@
 //! there too. Then, with the writer lock held, one more checkpoint copies
 //! (and syncs) the few pages appended meanwhile: 3-5 ms on that VM. That last step is what keeps the log short: a write restarts
 //! the log from its beginning only if the log was completely copied when it
-//! starts, which a checkpoint racing the writers never achieves (the log
-//! grew past 16,000 pages under a stream of unlinks without it).
+//! starts, which a checkpoint racing the writers never achieves (without
+//! it the log only grew, until commits checkpointed by themselves).
 //!
 //! The log stays bounded if the thread falls behind or is gone: past
 //! [`WAL_CHECKPOINT_INLINE_PAGES`] the committing connection checkpoints
