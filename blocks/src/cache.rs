@@ -588,7 +588,7 @@ mod tests {
     use super::*;
 
     fn k(i: u64) -> ObjectKey {
-        ObjectKey::from_parts(1, i, i)
+        ObjectKey::from_parts(1, i, i, crate::KeyLayout::PerInode)
     }
 
     #[test]

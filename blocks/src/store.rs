@@ -18,7 +18,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
 use crate::codec::{Codec, CodecSpec, KEY_BYTES};
 use crate::error::{BlocksError, Result};
-use crate::key::ObjectKey;
+use crate::key::{KeyLayout, ObjectKey};
 use crate::s3::S3Location;
 
 /// Maximum attempts for one object operation (first try included).
@@ -70,8 +70,10 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
                     reason: "file:// URLs need an absolute path (file:///dir)".to_string(),
                 });
             }
-            // Cleanup: every inode's objects are in a directory of their
-            // own, which would otherwise outlive them.
+            // Cleanup: in the per-inode key layout every inode's objects
+            // are in a directory of their own, which would otherwise
+            // outlive them (a fanned directory emptied goes too, and the
+            // next upload into it makes it again).
             let local = object_store::local::LocalFileSystem::new_with_prefix(rest)
                 .map_err(|source| BlocksError::unreachable(url, source))?
                 .with_automatic_cleanup(true);
@@ -148,6 +150,8 @@ pub struct BlockStore {
     // The directory of a plain local store not wrapped by injected faults:
     // its objects are files on this host's disk (see `reads_in_place`).
     local_root: Option<PathBuf>,
+    // How new uploads' keys are spelled: the volume's, set by its opener.
+    key_layout: KeyLayout,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -240,8 +244,17 @@ impl BlockStore {
             attempt_count_max: RETRY_ATTEMPT_COUNT_MAX,
             codec: None,
             local_root: None,
+            key_layout: KeyLayout::default(),
             runtime: Some(runtime),
         })
+    }
+
+    /// Spells the keys of new uploads in `layout` (the default,
+    /// [`KeyLayout::PerInode`], is the one every build reads). The volume's
+    /// opener sets it from the volume's metadata format.
+    pub fn with_key_layout(mut self, layout: KeyLayout) -> Self {
+        self.key_layout = layout;
+        self
     }
 
     /// The URL this store was opened with.
@@ -266,14 +279,8 @@ impl BlockStore {
         }
         let store = self.store.clone();
         let codec = self.codec.clone();
-        self.block_on(put_one(
-            store,
-            codec,
-            self.attempt_count_max,
-            ino,
-            index,
-            data,
-        ))?
+        let key = ObjectKey::generate(ino, index, self.key_layout);
+        self.block_on(put_one(store, codec, self.attempt_count_max, key, data))?
     }
 
     /// Uploads many blocks, at most [`UPLOAD_PARALLEL_MAX`] at once. Keys are
@@ -288,10 +295,12 @@ impl BlockStore {
         let store = self.store.clone();
         let attempts = self.attempt_count_max;
         let codec = self.codec.clone();
+        let layout = self.key_layout;
         let results: Vec<Result<ObjectKey>> = self.block_on(async move {
             futures::stream::iter(blocks)
                 .map(|(ino, index, data)| {
-                    put_one(store.clone(), codec.clone(), attempts, ino, index, data)
+                    let key = ObjectKey::generate(ino, index, layout);
+                    put_one(store.clone(), codec.clone(), attempts, key, data)
                 })
                 .buffered(UPLOAD_PARALLEL_MAX)
                 .collect()
@@ -318,7 +327,7 @@ impl BlockStore {
 
     /// Writes one block as a file of the local store at `root`.
     fn put_local(&self, root: &Path, ino: u64, index: u64, data: &Bytes) -> Result<ObjectKey> {
-        let key = ObjectKey::generate(ino, index);
+        let key = ObjectKey::generate(ino, index, self.key_layout);
         match &self.codec {
             Some(codec) => {
                 let encoded = codec.encode(key.to_path().as_ref(), data)?;
@@ -477,11 +486,9 @@ async fn put_one(
     store: Arc<dyn ObjectStore>,
     codec: Option<Arc<Codec>>,
     attempt_count_max: u32,
-    ino: u64,
-    index: u64,
+    key: ObjectKey,
     data: Bytes,
 ) -> Result<ObjectKey> {
-    let key = ObjectKey::generate(ino, index);
     let path = key.to_path();
     let data = match &codec {
         Some(codec) => Bytes::from(codec.encode(path.as_ref(), &data)?),

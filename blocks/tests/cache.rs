@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_blocks::{
-    store_from_url, BlockCache, BlockStore, BlocksError, ObjectKey, OPEN_OBJECT_FILES_MAX,
-    PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
+    store_from_url, BlockCache, BlockStore, BlocksError, KeyLayout, ObjectKey,
+    OPEN_OBJECT_FILES_MAX, PREFETCH_QUEUE_MAX, PREFETCH_WORKER_COUNT,
 };
 use bytes::Bytes;
 use common::{file_url, pattern, Instrumented};
@@ -180,7 +180,7 @@ fn prefetch_drops_hints_beyond_the_queue_max() {
     inst.get_delay_ms.store(200, Ordering::SeqCst);
     let total = PREFETCH_QUEUE_MAX + PREFETCH_WORKER_COUNT + 50;
     let hints: Vec<_> = (0..total as u64)
-        .map(|i| (ObjectKey::from_parts(1, i, i), 10))
+        .map(|i| (ObjectKey::from_parts(1, i, i, KeyLayout::PerInode), 10))
         .collect();
     let queued = cache.prefetch(&hints);
     assert!(
@@ -227,7 +227,7 @@ fn a_local_plain_store_is_read_in_place_and_nothing_is_copied() {
     );
     // A missing object, or one shorter than metadata says, is an error,
     // never zeros.
-    let gone = ObjectKey::from_parts(1, 9, 9);
+    let gone = ObjectKey::from_parts(1, 9, 9, KeyLayout::PerInode);
     assert!(matches!(
         cache.read(&gone, BLOCK as u64, 0, 10),
         Err(BlocksError::ObjectMissing { .. })
@@ -264,7 +264,7 @@ fn read_into_fills_the_callers_buffer_from_either_cache() {
             buf[100..].iter().all(|&b| b == 0xAA),
             "{name}: the rest is left alone"
         );
-        let gone = ObjectKey::from_parts(1, 9, 9);
+        let gone = ObjectKey::from_parts(1, 9, 9, KeyLayout::PerInode);
         assert!(
             cache.read_into(&gone, BLOCK as u64, 0, &mut buf).is_err(),
             "{name}"
@@ -328,7 +328,7 @@ fn prefetch_in_place_has_the_kernel_read_the_objects_ahead() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let missing = ObjectKey::from_parts(1, 9, 9);
+    let missing = ObjectKey::from_parts(1, 9, 9, KeyLayout::PerInode);
     assert_eq!(
         cache.prefetch(&[(missing.clone(), BLOCK as u64)]),
         1,

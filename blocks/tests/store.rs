@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use baton_blocks::{
-    store_from_url, BlockStore, BlocksError, ObjectKey, MULTIPART_PART_BYTES,
+    store_from_url, BlockStore, BlocksError, KeyLayout, ObjectKey, MULTIPART_PART_BYTES,
     MULTIPART_THRESHOLD_BYTES, RETRY_ATTEMPT_COUNT_MAX, UPLOAD_PARALLEL_MAX,
 };
 use bytes::Bytes;
@@ -48,7 +48,7 @@ fn same_block_uploaded_twice_gets_distinct_keys_and_both_objects_survive() {
 #[test]
 fn missing_object_is_object_missing_with_eio() {
     let store = BlockStore::open("memory://").unwrap();
-    let key = ObjectKey::from_parts(1, 2, 3);
+    let key = ObjectKey::from_parts(1, 2, 3, KeyLayout::PerInode);
     let err = store.get_range(&key, 0..10).unwrap_err();
     assert!(matches!(err, BlocksError::ObjectMissing { .. }), "{err}");
     assert_eq!(err.errno(), libc::EIO);
@@ -141,7 +141,7 @@ fn delete_is_best_effort_and_counts_missing_as_deleted() {
     let store = BlockStore::open(&file_url(root.path())).unwrap();
     let a = store.put_block(1, 0, Bytes::from_static(b"a")).unwrap();
     let b = store.put_block(1, 1, Bytes::from_static(b"b")).unwrap();
-    let never = ObjectKey::from_parts(1, 2, 3);
+    let never = ObjectKey::from_parts(1, 2, 3, KeyLayout::PerInode);
     assert_eq!(store.delete(&[a.clone(), b, never]), 3);
     assert!(store.list_keys().unwrap().is_empty());
     assert!(matches!(
@@ -172,6 +172,51 @@ fn deleting_a_local_directory_stores_last_objects_leaves_no_empty_directories() 
     // And the store still takes new objects.
     let c = store.put_block(7, 1, Bytes::from_static(b"c")).unwrap();
     assert_eq!(&store.get_range(&c, 0..1).unwrap()[..], b"c");
+}
+
+#[test]
+fn a_fanned_local_store_shares_directories_and_leaves_none_empty() {
+    let root = tempfile::tempdir().unwrap();
+    let store = BlockStore::open(&file_url(root.path()))
+        .unwrap()
+        .with_key_layout(KeyLayout::Fanned);
+    let mut keys: Vec<ObjectKey> = (0..64)
+        .map(|ino| {
+            store
+                .put_block(ino, 0, Bytes::from(vec![ino as u8; 10]))
+                .unwrap()
+        })
+        .collect();
+    // Several blocks at once take the runtime's path.
+    let batch = (0..3)
+        .map(|i| (99, i, Bytes::from(vec![i as u8; 10])))
+        .collect();
+    keys.extend(store.put_blocks(batch).unwrap());
+    for key in &keys {
+        assert_eq!(key.layout(), KeyLayout::Fanned);
+        let name = key.to_string();
+        assert_eq!(ObjectKey::parse(&name).unwrap(), *key);
+        let byte = if key.ino() == 99 {
+            key.index()
+        } else {
+            key.ino()
+        } as u8;
+        assert_eq!(&store.get_range(key, 0..10).unwrap()[..], &[byte; 10]);
+    }
+    let dirs: Vec<String> = std::fs::read_dir(root.path().join("blocks"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        dirs.iter().all(|d| d.len() == 2),
+        "fan directories only, none per inode: {dirs:?}"
+    );
+    let mut listed = store.list_keys().unwrap();
+    listed.sort();
+    keys.sort();
+    assert_eq!(listed, keys);
+    assert_eq!(store.delete(&keys), keys.len());
+    assert_eq!(walkdir(root.path()), Vec::<std::path::PathBuf>::new());
 }
 
 /// Every file and directory under `dir` (not `dir` itself).

@@ -11,6 +11,8 @@
 //! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
 //! - [`init_record`]: converting fuse-wire's INIT result to and from the
 //!   upgrade-protocol record.
+//! - [`staged`] and [`stored`]: a volume's staging area and local object
+//!   store, as tests look at them from outside.
 
 pub mod bench;
 pub mod chaos;
@@ -21,4 +23,5 @@ pub mod mount_guard;
 pub mod rw_workload;
 pub mod s3_server;
 pub mod staged;
+pub mod stored;
 pub mod workload;

@@ -145,15 +145,11 @@ fn gc_deletes_only_old_unreferenced_objects_and_fsck_reports_lost_ones() {
     unmount(&mnt, mounted);
 
     // A lost object: fsck names the inode and block and exits 1.
-    let victim = fs::read_dir(data.join(format!("blocks/{ino_a:016x}")))
-        .unwrap()
-        .map(|e| e.unwrap().path())
+    let victim = chaos_tests::stored::object_files(&data, ino_a)
+        .into_iter()
         .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("00000003-")
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.starts_with("00000003-") || name.contains("-00000003-")
         })
         .expect("block 3 of a");
     fs::remove_file(&victim).unwrap();

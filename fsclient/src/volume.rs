@@ -13,8 +13,8 @@ use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_blocks::{BlockCache, BlockStore, BlocksError, Staging};
-use baton_meta::{Location, MetaError, MetaStore};
+use baton_blocks::{BlockCache, BlockStore, BlocksError, KeyLayout, Staging};
+use baton_meta::{Location, MetaError, MetaStore, VolumeRecord};
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::error::{Error, Result};
@@ -228,7 +228,7 @@ impl Volume {
             url: record.storage_url.clone(),
             cause: Box::new(source),
         })?;
-        let store = open_store(&display, &storage_url, options)?;
+        let store = open_store(&display, &storage_url, options, key_layout(&record))?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
         let block_size_bytes = u64::from(record.block_size_bytes);
@@ -277,7 +277,12 @@ impl Volume {
 /// Opens the object store with the key the volume needs: its passphrase
 /// when it records a key derivation, else its key file (so a supervisor
 /// environment may name both for different volumes).
-fn open_store(volume: &str, url: &str, options: &VolumeOptions) -> Result<Arc<BlockStore>> {
+fn open_store(
+    volume: &str,
+    url: &str,
+    options: &VolumeOptions,
+    layout: KeyLayout,
+) -> Result<Arc<BlockStore>> {
     let unreachable = |source| Error::StorageUnreachable {
         volume: volume.to_string(),
         url: url.to_string(),
@@ -308,7 +313,18 @@ fn open_store(volume: &str, url: &str, options: &VolumeOptions) -> Result<Arc<Bl
             },
         )?;
     store.check_reachable().map_err(unreachable)?;
-    Ok(Arc::new(store))
+    Ok(Arc::new(store.with_key_layout(layout)))
+}
+
+/// How the keys of the volume's new block objects are spelled: fanned
+/// from [`baton_meta::FANNED_KEYS_FORMAT_VERSION`] on; an older volume
+/// keeps the per-inode layout the builds that made it read.
+fn key_layout(volume: &VolumeRecord) -> KeyLayout {
+    if volume.format_version >= baton_meta::FANNED_KEYS_FORMAT_VERSION {
+        KeyLayout::Fanned
+    } else {
+        KeyLayout::PerInode
+    }
 }
 
 /// Creates `dir` if needed and proves a file can be written in it.

@@ -168,8 +168,7 @@ fn hard_links_share_the_inode_and_count_links() {
 
 /// Block objects of inode `ino` in the data directory.
 fn objects_of(vol: &Volume, ino: u64) -> usize {
-    let dir = vol.data.join("blocks").join(format!("{ino:016x}"));
-    fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+    object_files(vol, ino).len()
 }
 
 #[test]
@@ -974,13 +973,13 @@ fn st_blocks_counts_the_committed_blocks_on_every_path() {
 }
 
 /// Object files under `dir`, at any depth.
-fn object_files(dir: &std::path::Path) -> usize {
+fn files_under(dir: &std::path::Path) -> usize {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
     };
     entries
         .map(|e| e.unwrap().path())
-        .map(|p| if p.is_dir() { object_files(&p) } else { 1 })
+        .map(|p| if p.is_dir() { files_under(&p) } else { 1 })
         .sum()
 }
 
@@ -993,14 +992,14 @@ fn unlinked_files_free_their_objects_and_directories_in_batches() {
     for i in 0..count {
         fs::write(m.p(&format!("f{i}")), b"x").unwrap();
     }
-    assert_eq!(object_files(&vol.data), count, "one object per file");
+    assert_eq!(files_under(&vol.data), count, "one object per file");
     for i in 0..count {
         fs::remove_file(m.p(&format!("f{i}"))).unwrap();
     }
     assert!(
-        wait_until(DEADLINE, || object_files(&vol.data) == 0),
+        wait_until(DEADLINE, || files_under(&vol.data) == 0),
         "{} objects left after unlinking every file",
-        object_files(&vol.data)
+        files_under(&vol.data)
     );
     let leftovers: Vec<_> = fs::read_dir(&vol.data)
         .unwrap()

@@ -100,7 +100,18 @@ pub use store::{Location, MetaStore};
 pub use types::*;
 
 /// Metadata format version written by this build and the newest it opens.
-pub const FORMAT_VERSION: u32 = 1;
+/// Opening never changes a volume's version.
+/// - 1: the tables of `sqlite/schema.rs` (and their PostgreSQL twins).
+/// - 2: the same tables; a block's object key may be spelled in the
+///   fanned layout (`baton_blocks::KeyLayout::Fanned`, see
+///   [`FANNED_KEYS_FORMAT_VERSION`]), which a format-1 build cannot parse:
+///   such a build refuses the volume at open instead of failing its reads.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The first format version whose volumes give new block objects fanned
+/// keys. Volumes of an older version keep the per-inode layout, so that
+/// the builds which made them still read every object.
+pub const FANNED_KEYS_FORMAT_VERSION: u32 = 2;
 
 /// Creates a new volume's metadata at `url_or_path` and opens it:
 /// `postgres://user@host:port/db` (an empty database) or

@@ -4,7 +4,7 @@
 
 mod common;
 
-use baton_meta::{FileKind, MetaError, XattrFlags, ROOT_INO};
+use baton_meta::{FileKind, MetaError, XattrFlags, FORMAT_VERSION, ROOT_INO};
 use common::*;
 
 #[test]
@@ -14,7 +14,7 @@ fn format_creates_volume_record_and_root_directory() {
     assert_eq!(vol.name, "testvol");
     assert_eq!(vol.storage_url, "file:///tmp/objects");
     assert_eq!(vol.block_size_bytes, BS);
-    assert_eq!(vol.format_version, 1);
+    assert_eq!(vol.format_version, FORMAT_VERSION);
     assert_ne!(vol.uuid, 0);
     assert!(vol.created.sec > 1_600_000_000);
     let root = v.meta.getattr(ROOT_INO).unwrap();
@@ -114,26 +114,42 @@ fn open_of_other_sqlite_database_is_foreign_and_not_converted_to_wal() {
     assert!(matches!(e, MetaError::Foreign { .. }), "{e}");
 }
 
+/// Sets a SQLite volume's format version, in both places it is kept.
+fn set_format_version(path: &std::path::Path, version: u32) {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch(&format!(
+        "PRAGMA user_version = {version}; UPDATE volume SET format_version = {version};"
+    ))
+    .unwrap();
+}
+
 #[test]
 fn open_of_newer_format_version_is_refused() {
     let v = fresh_sqlite();
     let path = v.path();
     drop(v.meta);
-    let c = rusqlite::Connection::open(&path).unwrap();
-    c.execute_batch("PRAGMA user_version = 2; UPDATE volume SET format_version = 2;")
-        .unwrap();
-    drop(c);
+    set_format_version(&path, FORMAT_VERSION + 1);
     let e = baton_meta::open(path.to_str().unwrap()).unwrap_err();
     assert!(
         matches!(
             e,
-            MetaError::UnsupportedVersion {
-                found: 2,
-                supported: 1
-            }
+            MetaError::UnsupportedVersion { found, supported }
+                if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION
         ),
         "{e}"
     );
+}
+
+#[test]
+fn a_format_1_volume_opens_and_stays_format_1() {
+    let v = fresh_sqlite();
+    let path = v.path();
+    drop(v.meta);
+    set_format_version(&path, 1);
+    for _ in 0..2 {
+        let meta = baton_meta::open(path.to_str().unwrap()).unwrap();
+        assert_eq!(meta.volume().format_version, 1);
+    }
 }
 
 #[test]

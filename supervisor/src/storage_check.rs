@@ -303,7 +303,7 @@ mod tests {
     fn only_objects_older_than_the_minimum_age_are_collectable() {
         let now = SystemTime::now();
         let object = |secs_ago: u64, index: u64| StoredObject {
-            key: ObjectKey::generate(9, index),
+            key: ObjectKey::generate(9, index, baton_blocks::KeyLayout::Fanned),
             size_bytes: 1,
             last_modified: now - Duration::from_secs(secs_ago),
         };

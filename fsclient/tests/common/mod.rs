@@ -226,6 +226,11 @@ pub fn staged_inodes(vol: &Volume) -> usize {
         .count()
 }
 
+/// The block object files of inode `ino` in the volume's data directory.
+pub fn object_files(vol: &Volume, ino: u64) -> Vec<PathBuf> {
+    chaos_tests::stored::object_files(&vol.data, ino)
+}
+
 pub fn s(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
 }

@@ -1,5 +1,6 @@
-//! The SQLite schema (v1), connection pragmas, and the checks `open` runs
-//! before touching a file so a foreign file is never modified.
+//! The SQLite schema (formats 1 and 2 have the same tables; see
+//! [`crate::FORMAT_VERSION`]), connection pragmas, and the checks `open`
+//! runs before touching a file so a foreign file is never modified.
 //!
 //! The format version is kept twice and both must agree: `PRAGMA
 //! user_version` and `volume.format_version`. The tables:
