@@ -1163,6 +1163,52 @@ fn supervisor_shutdown_unmounts_and_stops_every_generation() {
 }
 
 #[test]
+fn a_second_supervisor_on_the_same_state_directory_is_refused_and_the_mount_serves_on() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let pid = fx.wait_serving(1)["pid"].as_i64().expect("pid");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept > {}/f", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    // Another socket, the same state directory (as `fsctl up --socket`
+    // with the default one): it used to restore this mount and take it.
+    let other_socket = fx.path("other.sock");
+    let mut other = ChildGuard(
+        Command::new(binary("fs-supervisor"))
+            .args(["--client-binary", s(&binary("fsclient"))])
+            .args(["--state-dir", s(&fx.path("state"))])
+            .args(["--socket", s(&other_socket)])
+            .args(["--cgroup-parent", &format!("{}-other", fx.cgroup_parent)])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn a second fs-supervisor"),
+    );
+    let status = other
+        .wait_timeout(DEADLINE)
+        .expect("the second supervisor exits");
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut other.0.stderr.take().expect("stderr"), &mut said)
+        .expect("its stderr");
+    assert!(!status.success(), "a second supervisor started: {said}");
+    let holder = format!("{}", supervisor_pid(fx.supervisor.as_ref().expect("first")));
+    assert!(
+        said.contains("is in use by") && said.contains(&holder) && said.contains(s(&fx.socket)),
+        "{said}"
+    );
+    assert!(!other_socket.exists(), "its control socket was left behind");
+    let serving = fx.wait_serving(1);
+    assert_eq!(
+        serving["pid"].as_i64(),
+        Some(pid),
+        "{serving}\n{}",
+        fx.logs()
+    );
+    assert_eq!(serving["generation"].as_u64(), Some(1), "{serving}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
+    assert!(ok && out == "kept\n", "{out} {err}");
+}
+
+#[test]
 fn a_non_root_fsctl_is_refused_with_exit_code_4() {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;

@@ -185,11 +185,30 @@ pub fn run(config: Config) -> Result<(), Error> {
     raise_fd_limit();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
     let state = StateDir::create(&config.state_dir)?;
+    // One supervisor per state directory, claimed before anything else is
+    // set up. One that already holds mounts (a successor, an image
+    // re-executed in place, a restart with stored fds) must serve them,
+    // so it claims the directory once it is free, below.
+    let successor = config.successor && control::answers(&config.socket);
+    let holds_mounts = successor || !stored_fds.is_empty();
+    if !holds_mounts {
+        if control::answers(&config.socket) {
+            return Err(Error::AlreadyRunning {
+                path: config.socket.clone(),
+            });
+        }
+        crate::state_lock::claim(&state, &config.socket)?;
+    }
     let cgroups = setup_cgroups(&config)?;
     let signals = shutdown_signals()?;
+    if holds_mounts {
+        // After the shutdown signals are blocked: this may start a
+        // thread, which must not take a SIGTERM meant for the loop.
+        crate::state_lock::claim_when_free(&state, &config.socket);
+    }
     let mut stored_fds = stored_fds;
     let mut predecessor = None;
-    if config.successor && control::answers(&config.socket) {
+    if successor {
         match succession::wait_for_predecessor(&state, &signals)? {
             succession::Succession::Mounts(mut passed) => {
                 stored_fds.extend(std::mem::take(&mut passed.fds));

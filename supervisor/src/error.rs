@@ -52,6 +52,14 @@ pub enum Error {
         /// The socket.
         path: PathBuf,
     },
+    /// Another process holds the state directory (`state_lock.rs`).
+    #[error("state directory {dir} is in use by {holder}: talk to that supervisor with its --socket, or give this one a --state-dir of its own")]
+    StateDirInUse {
+        /// The state directory.
+        dir: PathBuf,
+        /// Who holds it, as it recorded itself.
+        holder: String,
+    },
     /// The control socket is unreachable.
     #[error("cannot reach fs-supervisor at {path}: {errno}; start it with `fs-supervisor` or pass --socket")]
     Unreachable {

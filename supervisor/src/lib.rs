@@ -16,7 +16,8 @@
 //! - [`preflight`]: refusing kernels whose FUSE request timeouts would abort
 //!   a mount during a handover.
 //! - [`state_file`]: the per-mount JSON record in the state directory;
-//!   [`daemon::restore`]: mounts restored from it at start.
+//!   [`daemon::restore`]: mounts restored from it at start;
+//!   [`state_lock`]: one supervisor per state directory.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
 //! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
 //!   [`mount_tally`]: per-mount counters summed across generations;
@@ -49,6 +50,7 @@ pub mod preflight;
 pub mod reexec;
 pub mod size;
 pub mod state_file;
+pub mod state_lock;
 pub mod storage_check;
 pub mod systemd;
 pub mod volume;

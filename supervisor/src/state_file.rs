@@ -42,6 +42,11 @@ impl StateDir {
         })
     }
 
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// `mounts/<id>.json`.
     pub fn record_path(&self, mount_id: &str) -> PathBuf {
         self.root.join("mounts").join(format!("{mount_id}.json"))

@@ -877,7 +877,7 @@ fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
         .append(true)
         .open(&log_path)
         .with_context(|| format!("opening {}", log_path.display()))?;
-    std::process::Command::new(&binary)
+    let mut child = std::process::Command::new(&binary)
         .arg("--socket")
         .arg(socket)
         .stdin(std::process::Stdio::null())
@@ -893,6 +893,15 @@ fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
         })?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while upgrade_protocol::connect_seqpacket(socket).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = supervisor::state_file::log_tail(&log_path);
+            let said = tail.lines().rev().find(|l| !l.trim().is_empty());
+            anyhow::bail!(
+                "fs-supervisor exited ({status}) before answering on {}: {}",
+                socket.display(),
+                said.unwrap_or("see its log")
+            );
+        }
         if std::time::Instant::now() > deadline {
             anyhow::bail!(
                 "fs-supervisor did not answer on {} within 20 s; see {}",
