@@ -218,7 +218,7 @@ fn checkpoint(conn: &Connection, writer: &Mutex<Connection>, files: &Files) -> R
     for path in [&files.wal, &files.db] {
         match std::fs::File::open(path).and_then(|f| f.sync_data()) {
             Ok(()) => {}
-            // No log: nothing to copy.
+            // No log (or no database): nothing to copy.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => {
                 return Err(MetaError::Io {
