@@ -50,6 +50,7 @@ pub const WAL_CHECKPOINT_CATCH_UP_ROUNDS_MAX: u32 = 4;
 /// Write-ahead log length, in pages, past which a COMMIT checkpoints itself
 /// because the checkpoint thread has not kept up (16 MiB of 4 KiB pages).
 /// Reached where fsync is slow and writes come faster than the thread's
-/// rounds (a loaded CI machine); a higher bound would make that one
-/// commit's checkpoint, and its stall, longer.
+/// rounds (a loaded CI machine); if the thread is mid-round, writes wait
+/// for it instead. A higher bound would make that one commit's
+/// checkpoint, and its stall, longer.
 pub const WAL_CHECKPOINT_INLINE_PAGES: i32 = 4 * WAL_CHECKPOINT_PAGES;

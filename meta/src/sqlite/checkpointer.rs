@@ -23,7 +23,12 @@
 //!
 //! The log stays bounded if the thread falls behind or is gone: past
 //! [`WAL_CHECKPOINT_INLINE_PAGES`] the committing connection checkpoints
-//! itself, as SQLite would have.
+//! itself, as SQLite would have. If the thread is checkpointing right then
+//! (where fsync is slow, writes without one can outrun its rounds: a CI
+//! machine's log once reached 42 MiB), that commit cannot, and instead
+//! later writes wait in [`Checkpointer::wait_while_behind`] until the
+//! thread's round is done, as they would have waited behind SQLite's own
+//! checkpoint.
 //!
 //! Durability is unchanged: a checkpoint syncs the log before it copies
 //! and the database after, whichever connection runs it. (SQLite syncs
@@ -33,7 +38,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rusqlite::hooks::Wal;
 use rusqlite::wal::CheckpointMode;
@@ -63,7 +68,16 @@ struct Wake {
 struct WakeState {
     wanted: bool,
     stopping: bool,
+    /// The thread is in [`checkpoint`].
+    checkpointing: bool,
+    /// The log passed [`WAL_CHECKPOINT_INLINE_PAGES`] while the thread was
+    /// checkpointing: writes wait until it is done.
+    behind: bool,
 }
+
+/// The longest a write waits for a checkpoint that is behind before going
+/// on anyway: a bound on the wait, never reached unless a sync hangs.
+const BEHIND_WAIT_MAX: Duration = Duration::from_secs(5);
 
 impl Checkpointer {
     /// Opens the thread's connection to the database at `path`, starts the
@@ -86,9 +100,11 @@ impl Checkpointer {
                 );
                 // Never an error from here: SQLite would report it as the
                 // failure of the statement whose transaction just committed.
-                // Busy means the thread is checkpointing right now.
+                // Busy means the thread (or another process) is
+                // checkpointing right now.
                 if let Err(err) = wal.checkpoint() {
                     tracing::debug!(pages, %err, "checkpoint in the commit not done");
+                    hook_wake.note_behind();
                 }
             } else if pages >= WAL_CHECKPOINT_PAGES {
                 hook_wake.request();
@@ -117,10 +133,44 @@ impl Checkpointer {
     }
 }
 
+impl Checkpointer {
+    /// Returns at once unless the log outgrew the thread (see the module
+    /// docs); then waits until its checkpoint is done. Called before a write
+    /// takes the writer lock, which the thread's last round needs.
+    pub(crate) fn wait_while_behind(&self) {
+        let state = self.wake.lock();
+        if !state.behind {
+            return;
+        }
+        let started = Instant::now();
+        let (state, timeout) = self
+            .wake
+            .changed
+            .wait_timeout_while(state, BEHIND_WAIT_MAX, |s| s.behind)
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(state);
+        if timeout.timed_out() {
+            tracing::warn!(
+                waited_ms = BEHIND_WAIT_MAX.as_millis(),
+                "metadata checkpoint still running; writing on"
+            );
+        } else {
+            tracing::debug!(
+                waited_us = started.elapsed().as_micros(),
+                "write waited for the metadata checkpoint"
+            );
+        }
+    }
+}
+
 impl Drop for Checkpointer {
     fn drop(&mut self) {
-        self.wake.lock().stopping = true;
-        self.wake.changed.notify_one();
+        {
+            let mut state = self.wake.lock();
+            state.stopping = true;
+            state.behind = false;
+        }
+        self.wake.changed.notify_all();
         if let Some(thread) = self.thread.take() {
             if thread.join().is_err() {
                 tracing::warn!("metadata checkpoint thread panicked");
@@ -139,7 +189,32 @@ impl Wake {
         if !state.wanted {
             state.wanted = true;
             drop(state);
-            self.changed.notify_one();
+            self.changed.notify_all();
+        }
+    }
+
+    /// A commit past [`WAL_CHECKPOINT_INLINE_PAGES`] could not checkpoint:
+    /// if the thread is the reason, writes wait for it. (If another process
+    /// is, nothing here would end the wait: the next commit tries again.)
+    fn note_behind(&self) {
+        let mut state = self.lock();
+        if state.checkpointing {
+            state.behind = true;
+        }
+    }
+
+    /// The thread starts (true) or ends a checkpoint; its end releases the
+    /// writes waiting for it.
+    fn set_checkpointing(&self, running: bool) {
+        let mut state = self.lock();
+        state.checkpointing = running;
+        if !running {
+            // Commits during it asked again; the log is short now.
+            state.wanted = false;
+            if std::mem::take(&mut state.behind) {
+                drop(state);
+                self.changed.notify_all();
+            }
         }
     }
 
@@ -167,9 +242,9 @@ fn lock(writer: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
 fn run(conn: &Connection, writer: &Mutex<Connection>, files: &Files, wake: &Wake) {
     let wal = &files.wal;
     while wake.wait() {
+        wake.set_checkpointing(true);
         let done = checkpoint(conn, writer, files).map_err(|e| e.in_op("checkpoint"));
-        // Commits during it asked again; the log is short now.
-        wake.lock().wanted = false;
+        wake.set_checkpointing(false);
         match done {
             Ok(()) => {}
             // Another process's checkpoint (two generations during a

@@ -67,7 +67,7 @@ pub struct SqliteMeta {
     /// The directory was fsynced after the `-wal` file existed.
     wal_entry_synced: AtomicBool,
     /// Checkpoints the write-ahead log off the writer's path.
-    _checkpointer: Checkpointer,
+    checkpointer: Checkpointer,
 }
 
 impl SqliteMeta {
@@ -151,7 +151,7 @@ impl SqliteMeta {
             answered: AnsweredQueue::default(),
             fenced: AtomicBool::new(false),
             wal_entry_synced: AtomicBool::new(false),
-            _checkpointer: checkpointer,
+            checkpointer,
         })
     }
 
@@ -310,6 +310,7 @@ impl Engine for SqliteMeta {
         f: impl Fn(&Connection) -> Result<T>,
         encode: impl Fn(&T) -> Recorded,
     ) -> Result<T> {
+        self.checkpointer.wait_while_behind();
         let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         // Checked under the writer lock, which `fence` takes: no write
         // starts after a fence returns.
