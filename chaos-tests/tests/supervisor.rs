@@ -617,6 +617,20 @@ fn generation_killed_while_an_application_reads_is_replaced_and_the_read_complet
         "read: takeover {} us (warm)",
         status["last_recovery"]["takeover_us"]
     );
+    // The state record, written after the takeover rather than inside it,
+    // names the generation that serves: a restarted supervisor adopts
+    // the mount from it.
+    let record = || -> Option<Value> {
+        let entry = std::fs::read_dir(fx.path("state/mounts")).ok()?.next()?;
+        serde_json::from_slice(&std::fs::read(entry.ok()?.path()).ok()?).ok()
+    };
+    assert!(
+        wait_until(DEADLINE, || record()
+            .is_some_and(|r| r["generation"] == 2 && r["pid"] == status["pid"])),
+        "the state record does not name generation 2 (pid {}): {:?}",
+        status["pid"],
+        record()
+    );
 }
 
 #[test]

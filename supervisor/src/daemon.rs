@@ -445,6 +445,11 @@ impl Daemon {
                 self.on_ready(token);
             }
             self.fire_timers();
+            // After every takeover this wake-up brought: see
+            // `Mount::write_changed_record`.
+            for mount in &mut self.mounts {
+                mount.write_changed_record(&self.env);
+            }
             self.publish();
         }
     }
