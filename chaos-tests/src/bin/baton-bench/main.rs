@@ -17,6 +17,8 @@
 //! empty block cache. `--quick` shrinks everything for a smoke run.
 //!
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
+//! `baton-bench stall-together`: several mounts under one fs-supervisor,
+//! every serving generation killed at once.
 //! `baton-bench upgrade-stall`: what applications see during planned
 //! upgrades (`fsctl upgrade`) and supervisor handovers to a successor.
 //! `baton-bench backends`: the Baton workload on each storage/metadata
@@ -79,6 +81,22 @@ enum Bench {
         #[arg(long, default_value_t = 250)]
         interval_ms: u64,
         /// Where to put the volume.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+    },
+    /// Application-visible stall when every mount's serving generation is
+    /// killed at once, several mounts under one fs-supervisor.
+    StallTogether {
+        /// Mounts.
+        #[arg(long, default_value_t = 8)]
+        mounts: usize,
+        /// Kills of every generation at once.
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        /// Milliseconds between kills.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Where to put the volumes.
         #[arg(long, default_value = "/var/tmp")]
         dir: std::path::PathBuf,
     },
@@ -247,6 +265,12 @@ fn run() -> anyhow::Result<()> {
             interval_ms,
             dir,
         } => stall::run(&dir, kills, Duration::from_millis(interval_ms)),
+        Bench::StallTogether {
+            mounts,
+            kills,
+            interval_ms,
+            dir,
+        } => stall::run_together(&dir, mounts, kills, Duration::from_millis(interval_ms)),
         Bench::UpgradeStall {
             upgrades,
             successions,

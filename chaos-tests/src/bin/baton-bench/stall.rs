@@ -226,3 +226,104 @@ fn stall_after(reads: &[(u64, u64)], kill: u64) -> Option<u64> {
     let end = in_flight.map_or(next, |e| e.max(next));
     Some((end - kill) / 1000)
 }
+
+/// The serving generation of every mount of the supervisor on `socket`,
+/// as (mountpoint, pid).
+fn generation_pids(socket: &Path) -> anyhow::Result<Vec<(String, u32)>> {
+    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
+    status["mounts"]
+        .as_array()
+        .context("no mounts in fsctl status")?
+        .iter()
+        .map(|m| {
+            let mnt = m["mountpoint"].as_str().context("no mountpoint")?;
+            let pid = m["pid"].as_u64().context("no generation pid")?;
+            Ok((mnt.to_string(), pid as u32))
+        })
+        .collect()
+}
+
+/// `baton-bench stall-together`: `mounts` mounts under one fs-supervisor,
+/// each read by its own application, and every serving generation killed
+/// at once, `kills` times (one node's memory pressure, or one bug hitting
+/// every generation). Prints the stall of the worst mount of each kill and
+/// of every mount.
+pub fn run_together(
+    dir: &Path,
+    mounts: usize,
+    kills: usize,
+    interval: Duration,
+) -> anyhow::Result<()> {
+    let root = tempfile::Builder::new()
+        .prefix("baton-stall-together-")
+        .tempdir_in(dir)?;
+    let mut supervised = SupervisedMount::start(root.path(), "stall0", &[])?;
+    let mut mnts = vec![supervised.mnt.clone()];
+    for i in 1..mounts.max(1) {
+        mnts.push(supervised.mount_another(&format!("stall{i}"))?);
+    }
+    let socket = supervised.socket.clone();
+    let mut applications = Vec::with_capacity(mnts.len());
+    for mnt in &mnts {
+        std::fs::write(mnt.join(READ_FILE), vec![7u8; 1 << 20])?;
+        applications.push(Application::start(mnt, false)?);
+    }
+    let mut kill_times = Vec::with_capacity(kills);
+    for _ in 0..kills {
+        std::thread::sleep(interval);
+        let pids = generation_pids(&socket)?;
+        let at = monotonic_ns();
+        for (_, pid) in &pids {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            )?;
+        }
+        kill_times.push(at);
+        let replaced = wait_until(Duration::from_secs(60), || {
+            generation_pids(&socket).is_ok_and(|now| {
+                now.len() == pids.len()
+                    && now.iter().all(|(_, pid)| !pids.iter().any(|k| k.1 == *pid))
+            })
+        });
+        if !replaced {
+            bail!("not every mount got a new generation after killing {pids:?}");
+        }
+    }
+    std::thread::sleep(interval);
+    let mut worst = Vec::with_capacity(kills);
+    let mut every = Vec::with_capacity(kills * mnts.len());
+    let runs: Vec<_> = applications
+        .into_iter()
+        .map(Application::finish)
+        .collect::<anyhow::Result<_>>()?;
+    for kill in &kill_times {
+        let stalls: Vec<u64> = runs
+            .iter()
+            .filter_map(|run| stall_after(&run.calls, *kill))
+            .collect();
+        worst.extend(stalls.iter().max());
+        every.extend(stalls);
+    }
+    drop(supervised);
+    worst.sort_unstable();
+    every.sort_unstable();
+    println!("{} mounts under one fs-supervisor, every serving generation killed at once {} times, {} ms apart; a 4 KiB O_DIRECT read loop on each mount in a process of its own", mnts.len(), kill_times.len(), interval.as_millis());
+    println!("(any failed application read fails the run, so every row below had 0 errors)");
+    println!(
+        "{:<22} {:>8} {:>10} {:>10} {:>10}",
+        "stall", "samples", "p50 ms", "p99 ms", "max ms"
+    );
+    for (name, stalls) in [("worst mount per kill", &worst), ("every mount", &every)] {
+        let ms = |q: f64| percentile(stalls, q) / 1000.0;
+        println!(
+            "{:<22} {:>8} {:>10.2} {:>10.2} {:>10.2}",
+            name,
+            stalls.len(),
+            ms(0.5),
+            ms(0.99),
+            ms(1.0)
+        );
+    }
+    Ok(())
+}

@@ -17,8 +17,10 @@ pub struct SupervisedMount {
     /// The mountpoint.
     pub mnt: PathBuf,
     state: PathBuf,
+    base: PathBuf,
     supervisor_args: Vec<String>,
     // Field order is drop order: unmount first, then stop the supervisor.
+    more_mounts: Vec<MountGuard>,
     _guard: MountGuard,
     supervisor: ChildGuard,
 }
@@ -66,12 +68,39 @@ impl SupervisedMount {
         )?;
         Ok(SupervisedMount {
             _guard: MountGuard::new(&mnt),
+            more_mounts: Vec::new(),
             socket,
             mnt,
             state,
+            base,
             supervisor_args,
             supervisor,
         })
+    }
+
+    /// Formats `volume` beside the first and mounts it under the same
+    /// fs-supervisor; returns its mountpoint (unmounted on drop).
+    pub fn mount_another(&mut self, volume: &str) -> anyhow::Result<PathBuf> {
+        let out = Command::new(workspace_binary("fsctl"))
+            .args(["format", volume, "--base-dir", utf8(&self.base)?])
+            .output()?;
+        if !out.status.success() {
+            bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let mnt = self.state.with_file_name(format!("mnt-{volume}"));
+        std::fs::create_dir_all(&mnt)?;
+        fsctl(
+            &self.socket,
+            &[
+                "mount",
+                volume,
+                utf8(&mnt)?,
+                "--base-dir",
+                utf8(&self.base)?,
+            ],
+        )?;
+        self.more_mounts.push(MountGuard::new(&mnt));
+        Ok(mnt)
     }
 
     /// A DaemonSet rollout in small: starts a successor (`--successor`),
