@@ -25,7 +25,7 @@
 //! [`WAL_CHECKPOINT_INLINE_PAGES`] the committing connection checkpoints
 //! itself, as SQLite would have. If the thread is checkpointing right then
 //! (where fsync is slow, writes without one can outrun its rounds: a CI
-//! machine's log once reached 42 MiB), that commit cannot, and instead
+//! machine's log once reached 41 MiB), that commit cannot, and instead
 //! later writes wait in [`Checkpointer::wait_while_behind`] until the
 //! thread's round is done, as they would have waited behind SQLite's own
 //! checkpoint.
@@ -131,9 +131,7 @@ impl Checkpointer {
             thread: Some(thread),
         })
     }
-}
 
-impl Checkpointer {
     /// Returns at once unless the log outgrew the thread (see the module
     /// docs); then waits until its checkpoint is done. Called before a write
     /// takes the writer lock, which the thread's last round needs.
