@@ -27,12 +27,11 @@ const DIRENT_BYTES_MIN: u32 = 32;
 /// directory's `st_blksize` (1 MiB here), so a first request asked for
 /// 4,096 entries. Each entry then cost about 3 µs here and 4.6 µs in the
 /// kernel, which links a dentry per entry; a plain entry costs under 1 µs
-/// in all. A listing
-/// that never stats paid that for nothing, and one of 10,000 entries ran
-/// at a quarter of bindfs's speed. 128 entries (20 KiB) is more than the
-/// one page older kernels asked for, and a program that stats as it lists
-/// still gets its attributes in batches: its lookups mark the directory,
-/// and the next request is a READDIRPLUS again.
+/// in all. A listing that never stats paid that for nothing, and one of
+/// 10,000 entries ran at a quarter of bindfs's speed. 128 entries (20 KiB)
+/// is more than the one page older kernels asked for, and a program that
+/// stats as it lists still gets its attributes in batches: its lookups
+/// mark the directory, and the next request is a READDIRPLUS again.
 const READDIRPLUS_ENTRIES_MAX: u32 = 128;
 
 impl BatonFs {

@@ -17,6 +17,8 @@ pub struct SupervisedMount {
     /// The mountpoint.
     pub mnt: PathBuf,
     state: PathBuf,
+    /// Where the bench put it all (`start`'s `dir`).
+    dir: PathBuf,
     base: PathBuf,
     supervisor_args: Vec<String>,
     // Field order is drop order: unmount first, then stop the supervisor.
@@ -54,12 +56,7 @@ impl SupervisedMount {
             bail!("fs-supervisor did not start");
         }
         let base = dir.join("base");
-        let out = Command::new(workspace_binary("fsctl"))
-            .args(["format", volume, "--base-dir", utf8(&base)?])
-            .output()?;
-        if !out.status.success() {
-            bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
-        }
+        format(&base, volume)?;
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt)?;
         fsctl(
@@ -72,6 +69,7 @@ impl SupervisedMount {
             socket,
             mnt,
             state,
+            dir: dir.to_path_buf(),
             base,
             supervisor_args,
             supervisor,
@@ -81,13 +79,8 @@ impl SupervisedMount {
     /// Formats `volume` beside the first and mounts it under the same
     /// fs-supervisor; returns its mountpoint (unmounted on drop).
     pub fn mount_another(&mut self, volume: &str) -> anyhow::Result<PathBuf> {
-        let out = Command::new(workspace_binary("fsctl"))
-            .args(["format", volume, "--base-dir", utf8(&self.base)?])
-            .output()?;
-        if !out.status.success() {
-            bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        let mnt = self.state.with_file_name(format!("mnt-{volume}"));
+        format(&self.base, volume)?;
+        let mnt = self.dir.join(format!("mnt-{volume}"));
         std::fs::create_dir_all(&mnt)?;
         fsctl(
             &self.socket,
@@ -131,6 +124,17 @@ impl SupervisedMount {
         }
         Ok(())
     }
+}
+
+/// Formats `volume` on the embedded default under `base`.
+fn format(base: &Path, volume: &str) -> anyhow::Result<()> {
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(["format", volume, "--base-dir", utf8(base)?])
+        .output()?;
+    if !out.status.success() {
+        bail!("fsctl format: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
 }
 
 /// Runs `fsctl` against a supervisor's socket and returns its stdout.
