@@ -20,7 +20,7 @@ use chaos_tests::bench::{status_kib, Spread, Target};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
 
 use super::stall;
-use super::supervised::fsctl;
+use super::supervised::{fsctl, generation_pids};
 
 /// Sizes and counts of one `baton-bench fs` invocation.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -224,20 +224,6 @@ fn mount_volume(socket: &Path, base: &Path, volume: &str, mnt: &Path) -> anyhow:
         &["mount", volume, utf8(mnt)?, "--base-dir", utf8(base)?],
     )
     .map(|_| ())
-}
-
-/// The serving generation's pid of every mount of a supervisor.
-fn generation_pids(socket: &Path) -> anyhow::Result<Vec<u32>> {
-    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
-    Ok(status["mounts"]
-        .as_array()
-        .map(|mounts| {
-            mounts
-                .iter()
-                .filter_map(|m| m["pid"].as_u64().map(|p| p as u32))
-                .collect()
-        })
-        .unwrap_or_default())
 }
 
 /// A mounted target and how to make its caches cold.

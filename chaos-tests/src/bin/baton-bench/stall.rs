@@ -24,13 +24,12 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use upgrade_protocol::monotonic_ns;
 
 use crate::application::{Application, READ_FILE};
-use crate::supervised::{fsctl, SupervisedMount};
+use crate::supervised::{fsctl, generation_pids, SupervisedMount};
 
 fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
-    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
-    status["mounts"][0]["pid"]
-        .as_u64()
-        .map(|p| p as u32)
+    generation_pids(socket)?
+        .first()
+        .copied()
         .context("no generation pid in fsctl status")
 }
 
@@ -227,22 +226,6 @@ fn stall_after(reads: &[(u64, u64)], kill: u64) -> Option<u64> {
     Some((end - kill) / 1000)
 }
 
-/// The serving generation of every mount of the supervisor on `socket`,
-/// as (mountpoint, pid).
-fn generation_pids(socket: &Path) -> anyhow::Result<Vec<(String, u32)>> {
-    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
-    status["mounts"]
-        .as_array()
-        .context("no mounts in fsctl status")?
-        .iter()
-        .map(|m| {
-            let mnt = m["mountpoint"].as_str().context("no mountpoint")?;
-            let pid = m["pid"].as_u64().context("no generation pid")?;
-            Ok((mnt.to_string(), pid as u32))
-        })
-        .collect()
-}
-
 /// `baton-bench stall-together`: `mounts` mounts under one fs-supervisor,
 /// each read by its own application, and every serving generation killed
 /// at once, `kills` times (one node's memory pressure, or one bug hitting
@@ -273,7 +256,7 @@ pub fn run_together(
         std::thread::sleep(interval);
         let pids = generation_pids(&socket)?;
         let at = monotonic_ns();
-        for (_, pid) in &pids {
+        for pid in &pids {
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(*pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -282,8 +265,7 @@ pub fn run_together(
         kill_times.push(at);
         let replaced = wait_until(Duration::from_secs(60), || {
             generation_pids(&socket).is_ok_and(|now| {
-                now.len() == pids.len()
-                    && now.iter().all(|(_, pid)| !pids.iter().any(|k| k.1 == *pid))
+                now.len() == pids.len() && now.iter().all(|pid| !pids.contains(pid))
             })
         });
         if !replaced {

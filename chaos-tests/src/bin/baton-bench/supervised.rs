@@ -126,6 +126,20 @@ impl SupervisedMount {
     }
 }
 
+/// The serving generation's pid of every mount of a supervisor.
+pub fn generation_pids(socket: &Path) -> anyhow::Result<Vec<u32>> {
+    let status: serde_json::Value = serde_json::from_str(&fsctl(socket, &["status", "--json"])?)?;
+    Ok(status["mounts"]
+        .as_array()
+        .map(|mounts| {
+            mounts
+                .iter()
+                .filter_map(|m| m["pid"].as_u64().map(|p| p as u32))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 /// Formats `volume` on the embedded default under `base`.
 fn format(base: &Path, volume: &str) -> anyhow::Result<()> {
     let out = Command::new(workspace_binary("fsctl"))
