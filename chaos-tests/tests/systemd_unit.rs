@@ -285,6 +285,20 @@ fn the_shipped_unit_keeps_the_fuse_fd_across_a_kill_9_and_a_reader_sees_no_error
     );
     let status = m.wait_serving(1);
     assert_eq!(m.property("NFileDescriptorStore"), "1");
+    // Standbys start in the background only if the supervisor can give
+    // them normal priority back (supervisor/src/scheduling.rs).
+    let supervisor_status =
+        std::fs::read_to_string(format!("/proc/{}/status", m.property("MainPID"))).unwrap();
+    let caps = supervisor_status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap();
+    const CAP_SYS_NICE: u32 = 23;
+    assert!(
+        caps & (1 << CAP_SYS_NICE) != 0,
+        "the unit keeps no CAP_SYS_NICE: {caps:x}"
+    );
     assert!(wait_until(DEADLINE, || m
         .property("StatusText")
         .starts_with("1 mounts: 1 serving")));

@@ -732,6 +732,7 @@ impl Daemon {
         let now = Instant::now();
         self.systemd.tick(now);
         for index in 0..self.mounts.len() {
+            self.mounts[index].lift_starved_startups(now);
             while let Some(timer) = self.mounts[index].take_due_timer(now) {
                 self.with_mount(index, Event::Timer(timer));
             }

@@ -23,6 +23,7 @@ use crate::generation::{describe, Launch, Process};
 use crate::lifecycle::mount::{self, Action, Cause, Death, Event, Policy, Role, State, Timer};
 use crate::lifecycle::upgrade::Outcome;
 use crate::mount_tally::{last_log_line, MountTally};
+use crate::scheduling::Startup;
 use crate::state_file::{log_tail, StateDir};
 
 /// Events one dispatch may chain (an event and the events its actions
@@ -347,6 +348,10 @@ impl Mount {
                 );
                 self.active = self.standby.take();
                 self.promoted_warm = self.active.as_ref().is_some_and(|p| p.connected);
+                // Still starting: the mount waits for it now.
+                if let Some(process) = self.active.as_mut() {
+                    process.raise_priority();
+                }
             }
             Action::SendAdopt { resend } => self.send_adopt(resend),
             Action::TerminateActive => self.signal(Role::Active, Signal::SIGTERM),
@@ -430,6 +435,8 @@ impl Mount {
             options: &self.options,
             log: &self.log,
             generation,
+            // The active slot is started cold: the mount waits for it.
+            startup: Startup::choose(role == Role::Active),
         };
         let cgroup = match &env.cgroups {
             Some(parent) => parent
@@ -856,9 +863,21 @@ impl Mount {
         None
     }
 
-    /// The earliest armed timer.
+    /// The earliest armed timer, or background start-up to lift.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.timers.values().min().copied()
+        let startups = self.processes().filter_map(Process::startup_deadline);
+        self.timers.values().copied().chain(startups).min()
+    }
+
+    /// Lifts background start-ups that are starving
+    /// ([`Process::lift_if_starved`]).
+    pub fn lift_starved_startups(&mut self, now: Instant) {
+        for process in [&mut self.active, &mut self.standby, &mut self.retiring]
+            .into_iter()
+            .flatten()
+        {
+            process.lift_if_starved(now);
+        }
     }
 
     /// Removes and returns a timer that is due at `now`.

@@ -23,13 +23,8 @@ use upgrade_protocol::ClientOptions;
 
 use crate::cgroup::Cgroup;
 use crate::lifecycle::mount::Cause;
+use crate::scheduling::{self, Startup, BACKGROUND_START_MAX};
 use crate::Error;
-
-/// The nice value a generation starts at: while it starts (exec, volume
-/// open) as a standby or an upgrade's incoming generation, the serving one
-/// and the applications come first on a busy machine. [`Process::raise_priority`]
-/// makes it normal right before it gets the fd.
-pub const STARTUP_NICE: i32 = 10;
 
 /// How to start one generation.
 #[derive(Debug)]
@@ -53,6 +48,8 @@ pub struct Launch<'a> {
     pub log: &'a File,
     /// The generation number.
     pub generation: u64,
+    /// How it is scheduled until it connected.
+    pub startup: Startup,
 }
 
 /// The command line of a generation. Pure.
@@ -98,8 +95,12 @@ pub struct Process {
     pub spawned_at: Instant,
     /// When it reported serving.
     pub serving_since: Option<Instant>,
+    /// How it was scheduled when started.
+    startup: Startup,
     /// [`Process::raise_priority`] ran.
     priority_raised: bool,
+    /// [`Process::lift_if_starved`] lifted it.
+    lifted: bool,
 }
 
 /// Writes "0" (itself) to a cgroup's procs file. Runs between fork and
@@ -162,7 +163,9 @@ impl Process {
                 cgroup,
                 spawned_at: Instant::now(),
                 serving_since: None,
+                startup: launch.startup,
                 priority_raised: false,
+                lifted: false,
             }),
             Err(err) => {
                 if let Some(cgroup) = cgroup {
@@ -204,12 +207,12 @@ impl Process {
                 command.pre_exec(move || join_cgroup(&procs));
             }
         }
-        // SAFETY: setpriority is a plain syscall (async-signal-safe).
+        // After the cgroup join (hooks run in order): that join takes a
+        // global lock, not to be held by a SCHED_IDLE process.
+        let startup = launch.startup;
+        // SAFETY: Startup::enter makes only async-signal-safe syscalls.
         unsafe {
-            command.pre_exec(|| {
-                libc::setpriority(libc::PRIO_PROCESS, 0, STARTUP_NICE);
-                Ok(())
-            });
+            command.pre_exec(move || startup.enter());
         }
         let mut child = command
             .spawn()
@@ -225,27 +228,40 @@ impl Process {
         }
     }
 
-    /// Gives every thread of the process normal priority again (it was
-    /// started at [`STARTUP_NICE`]); called once it connected (it has
-    /// started and waits, idle, for the fd), and again, a no-op then,
-    /// before it gets the fd. Threads it starts later inherit from their
-    /// creator, so they are normal too. Best effort: a failure only leaves
-    /// it slower.
+    /// Gives every thread of the process normal priority (it may have
+    /// started in the background: [`crate::scheduling`]); called once it
+    /// connected (it has started and waits, idle, for the fd), when a
+    /// standby is promoted, and again, a no-op then, before it gets the fd.
+    /// Threads it starts later inherit from their creator, so they are
+    /// normal too.
     pub fn raise_priority(&mut self) {
-        if std::mem::replace(&mut self.priority_raised, true) {
+        if self.startup == Startup::Urgent || std::mem::replace(&mut self.priority_raised, true) {
             return;
         }
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else {
-            return;
-        };
-        for tid in tasks
-            .flatten()
-            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
-        {
-            // SAFETY: setpriority on a thread id of our own child.
-            if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 0) } != 0 {
-                tracing::debug!(pid = self.pid, tid, err = %std::io::Error::last_os_error(), "cannot raise a generation thread's priority");
-            }
+        scheduling::raise(self.pid);
+    }
+
+    /// When a background start-up that has not connected is due to be
+    /// lifted ([`Process::lift_if_starved`]); `None` if it is not one.
+    pub fn startup_deadline(&self) -> Option<Instant> {
+        (self.startup == Startup::Background && !self.priority_raised && !self.lifted)
+            .then(|| self.spawned_at + BACKGROUND_START_MAX)
+    }
+
+    /// Lifts a background start-up that is still starting at `now`, past
+    /// [`BACKGROUND_START_MAX`], out of `SCHED_IDLE`: the node is busy
+    /// enough that it would not start at all.
+    pub fn lift_if_starved(&mut self, now: Instant) {
+        if self.startup_deadline().is_some_and(|due| due <= now) {
+            self.lifted = true;
+            tracing::info!(
+                pid = self.pid,
+                generation = self.generation,
+                waited_ms = BACKGROUND_START_MAX.as_millis() as u64,
+                "generation still starting in the background; lifting it to nice {}",
+                scheduling::STARTUP_NICE
+            );
+            scheduling::lift(self.pid);
         }
     }
 
@@ -311,6 +327,7 @@ pub fn describe(cause: Cause) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn deaths_are_classified_with_oom_only_for_sigkill_with_a_kill_count() {
@@ -341,6 +358,7 @@ mod tests {
             options: &options,
             log: &log,
             generation: 1,
+            startup: Startup::Urgent,
         };
         let args: Vec<String> = command_args(&launch)
             .into_iter()
@@ -377,6 +395,7 @@ mod tests {
             options: &options,
             log: &log,
             generation: 1,
+            startup: Startup::Urgent,
         };
         let mut process = Process::spawn(&launch, None).unwrap();
         let mut fds = [nix::poll::PollFd::new(
@@ -386,5 +405,52 @@ mod tests {
         let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16)).unwrap();
         assert_eq!(ready, 1);
         assert_eq!(process.try_reap().unwrap(), Some(Cause::Exit(1)));
+    }
+
+    /// The policy and nice value of `pid` (its main thread).
+    fn scheduling_of(pid: u32) -> (i32, i32) {
+        // SAFETY: plain queries of a child's scheduling.
+        unsafe {
+            (
+                libc::sched_getscheduler(pid as i32),
+                libc::getpriority(libc::PRIO_PROCESS, pid),
+            )
+        }
+    }
+
+    #[test]
+    fn a_background_start_is_idle_then_lifted_when_starved_then_raised() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("fsclient");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let log = tempfile::tempfile().unwrap();
+        let options = ClientOptions::default();
+        let launch = Launch {
+            held_locks: Path::new("/nonexistent/locks"),
+            mount_id: "m",
+            client_binary: &script,
+            socket: Path::new("/nonexistent"),
+            volume: "v",
+            base_dir: Path::new("/"),
+            options: &options,
+            log: &log,
+            generation: 1,
+            startup: Startup::Background,
+        };
+        let mut process = Process::spawn(&launch, None).unwrap();
+        // spawn returns after the exec: the policy was set before it.
+        assert_eq!(scheduling_of(process.pid), (libc::SCHED_IDLE, 10));
+        let due = process.startup_deadline().unwrap();
+        process.lift_if_starved(due - Duration::from_millis(1));
+        assert_eq!(scheduling_of(process.pid), (libc::SCHED_IDLE, 10));
+        process.lift_if_starved(due);
+        assert_eq!(scheduling_of(process.pid), (libc::SCHED_OTHER, 10));
+        assert_eq!(process.startup_deadline(), None);
+        process.raise_priority();
+        assert_eq!(scheduling_of(process.pid), (libc::SCHED_OTHER, 0));
+        process.signal(Signal::SIGKILL);
+        let _ = process.child.wait();
     }
 }

@@ -9,7 +9,8 @@
 //!   on the machine's actions; [`mounting`]: mount(2) + INIT, validation,
 //!   the unmount helper.
 //! - [`generation`]: starting a generation process (in its cgroup, with a
-//!   pidfd) and classifying its death.
+//!   pidfd) and classifying its death; [`scheduling`]: standbys start in
+//!   the background (`SCHED_IDLE`) and serve at normal priority.
 //! - [`cgroup`]: memory cgroups per generation (v1 or v2), OOM counts.
 //! - [`control`]: the fsctl ↔ supervisor socket (SO_PEERCRED check) and the
 //!   client side.
@@ -48,6 +49,7 @@ pub mod mount_tally;
 pub mod mounting;
 pub mod preflight;
 pub mod reexec;
+pub mod scheduling;
 pub mod size;
 pub mod state_file;
 pub mod state_lock;
