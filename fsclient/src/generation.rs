@@ -45,6 +45,7 @@ use crate::error::{Error, Result};
 use crate::fault::{self, Point};
 use crate::fs::{replaying_journal, BatonFs};
 use crate::handles::Handle;
+use crate::idle_trim::IdleTrim;
 use crate::runtime::from_record;
 
 /// How long requests being handled get to finish before they are journaled.
@@ -299,7 +300,8 @@ impl Generation {
         });
     }
 
-    /// Reports counters and prunes old exactly-once records, periodically.
+    /// Reports counters, prunes old exactly-once records and trims an idle
+    /// heap ([`IdleTrim`]), periodically.
     fn spawn_stats(self: &Arc<Self>) {
         let this = Arc::clone(self);
         let span = tracing::Span::current();
@@ -307,9 +309,11 @@ impl Generation {
             let _in_span = span.enter();
             let mut reported = (0, GenerationCounters::default());
             let mut since_prune = Duration::ZERO;
+            let mut trim = IdleTrim::default();
             loop {
                 std::thread::sleep(STATS_INTERVAL);
                 let now = (this.fs.requests_recovered(), this.fs.counters());
+                trim.after_interval(now != reported);
                 if now != reported {
                     this.send(&Message::Stats {
                         generation: this.adoption.generation,

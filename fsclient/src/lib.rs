@@ -14,6 +14,7 @@
 //! - [`volume`]: finding a volume (`BASE/NAME/meta.db` or a `sqlite://`
 //!   URL), the checks run before mount(2), the one-mount-per-host lock.
 //! - [`handles`]: open handles and open counts (unlinked-but-open files).
+//! - [`idle_trim`]: an idle generation gives freed heap memory back.
 //! - [`locks`]: the POSIX/flock lock table; SETLKW parks, never blocks.
 //! - [`runtime`]: `fsclient mount` and `fsclient serve` (adopting a
 //!   supervisor's connection), signals and orderly shutdown.
@@ -89,6 +90,7 @@ pub mod fault;
 pub mod fs;
 pub mod generation;
 pub mod handles;
+pub mod idle_trim;
 pub mod locks;
 pub mod runtime;
 pub mod session;
