@@ -258,8 +258,8 @@ impl Process {
                 pid = self.pid,
                 generation = self.generation,
                 waited_ms = BACKGROUND_START_MAX.as_millis() as u64,
-                "generation still starting in the background; lifting it to nice {}",
-                scheduling::STARTUP_NICE
+                nice = scheduling::STARTUP_NICE,
+                "generation still starting in the background; lifting it out of SCHED_IDLE"
             );
             scheduling::lift(self.pid);
         }
@@ -439,7 +439,16 @@ mod tests {
             generation: 1,
             startup: Startup::Background,
         };
-        let mut process = Process::spawn(&launch, None).unwrap();
+        // ETXTBSY: another test's fork may briefly hold the script open
+        // for writing (inherited until that child execs).
+        let mut process = loop {
+            match Process::spawn(&launch, None) {
+                Err(Error::Io { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                spawned => break spawned.unwrap(),
+            }
+        };
         // spawn returns after the exec: the policy was set before it.
         assert_eq!(scheduling_of(process.pid), (libc::SCHED_IDLE, 10));
         let due = process.startup_deadline().unwrap();

@@ -6,9 +6,9 @@
 //! the serving generation and the applications. At nice 10 a starting
 //! generation still kept its CPU until its time slice ended, and a FUSE
 //! worker or an application woken there waited behind it: on a 2-vCPU VM
-//! that made the slowest application call of a planned upgrade 2.8-3.0 ms
-//! (p50 over 50 upgrades), 2.0-2.2 ms with this module (`baton-bench
-//! upgrade-stall`, docs/BENCHMARKS.md, session 14).
+//! that made the slowest application call of a planned upgrade 2.81-3.14
+//! ms (p50 over 50 upgrades, three runs), 1.91-2.02 ms with this module
+//! (`baton-bench upgrade-stall`, docs/BENCHMARKS.md, session 14).
 //!
 //! So such a generation starts under `SCHED_IDLE` ([`Startup::Background`]):
 //! it runs on CPU time nobody else wants, and any thread woken beside it
