@@ -381,22 +381,31 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_spawned_process_is_seen_exiting_through_its_pidfd_and_reaped() {
-        let log = tempfile::tempfile().unwrap();
-        let options = ClientOptions::default();
-        let launch = Launch {
+    /// A generation of `binary` with no socket, volume or cgroup.
+    fn test_launch<'a>(
+        binary: &'a Path,
+        options: &'a ClientOptions,
+        log: &'a File,
+        startup: Startup,
+    ) -> Launch<'a> {
+        Launch {
             held_locks: Path::new("/nonexistent/locks"),
             mount_id: "m",
-            client_binary: Path::new("/bin/false"),
+            client_binary: binary,
             socket: Path::new("/nonexistent"),
             volume: "v",
             base_dir: Path::new("/"),
-            options: &options,
-            log: &log,
+            options,
+            log,
             generation: 1,
-            startup: Startup::Urgent,
-        };
+            startup,
+        }
+    }
+
+    #[test]
+    fn a_spawned_process_is_seen_exiting_through_its_pidfd_and_reaped() {
+        let (log, options) = (tempfile::tempfile().unwrap(), ClientOptions::default());
+        let launch = test_launch(Path::new("/bin/false"), &options, &log, Startup::Urgent);
         let mut process = Process::spawn(&launch, None).unwrap();
         let mut fds = [nix::poll::PollFd::new(
             process.pidfd(),
@@ -425,20 +434,8 @@ mod tests {
         std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let log = tempfile::tempfile().unwrap();
-        let options = ClientOptions::default();
-        let launch = Launch {
-            held_locks: Path::new("/nonexistent/locks"),
-            mount_id: "m",
-            client_binary: &script,
-            socket: Path::new("/nonexistent"),
-            volume: "v",
-            base_dir: Path::new("/"),
-            options: &options,
-            log: &log,
-            generation: 1,
-            startup: Startup::Background,
-        };
+        let (log, options) = (tempfile::tempfile().unwrap(), ClientOptions::default());
+        let launch = test_launch(&script, &options, &log, Startup::Background);
         // ETXTBSY: another test's fork may briefly hold the script open
         // for writing (inherited until that child execs).
         let mut process = loop {
