@@ -327,7 +327,7 @@ fn mount(name: &'static str, dir: &Path) -> anyhow::Result<Result<Mounted, Strin
 fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
     let mut out = Vec::new();
     let big = t.root.join("big");
-    let seconds = Duration::from_secs_f64(o.seconds);
+    let seconds = crate::seconds_arg("--seconds", o.seconds)?;
     out.push((
         SEQ_WRITE,
         sequential_write(&big, o.size_mib << 20, SEQUENTIAL_CHUNK_BYTES).context("seq write")?,

@@ -19,6 +19,9 @@
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
 //! `baton-bench stall-together`: several mounts under one fs-supervisor,
 //! every serving generation killed at once.
+//! `baton-bench stall-after-burst`: the kernel's teardown of a generation
+//! killed right after a burst of writes, and after the burst and idle
+//! seconds.
 //! `baton-bench upgrade-stall`: what applications see during planned
 //! upgrades (`fsctl upgrade`) and supervisor handovers to a successor.
 //! `baton-bench backends`: the Baton workload on each storage/metadata
@@ -97,6 +100,22 @@ enum Bench {
         #[arg(long, default_value_t = 1000)]
         interval_ms: u64,
         /// Where to put the volumes.
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+    },
+    /// The kernel's teardown of a generation killed right after a burst of
+    /// writes, and after the burst and some idle seconds.
+    StallAfterBurst {
+        /// MiB written per burst.
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        /// Kills per row.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Seconds idle before the kills of the second row.
+        #[arg(long, default_value_t = 3.0)]
+        idle_s: f64,
+        /// Where to put the volume.
         #[arg(long, default_value = "/var/tmp")]
         dir: std::path::PathBuf,
     },
@@ -239,6 +258,13 @@ struct Row {
     server_rss_kib: Option<u64>,
 }
 
+/// A duration given in seconds on the command line: an error, not a
+/// panic, for a negative or non-finite one.
+fn seconds_arg(flag: &str, seconds: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(seconds)
+        .with_context(|| format!("{flag} {seconds}: give a number of seconds, 0 or more"))
+}
+
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -256,7 +282,7 @@ fn run() -> anyhow::Result<()> {
             runs,
             json,
         } => fuse_wire(
-            Duration::from_secs_f64(seconds),
+            seconds_arg("--seconds", seconds)?,
             runs.max(1),
             json.as_deref(),
         ),
@@ -271,6 +297,12 @@ fn run() -> anyhow::Result<()> {
             interval_ms,
             dir,
         } => stall::run_together(&dir, mounts, kills, Duration::from_millis(interval_ms)),
+        Bench::StallAfterBurst {
+            mib,
+            rounds,
+            idle_s,
+            dir,
+        } => after_burst::run(&dir, mib, rounds.max(1), seconds_arg("--idle-s", idle_s)?),
         Bench::UpgradeStall {
             upgrades,
             successions,
@@ -292,7 +324,7 @@ fn run() -> anyhow::Result<()> {
             &dir,
             size_mib,
             files,
-            Duration::from_secs_f64(seconds),
+            seconds_arg("--seconds", seconds)?,
             postgres_url
                 .or_else(|| std::env::var("BATON_TEST_POSTGRES_URL").ok())
                 .as_deref(),
@@ -303,6 +335,7 @@ fn run() -> anyhow::Result<()> {
     }
 }
 
+mod after_burst;
 mod application;
 mod backends;
 mod compare;

@@ -26,7 +26,8 @@ use upgrade_protocol::monotonic_ns;
 use crate::application::{Application, READ_FILE};
 use crate::supervised::{fsctl, generation_pids, SupervisedMount};
 
-fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
+/// The serving generation's pid.
+pub(crate) fn generation_pid(socket: &Path) -> anyhow::Result<u32> {
     generation_pids(socket)?
         .first()
         .copied()
@@ -174,12 +175,7 @@ fn kill_floor(kills: usize, mib: u64) -> anyhow::Result<Vec<u64>> {
         }
         // Let it reach its sleep, as a generation waits in read().
         std::thread::sleep(Duration::from_millis(20));
-        let pidfd = pidfd_open(child.0.id())?;
-        let start = Instant::now();
-        child.0.kill()?;
-        let mut ready = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-        poll(&mut ready, PollTimeout::from(10_000u16)).context("polling a pidfd")?;
-        floors.push(start.elapsed().as_micros() as u64);
+        floors.push(kill_until_exited_us(child.0.id())?);
     }
     floors.sort_unstable();
     Ok(floors)
@@ -197,6 +193,20 @@ pub fn hold_memory(mib: u64) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     std::thread::sleep(Duration::from_secs(600));
     Ok(())
+}
+
+/// Sends SIGKILL to `pid` and waits until its pidfd is readable (it has
+/// exited, its memory freed): µs. The caller reaps it, if it is a child.
+pub(crate) fn kill_until_exited_us(pid: u32) -> anyhow::Result<u64> {
+    let pidfd = pidfd_open(pid)?;
+    let start = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let mut ready = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+    poll(&mut ready, PollTimeout::from(10_000u16)).context("polling a pidfd")?;
+    Ok(start.elapsed().as_micros() as u64)
 }
 
 /// pidfd_open(2) (nix has no wrapper). The supervisor has its own:
