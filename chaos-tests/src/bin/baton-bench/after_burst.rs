@@ -1,4 +1,4 @@
-//! `baton-bench stall-after-burst`: how long the kernel takes to tear down
+//! `baton-bench kill-after-burst`: how long the kernel takes to tear down
 //! a generation killed right after a burst of writes, and one killed after
 //! the same burst and some idle seconds. A kill -9 takeover cannot start
 //! before that teardown ends (the supervisor learns of the death from the

@@ -19,7 +19,7 @@
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
 //! `baton-bench stall-together`: several mounts under one fs-supervisor,
 //! every serving generation killed at once.
-//! `baton-bench stall-after-burst`: the kernel's teardown of a generation
+//! `baton-bench kill-after-burst`: the kernel's teardown of a generation
 //! killed right after a burst of writes, and after the burst and idle
 //! seconds.
 //! `baton-bench upgrade-stall`: what applications see during planned
@@ -105,7 +105,7 @@ enum Bench {
     },
     /// The kernel's teardown of a generation killed right after a burst of
     /// writes, and after the burst and some idle seconds.
-    StallAfterBurst {
+    KillAfterBurst {
         /// MiB written per burst.
         #[arg(long, default_value_t = 256)]
         mib: u64,
@@ -297,7 +297,7 @@ fn run() -> anyhow::Result<()> {
             interval_ms,
             dir,
         } => stall::run_together(&dir, mounts, kills, Duration::from_millis(interval_ms)),
-        Bench::StallAfterBurst {
+        Bench::KillAfterBurst {
             mib,
             rounds,
             idle_s,
