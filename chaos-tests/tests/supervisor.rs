@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use chaos_tests::bench::status_kib;
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -2028,17 +2029,6 @@ fn a_standby_starts_in_the_background_and_serves_at_normal_priority() {
     );
 }
 
-/// The anonymous resident memory of `pid` (`RssAnon`), in KiB.
-fn anon_kib(pid: i64) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
-            line.split_whitespace().nth(1)?.parse().ok()
-        })
-        .unwrap_or(0)
-}
-
 /// A busy generation's freed buffers stay in glibc's arenas until it trims
 /// them; before fsclient did (fsclient/src/idle_trim.rs), a 256 MiB write
 /// left it at about 72 MiB of anonymous memory for good, and a kill -9
@@ -2060,10 +2050,11 @@ fn an_idle_generation_gives_back_the_memory_a_burst_of_writes_took() {
     )
     .finish();
     assert!(ok, "dd: {err}");
-    let mut anon = anon_kib(active);
+    let anon_kib = || status_kib(active as u32, "RssAnon").unwrap_or(0);
+    let mut anon = anon_kib();
     assert!(
         wait_until(Duration::from_secs(15), || {
-            anon = anon_kib(active);
+            anon = anon_kib();
             anon < 32 << 10
         }),
         "the idle generation still holds {anon} KiB of anonymous memory"
