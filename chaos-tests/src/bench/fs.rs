@@ -129,27 +129,29 @@ pub struct MetadataRates {
 }
 
 /// Creates, stats, lists and unlinks `count` small files in `dir` with
-/// `threads` threads (file `i` belongs to thread `i % threads`; every thread
-/// lists the whole directory). Each phase is timed from the start of all
-/// threads to the end of the last.
+/// `threads` threads: [`create_small_files`] then [`unlink_small_files`].
 pub fn small_files(dir: &Path, count: usize, threads: usize) -> std::io::Result<MetadataRates> {
+    let made = create_small_files(dir, count, threads)?;
+    Ok(MetadataRates {
+        unlink: unlink_small_files(dir, count, threads)?,
+        ..made
+    })
+}
+
+/// Creates, stats and lists `count` small files in `dir` with `threads`
+/// threads (file `i` belongs to thread `i % threads`; every thread lists
+/// the whole directory). Each phase is timed from the start of all threads
+/// to the end of the last. The files stay (`unlink` is 0 in the result).
+pub fn create_small_files(
+    dir: &Path,
+    count: usize,
+    threads: usize,
+) -> std::io::Result<MetadataRates> {
     std::fs::create_dir_all(dir)?;
     let threads = threads.max(1);
-    let name = |i: usize| dir.join(format!("f{i:06}"));
-    let phase = |op: &(dyn Fn(usize) -> std::io::Result<()> + Sync)| -> std::io::Result<f64> {
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            let workers: Vec<_> = (0..threads)
-                .map(|t| s.spawn(move || (t..count).step_by(threads).try_for_each(op)))
-                .collect();
-            workers
-                .into_iter()
-                .try_for_each(|w| w.join().unwrap_or_else(|_| Err(panicked())))
-        })?;
-        Ok(count as f64 / start.elapsed().as_secs_f64())
-    };
-    let create = phase(&|i| File::create(name(i))?.write_all(b"x"))?;
-    let stat = phase(&|i| std::fs::metadata(name(i)).map(|_| ()))?;
+    let name = |i: usize| small_file(dir, i);
+    let create = timed_phase(count, threads, &|i| File::create(name(i))?.write_all(b"x"))?;
+    let stat = timed_phase(count, threads, &|i| std::fs::metadata(name(i)).map(|_| ()))?;
     let start = Instant::now();
     let listed = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
@@ -168,13 +170,43 @@ pub fn small_files(dir: &Path, count: usize, threads: usize) -> std::io::Result<
         )));
     }
     let readdir = listed as f64 / start.elapsed().as_secs_f64();
-    let unlink = phase(&|i| std::fs::remove_file(name(i)))?;
     Ok(MetadataRates {
         create,
         stat,
         readdir,
-        unlink,
+        unlink: 0.0,
     })
+}
+
+/// Unlinks the `count` files [`create_small_files`] made in `dir`, with
+/// `threads` threads; files per second.
+pub fn unlink_small_files(dir: &Path, count: usize, threads: usize) -> std::io::Result<f64> {
+    timed_phase(count, threads.max(1), &|i| {
+        std::fs::remove_file(small_file(dir, i))
+    })
+}
+
+fn small_file(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("f{i:06}"))
+}
+
+/// Runs `op(i)` for `i` in `0..count` on `threads` threads (thread `t`
+/// takes `t, t + threads, ...`); operations per second over all of them.
+fn timed_phase(
+    count: usize,
+    threads: usize,
+    op: &(dyn Fn(usize) -> std::io::Result<()> + Sync),
+) -> std::io::Result<f64> {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || (t..count).step_by(threads).try_for_each(op)))
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().unwrap_or_else(|_| Err(panicked())))
+    })?;
+    Ok(count as f64 / start.elapsed().as_secs_f64())
 }
 
 /// The sizes of a many-file tree: `count` files spread evenly (by a fixed

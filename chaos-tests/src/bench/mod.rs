@@ -1,9 +1,12 @@
 //! Measurement helpers for `baton-bench`: timed loops of one syscall on
 //! several threads, latency percentiles, medians over runs, and the mounts
 //! being compared (started and torn down by guards). [`fs`] holds the
-//! filesystem workloads.
+//! filesystem workloads, [`settle`] the wait for a quiet machine between
+//! them, [`disk`] what the disk under test is.
 
+pub mod disk;
 pub mod fs;
+pub mod settle;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chaos_tests::bench::fs::{
-    drop_page_cache, random_reads, random_reads_counted, read_tree, sequential_read,
-    sequential_write, small_files, tree_sizes, write_tree, SEQUENTIAL_CHUNK_BYTES,
-    SMALL_WRITE_BYTES,
+    create_small_files, drop_page_cache, random_reads, random_reads_counted, read_tree,
+    sequential_read, sequential_write, tree_sizes, unlink_small_files, write_tree,
+    SEQUENTIAL_CHUNK_BYTES, SMALL_WRITE_BYTES,
 };
 use chaos_tests::bench::{status_kib, Spread, Target};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
@@ -362,15 +362,29 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         out.push((key("rand 4K read warm", "ops/s", threads), ops));
     }
     std::fs::remove_file(&big).context("removing the big file")?;
+    // Every create before any unlink. Without a journal (this VM's disk),
+    // ext4 avoids an inode for 60 s after its deletion (360 s while its
+    // inode table block is unwritten) and each allocation scans past such
+    // inodes: creates right after an unlink burst timed that scan. Before
+    // each phase a quiet machine: a deferred delete (the big file's, an
+    // unlink burst's) is not timed as part of the next one.
+    let small_dir = |threads: usize| t.root.join(format!("small-{threads}"));
     for threads in [1, 4] {
-        let dir = t.root.join(format!("small-{threads}"));
-        let rates = small_files(&dir, o.files, threads).context("small files")?;
+        quiet(&o.dir);
+        let rates =
+            create_small_files(&small_dir(threads), o.files, threads).context("small files")?;
         out.push((key("create", "ops/s", threads), rates.create));
         out.push((key("stat", "ops/s", threads), rates.stat));
         out.push((key("readdir", "entries/s", threads), rates.readdir));
-        out.push((key("unlink", "ops/s", threads), rates.unlink));
+    }
+    for threads in [1, 4] {
+        quiet(&o.dir);
+        let dir = small_dir(threads);
+        let rate = unlink_small_files(&dir, o.files, threads).context("unlinking small files")?;
+        out.push((key("unlink", "ops/s", threads), rate));
         std::fs::remove_dir(&dir).context("removing the small-file directory")?;
     }
+    quiet(&o.dir);
     let sizes = tree_sizes(o.tree_files, o.tree_min_mib, o.tree_max_mib);
     let tree = t.root.join("tree");
     write_tree(&tree, &sizes).context("writing the many-file tree")?;
@@ -426,6 +440,8 @@ struct Row {
 struct Report {
     kernel: String,
     cpus: usize,
+    /// The filesystem under `--dir` (`chaos_tests::bench::disk`).
+    disk: String,
     options: Options,
     targets: Vec<&'static str>,
     skipped: BTreeMap<&'static str, String>,
@@ -451,6 +467,7 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
             .trim()
             .to_string(),
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        disk: chaos_tests::bench::disk::describe(&o.dir),
         options: o.clone(),
         targets: Vec::new(),
         skipped: BTreeMap::new(),
@@ -506,6 +523,22 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long [`quiet`] waits for the machine at most.
+const SETTLE_MAX: Duration = Duration::from_secs(30);
+
+/// Before a measurement: waits for the machine to be quiet, `dir` being on
+/// the disk under test ([`chaos_tests::bench::settle::settle`]), and says
+/// so if it was not.
+fn quiet(dir: &Path) {
+    let (waited, settled) = chaos_tests::bench::settle::settle(dir, SETTLE_MAX);
+    if !settled {
+        println!(
+            "   the machine was still busy after {:.0} s; measuring anyway",
+            waited.as_secs_f64()
+        );
+    }
+}
+
 /// Every run of every workload on one target; `None` if it was skipped.
 fn measure_target(
     name: &'static str,
@@ -529,6 +562,7 @@ fn measure_target(
     }
     let mut all = Vec::new();
     for run in 0..o.runs {
+        quiet(&o.dir);
         let figures =
             run_once(&mut target, o).with_context(|| format!("{} run {}", target.name, run + 1))?;
         println!("   run {} done", run + 1);
@@ -570,6 +604,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
     report.baton.idle_mounts = o.idle_mounts;
     if o.idle_mounts > 0 {
         println!("== baton: supervisor with {} idle mounts", o.idle_mounts);
+        quiet(&o.dir);
         match idle_mounts(&root.join("idle-mounts"), o.idle_mounts) {
             Ok((rss, hwm)) => {
                 report.baton.supervisor_rss_kib_with_idle_mounts = rss;
@@ -580,6 +615,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
     }
     if o.stall_kills > 0 {
         println!("== baton: kill -9 stall, {} kills", o.stall_kills);
+        quiet(&o.dir);
         let dir = root.join("stall");
         let measured = std::fs::create_dir_all(&dir)
             .map_err(anyhow::Error::from)
@@ -604,6 +640,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
             "== baton: planned-upgrade stall, {} upgrades",
             o.stall_kills
         );
+        quiet(&o.dir);
         let dir = root.join("upgrade-stall");
         let measured = std::fs::create_dir_all(&dir)
             .map_err(anyhow::Error::from)
@@ -670,8 +707,12 @@ fn print_report(r: &Report) {
     let o = &r.options;
     println!();
     println!(
-        "baton-bench fs: kernel {}, {} cpus; {} run(s) per figure, median (min-max)",
-        r.kernel, r.cpus, o.runs
+        "baton-bench fs: kernel {}, {} cpus, {} under {}; {} run(s) per figure, median (min-max)",
+        r.kernel,
+        r.cpus,
+        r.disk,
+        o.dir.display(),
+        o.runs
     );
     println!(
         "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB",
