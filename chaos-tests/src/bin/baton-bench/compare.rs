@@ -367,7 +367,9 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
     // inode table block is unwritten) and each allocation scans past such
     // inodes: creates right after an unlink burst timed that scan. Before
     // each phase a quiet machine: a deferred delete (the big file's, an
-    // unlink burst's) is not timed as part of the next one.
+    // unlink burst's) is not timed as part of the next one, and the files
+    // unlinked have reached the disk, as files usually have (one unlinked
+    // before writeback never had a block, and freeing nothing is fast).
     let small_dir = |threads: usize| t.root.join(format!("small-{threads}"));
     for threads in [1, 4] {
         quiet(&o.dir);
