@@ -3,6 +3,7 @@
 //! (without one, ext4 avoids reusing a freed inode for a minute or more,
 //! which slows creates after deletes).
 
+use std::borrow::Cow;
 use std::path::Path;
 
 /// `FSTYPE on SOURCE` for the mount holding `dir` (the longest mount
@@ -28,8 +29,9 @@ pub fn describe(dir: &Path) -> String {
 /// One line of `/proc/self/mountinfo`, the fields used here.
 #[derive(Debug, PartialEq, Eq)]
 pub struct MountLine<'a> {
-    /// Where it is mounted.
-    pub point: &'a str,
+    /// Where it is mounted (octal escapes such as `\040` for a space
+    /// undone).
+    pub point: Cow<'a, str>,
     /// Its filesystem type.
     pub fstype: &'a str,
     /// Its source (the device).
@@ -41,7 +43,7 @@ impl<'a> MountLine<'a> {
     /// [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS`.
     pub fn parse(line: &'a str) -> Option<MountLine<'a>> {
         let (before, after) = line.split_once(" - ")?;
-        let point = before.split_whitespace().nth(4)?;
+        let point = unescape(before.split_whitespace().nth(4)?);
         let mut after = after.split_whitespace();
         Some(MountLine {
             point,
@@ -57,11 +59,39 @@ pub fn holding_mount<'a>(mountinfo: &'a str, dir: &Path) -> Option<MountLine<'a>
     mountinfo
         .lines()
         .filter_map(MountLine::parse)
-        .filter(|m| dir.starts_with(m.point))
+        .filter(|m| dir.starts_with(m.point.as_ref()))
         .fold(None, |best: Option<MountLine<'a>>, m| match best {
             Some(b) if b.point.len() > m.point.len() => Some(b),
             _ => Some(m),
         })
+}
+
+/// `field` with mountinfo's escapes (`\` and three octal digits, for a
+/// space, tab, newline or backslash) replaced by the bytes they stand for.
+fn unescape(field: &str) -> Cow<'_, str> {
+    if !field.contains('\\') {
+        return Cow::Borrowed(field);
+    }
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// `, no journal` or `, journal` for the ext4 filesystem on `source`
@@ -89,7 +119,7 @@ mod tests {
 not a mountinfo line";
         let held = holding_mount(mountinfo, Path::new("/var/tmp/bench")).unwrap();
         assert_eq!(
-            (held.point, held.fstype, held.source),
+            (held.point.as_ref(), held.fstype, held.source),
             ("/var", "xfs", "/dev/vdb")
         );
         let root = holding_mount(mountinfo, Path::new("/work")).unwrap();
@@ -97,5 +127,8 @@ not a mountinfo line";
         // A path component, not a string prefix: /var/tmp/xy is not in /var/tmp/x.
         let var = holding_mount(mountinfo, Path::new("/var/tmp/xy")).unwrap();
         assert_eq!(var.point, "/var");
+        let spaced = "40 27 0:42 / /mnt/a\\040b rw - tmpfs tmpfs rw";
+        let held = holding_mount(spaced, Path::new("/mnt/a b/c")).unwrap();
+        assert_eq!((held.point.as_ref(), held.fstype), ("/mnt/a b", "tmpfs"));
     }
 }
