@@ -177,8 +177,9 @@ pub fn abort_connection(mountpoint: &Path) -> Result<(), Error> {
 /// Where the fusectl filesystem lists FUSE connections.
 pub const FUSECTL_DIR: &str = "/sys/fs/fuse/connections";
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(field: &str) -> String {
+/// A field of `/proc/self/mountinfo` as the path it names: mountinfo
+/// escapes space, tab, newline and backslash as `\ooo`.
+pub fn unescape_mountinfo(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

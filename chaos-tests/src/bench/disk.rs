@@ -3,7 +3,6 @@
 //! (without one, ext4 avoids reusing a freed inode for a minute or more,
 //! which slows creates after deletes).
 
-use std::borrow::Cow;
 use std::path::Path;
 
 /// `FSTYPE on SOURCE` for the mount holding `dir` (the longest mount
@@ -30,8 +29,8 @@ pub fn describe(dir: &Path) -> String {
 #[derive(Debug, PartialEq, Eq)]
 pub struct MountLine<'a> {
     /// Where it is mounted (octal escapes such as `\040` for a space
-    /// undone).
-    pub point: Cow<'a, str>,
+    /// undone, by [`fuse_wire::unescape_mountinfo`]).
+    pub point: String,
     /// Its filesystem type.
     pub fstype: &'a str,
     /// Its source (the device).
@@ -43,7 +42,7 @@ impl<'a> MountLine<'a> {
     /// [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS`.
     pub fn parse(line: &'a str) -> Option<MountLine<'a>> {
         let (before, after) = line.split_once(" - ")?;
-        let point = unescape(before.split_whitespace().nth(4)?);
+        let point = fuse_wire::unescape_mountinfo(before.split_whitespace().nth(4)?);
         let mut after = after.split_whitespace();
         Some(MountLine {
             point,
@@ -59,39 +58,11 @@ pub fn holding_mount<'a>(mountinfo: &'a str, dir: &Path) -> Option<MountLine<'a>
     mountinfo
         .lines()
         .filter_map(MountLine::parse)
-        .filter(|m| dir.starts_with(m.point.as_ref()))
+        .filter(|m| dir.starts_with(&m.point))
         .fold(None, |best: Option<MountLine<'a>>, m| match best {
             Some(b) if b.point.len() > m.point.len() => Some(b),
             _ => Some(m),
         })
-}
-
-/// `field` with mountinfo's escapes (`\` and three octal digits, for a
-/// space, tab, newline or backslash) replaced by the bytes they stand for.
-fn unescape(field: &str) -> Cow<'_, str> {
-    if !field.contains('\\') {
-        return Cow::Borrowed(field);
-    }
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// `, no journal` or `, journal` for the ext4 filesystem on `source`
