@@ -80,6 +80,14 @@ pub enum Error {
     /// A worker thread could not be spawned.
     #[error("cannot spawn a FUSE worker thread: {0}")]
     Spawn(std::io::Error),
+    /// The workers' read buffers could not be mapped.
+    #[error("cannot map {bytes} bytes of FUSE read buffers: {errno}; give the generation more memory (its cgroup limit) or fewer worker threads")]
+    ReadBuffers {
+        /// Bytes asked for.
+        bytes: usize,
+        /// The errno of mmap(2).
+        errno: Errno,
+    },
     /// A notification was refused.
     #[error("FUSE notification refused by the kernel: {0}")]
     Notify(std::io::Error),

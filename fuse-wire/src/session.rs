@@ -378,24 +378,29 @@ pub struct IdleWorkers<F: Filesystem> {
 impl<F: Filesystem> IdleWorkers<F> {
     /// Starts `threads` (clamped to 1..=[`WORKERS_MAX`]) idle workers, each
     /// with a `buffer_len`-byte read buffer (a worker whose session needs a
-    /// larger one makes it then). Returns once every buffer is faulted in.
+    /// larger one makes it then), all in one mapping. Returns once every
+    /// buffer is faulted in and every thread has started.
     pub fn spawn(threads: usize, buffer_len: usize) -> Result<Self, Error> {
         let threads = threads.clamp(1, WORKERS_MAX);
         let mut idle = IdleWorkers {
             posts: Vec::with_capacity(threads),
             handles: Vec::with_capacity(threads),
         };
-        let (ready, buffers_ready) = sync_channel::<()>(threads);
+        let mut buffers = RequestBuffer::many(threads, buffer_len)?;
+        let (ready, started) = sync_channel::<()>(threads);
         for index in 0..threads {
+            let buffer = buffers.pop();
             let (post, work) = sync_channel::<(Worker<F>, tracing::Span)>(1);
             let ready = ready.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("fuse-worker-{index}"))
                 .spawn(move || {
-                    let buffer = RequestBuffer::new(buffer_len);
+                    // The thread's first allocation attaches it to a malloc
+                    // arena, which may map memory: now, not in the stall.
+                    drop(std::hint::black_box(Vec::<u8>::with_capacity(64)));
                     let _ = ready.send(());
                     if let Ok((mut worker, span)) = work.recv() {
-                        worker.buffer = Some(buffer);
+                        worker.buffer = buffer;
                         span.in_scope(|| worker.run());
                     }
                 })
@@ -405,9 +410,9 @@ impl<F: Filesystem> IdleWorkers<F> {
         }
         drop(ready);
         for _ in 0..threads {
-            buffers_ready.recv().map_err(|_| {
+            started.recv().map_err(|_| {
                 Error::Spawn(std::io::Error::other(
-                    "a FUSE worker thread ended before its read buffer was ready",
+                    "a FUSE worker thread ended before it was ready",
                 ))
             })?;
         }
@@ -469,9 +474,19 @@ impl<F: Filesystem> Worker<F> {
         let slot = &self.shared.workers[self.index];
         *slot.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(pthread_self());
         let needed = self.params.read_buffer_len();
-        let mut buffer = match self.buffer.take() {
-            Some(prepared) if prepared.len() >= needed => prepared,
-            _ => RequestBuffer::new(needed),
+        let prepared = self
+            .buffer
+            .take()
+            .filter(|prepared| prepared.len() >= needed);
+        let mut buffer = match prepared.map_or_else(|| RequestBuffer::new(needed), Ok) {
+            Ok(buffer) => buffer,
+            Err(err) => {
+                // A worker that cannot read would leave its share of the
+                // connection unserved; as with a panic, dying hands the
+                // requests to a new generation (RESEND).
+                tracing::error!(%err, "FUSE worker has no read buffer; aborting the process");
+                std::process::abort();
+            }
         };
         let buf = buffer.as_mut_slice();
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
