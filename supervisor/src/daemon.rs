@@ -548,7 +548,7 @@ impl Daemon {
         let Some((_, process)) = mount.process_mut(pid) else {
             return;
         };
-        let cause = match process.try_reap() {
+        let cause = match process.exit_cause() {
             Ok(Some(cause)) => cause,
             Ok(None) => return,
             Err(err) => {
@@ -583,6 +583,8 @@ impl Daemon {
                 Role::Retiring => Event::RetiringExited(death),
             },
         );
+        // After the takeover's `Adopt` went out (`Process::exit_cause`).
+        process.reap();
     }
 
     fn on_connect(&mut self, index: usize) {

@@ -301,14 +301,17 @@ impl Daemon {
 fn stop_processes(mount: &mut crate::executor::Mount) {
     let pids: Vec<u32> = mount.processes().map(|p| p.pid).collect();
     for pid in pids {
-        let Some((_, mut process)) = mount.take_process(pid) else {
+        let Some((_, process)) = mount.take_process(pid) else {
             continue;
         };
         process.signal(Signal::SIGKILL);
         let deadline = Instant::now() + EXIT_WAIT;
         loop {
-            match process.try_reap() {
-                Ok(Some(_)) => break,
+            match process.exit_cause() {
+                Ok(Some(_)) => {
+                    process.reap();
+                    break;
+                }
                 Ok(None) if Instant::now() < deadline => {
                     let mut fds = [PollFd::new(process.pidfd(), PollFlags::POLLIN)];
                     let _ = poll(&mut fds, PollTimeout::from(100u8));

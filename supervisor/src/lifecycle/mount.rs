@@ -258,11 +258,12 @@ pub enum Event {
     ActiveConnected,
     /// The active generation reported it serves.
     ActiveServing,
-    /// The active process ended (reaped).
+    /// The active process ended (exited: every thread gone, every fd
+    /// closed; reaped once the actions are done).
     ActiveExited(Death),
     /// The standby connected its control socket.
     StandbyConnected,
-    /// The standby ended (reaped).
+    /// The standby ended (exited, as for `ActiveExited`).
     StandbyExited(Death),
     /// A timer fired.
     Timer(Timer),
@@ -281,7 +282,7 @@ pub enum Event {
     ProbeOk,
     /// The probe through the mount failed or timed out.
     ProbeFailed,
-    /// The retiring generation ended (reaped).
+    /// The retiring generation ended (exited, as for `ActiveExited`).
     RetiringExited(Death),
 }
 

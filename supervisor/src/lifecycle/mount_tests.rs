@@ -153,7 +153,7 @@ fn every_pair_keeps_the_invariants() {
     for (state, event, next, actions) in pairs {
         let ctx = format!("{state:?} + {event:?} -> {next:?} {actions:?}");
         // Invariant: RESEND re-queues the whole connection, so it is only
-        // asked for when the adopted generation has just been reaped (or
+        // asked for when the adopted generation has just exited (or
         // none was ever adopted since the last one died).
         for action in &actions {
             if let Action::SendAdopt { resend: true } = action {
