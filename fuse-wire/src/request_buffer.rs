@@ -76,10 +76,10 @@ impl RequestBuffer {
 
     /// One buffer of `len` bytes, in a mapping of its own.
     pub fn new(len: usize) -> Result<RequestBuffer, Error> {
-        let mut one = RequestBuffer::many(1, len)?;
-        one.pop().ok_or(Error::ReadBuffers {
-            bytes: len,
-            errno: Errno::EINVAL,
+        Ok(RequestBuffer {
+            mapping: Arc::new(BufferMapping::new(len)?),
+            offset: 0,
+            len,
         })
     }
 

@@ -474,19 +474,15 @@ impl<F: Filesystem> Worker<F> {
         let slot = &self.shared.workers[self.index];
         *slot.thread.lock().unwrap_or_else(PoisonError::into_inner) = Some(pthread_self());
         let needed = self.params.read_buffer_len();
-        let prepared = self
-            .buffer
-            .take()
-            .filter(|prepared| prepared.len() >= needed);
-        let mut buffer = match prepared.map_or_else(|| RequestBuffer::new(needed), Ok) {
-            Ok(buffer) => buffer,
-            Err(err) => {
+        let mut buffer = match self.buffer.take() {
+            Some(prepared) if prepared.len() >= needed => prepared,
+            _ => RequestBuffer::new(needed).unwrap_or_else(|err| {
                 // A worker that cannot read would leave its share of the
                 // connection unserved; as with a panic, dying hands the
                 // requests to a new generation (RESEND).
                 tracing::error!(%err, "FUSE worker has no read buffer; aborting the process");
-                std::process::abort();
-            }
+                std::process::abort()
+            }),
         };
         let buf = buffer.as_mut_slice();
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
