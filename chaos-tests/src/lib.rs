@@ -9,15 +9,12 @@
 //! - [`chaos`]: the `baton-chaos` fault-injection suite (scenarios,
 //!   faults, workload processes, verdict).
 //! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
-//! - [`init_record`]: converting fuse-wire's INIT result to and from the
-//!   upgrade-protocol record.
 //! - [`staged`] and [`stored`]: a volume's staging area and local object
 //!   store, as tests look at them from outside.
 
 pub mod bench;
 pub mod chaos;
 pub mod fsx;
-pub mod init_record;
 pub mod memfs;
 pub mod mount_guard;
 pub mod rw_workload;

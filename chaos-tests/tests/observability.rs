@@ -36,7 +36,7 @@ fn binary(name: &str) -> PathBuf {
     let path = workspace_binary(name);
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p fsclient -p supervisor -p chaos-tests` first",
+        "{} is missing: run `cargo build -p fsclient -p supervisor -p fsctl -p chaos-tests` first",
         path.display()
     );
     path

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::volume::{VolumeOptions, DEFAULT_BASE_DIR};
+use baton_volume::{VolumeOptions, DEFAULT_BASE_DIR};
+use upgrade_protocol::parse_size;
 
 /// Environment variable naming the key file when `--key-file` is absent.
 pub const KEY_FILE_ENV: &str = "BATON_KEY_FILE";
@@ -167,58 +168,10 @@ impl VolumeArgs {
     }
 }
 
-/// Parses `4096`, `64K`, `512M`, `1G`, `2T` (also `1GiB`, `1GB`: binary
-/// units either way). Pure.
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits_end);
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size: expected e.g. 1G, 512M or 4096"))?;
-    let shift = match suffix.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {suffix:?}: use K, M, G or T"
-            ))
-        }
-    };
-    value
-        .checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?} is too large"))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse_with_binary_suffixes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("512m").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("2T").unwrap(), 2 << 40);
-        assert_eq!(parse_size("7B").unwrap(), 7);
-    }
-
-    #[test]
-    fn bad_sizes_say_why() {
-        assert!(parse_size("").unwrap_err().contains("not a size"));
-        assert!(parse_size("G").unwrap_err().contains("not a size"));
-        assert!(parse_size("12Q").unwrap_err().contains("unknown unit"));
-        assert!(parse_size("99999999999T")
-            .unwrap_err()
-            .contains("too large"));
-        assert!(parse_size("-1").unwrap_err().contains("not a size"));
-    }
 
     #[test]
     fn mount_defaults_match_the_brief() {

@@ -29,91 +29,10 @@ pub enum Error {
         /// The errno to reply with.
         errno: Errno,
     },
-    /// The mountpoint cannot be used.
-    #[error("mountpoint {path} {problem}; {fix}")]
-    Mountpoint {
-        /// The path given.
-        path: PathBuf,
-        /// What is wrong with it.
-        problem: String,
-        /// What to do.
-        fix: &'static str,
-    },
-    /// No metadata database where the volume should be.
-    #[error("volume {volume} is not formatted (no metadata at {path}): run `fsctl format {volume}` first, or check --base-dir")]
-    NotFormatted {
-        /// The volume as given on the command line.
-        volume: String,
-        /// Where the metadata was looked for.
-        path: PathBuf,
-    },
-    /// Another process serves this volume on this host.
-    #[error("volume {volume} is already mounted (pid {pid}); unmount it first (lock file {path})")]
-    AlreadyMounted {
-        /// The volume.
-        volume: String,
-        /// The pid recorded in the lock file (0 if unreadable).
-        pid: u32,
-        /// The lock file.
-        path: PathBuf,
-    },
-    /// The lock file next to the metadata cannot be opened or locked.
-    #[error(
-        "cannot lock volume {volume} with {path}: {cause}; check that the directory is writable"
-    )]
-    Lock {
-        /// The volume.
-        volume: String,
-        /// The lock file.
-        path: PathBuf,
-        /// The OS error.
-        cause: std::io::Error,
-    },
-    /// The staging directory cannot take writes.
-    #[error("staging directory {path} is not writable: {cause}; pass --staging-dir with a writable local directory")]
-    StagingNotWritable {
-        /// The staging directory.
-        path: PathBuf,
-        /// The OS error.
-        cause: std::io::Error,
-    },
-    /// The volume's objects are encrypted and the key is missing, wrong or
-    /// unreadable.
-    #[error("volume {volume}: {cause}")]
-    StorageKey {
-        /// The volume.
-        volume: String,
-        /// The data layer's error (it says which key to give).
-        cause: Box<baton_blocks::BlocksError>,
-    },
-    /// The storage named by the volume record does not answer.
-    #[error("storage {url} of volume {volume} does not answer: {cause}")]
-    StorageUnreachable {
-        /// The volume.
-        volume: String,
-        /// The storage URL from the volume record.
-        url: String,
-        /// The data layer's error (it says what to check).
-        cause: Box<baton_blocks::BlocksError>,
-    },
-    /// The metadata cannot be opened (corrupt, foreign or newer).
-    #[error("metadata of volume {volume} cannot be opened: {cause}")]
-    MetaOpen {
-        /// The volume.
-        volume: String,
-        /// The metadata engine's error (it says what to do).
-        cause: Box<baton_meta::MetaError>,
-    },
-    /// A volume argument that is neither a name nor a `sqlite://` URL.
-    #[error(
-        "invalid volume {volume:?}: {reason}; give a volume name or sqlite:///abs/path/meta.db"
-    )]
-    BadVolume {
-        /// The argument.
-        volume: String,
-        /// What is wrong.
-        reason: &'static str,
-    },
+    /// The volume cannot be found, opened or locked (the message says
+    /// what to fix).
+    #[error(transparent)]
+    Volume(Box<baton_volume::VolumeError>),
     /// The supervisor sent something other than an adoptable connection.
     #[error("handover from {socket} failed: {reason}; is the socket a Baton supervisor's?")]
     Handover {
@@ -155,6 +74,12 @@ impl From<baton_meta::MetaError> for Error {
 impl From<baton_blocks::BlocksError> for Error {
     fn from(e: baton_blocks::BlocksError) -> Error {
         Error::Blocks(Box::new(e))
+    }
+}
+
+impl From<baton_volume::VolumeError> for Error {
+    fn from(e: baton_volume::VolumeError) -> Error {
+        Error::Volume(Box::new(e))
     }
 }
 

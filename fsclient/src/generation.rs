@@ -46,7 +46,6 @@ use crate::fault::{self, Point};
 use crate::fs::{replaying_journal, BatonFs};
 use crate::handles::Handle;
 use crate::idle_trim::IdleTrim;
-use crate::runtime::from_record;
 
 /// How long requests being handled get to finish before they are journaled.
 pub const QUIESCE_BOUND: Duration = Duration::from_millis(50);
@@ -163,7 +162,7 @@ impl Generation {
             fs.restore_held_locks();
         }
         let channel = Arc::new(Channel::new(fd));
-        let params = from_record(&adoption.init);
+        let params = fuse_wire::InitParams::from(&adoption.init);
         fs.set_init(&params);
         let session = Session::new(Arc::clone(&channel), params, Arc::clone(&fs));
         let generation = Arc::new(Generation {

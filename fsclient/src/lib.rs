@@ -11,8 +11,6 @@
 //! - [`fs::BatonFs`]: implements [`fuse_wire::Filesystem`]; nodeid = inode
 //!   number, so nothing maps ids and every server generation understands
 //!   every nodeid the kernel holds.
-//! - [`volume`]: finding a volume (`BASE/NAME/meta.db` or a `sqlite://`
-//!   URL), the checks run before mount(2), the one-mount-per-host lock.
 //! - [`handles`]: open handles and open counts (unlinked-but-open files).
 //! - [`idle_trim`]: an idle generation gives freed heap memory back.
 //! - [`locks`]: the POSIX/flock lock table; SETLKW parks, never blocks.
@@ -60,7 +58,7 @@
 //! use std::path::Path;
 //! use std::sync::Arc;
 //! use fsclient::fs::{BatonFs, FsConfig};
-//! use fsclient::volume::{LockMode, Volume, VolumeOptions, VolumePaths};
+//! use baton_volume::{LockMode, Volume, VolumeOptions, VolumePaths};
 //!
 //! let paths = VolumePaths::resolve("vol", Path::new("/var/lib/baton"))?;
 //! let options = VolumeOptions {
@@ -94,6 +92,5 @@ pub mod idle_trim;
 pub mod locks;
 pub mod runtime;
 pub mod session;
-pub mod volume;
 
 pub use error::{Error, Result};

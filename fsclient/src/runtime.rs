@@ -13,16 +13,16 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use baton_volume::{LockMode, Volume, VolumePaths};
 use fuse_wire::{Channel, ExitReason, InitConfig, InitParams, Session, Workers};
 use nix::sys::signal::{SigSet, Signal};
-use upgrade_protocol::{connect_seqpacket, NegotiatedInit};
+use upgrade_protocol::connect_seqpacket;
 
 use crate::cli::{Cli, Command, VolumeArgs};
 use crate::error::{Error, Result};
 use crate::fs::{BatonFs, FsConfig};
 use crate::generation::{receive_adopt, Generation};
 use crate::session::SessionTimer;
-use crate::volume::{check_mountpoint, LockMode, Volume, VolumePaths};
 
 /// Runs the command line.
 pub fn run(cli: Cli) -> Result<ExitCode> {
@@ -53,7 +53,11 @@ pub(crate) fn signal_error(errno: nix::errno::Errno) -> Error {
     Error::from(fuse_wire::Error::Signal(errno))
 }
 
-fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<BatonFs>, Volume2)> {
+fn open_fs(
+    volume: &str,
+    options: &VolumeArgs,
+    mode: LockMode,
+) -> Result<(Arc<BatonFs>, ServedVolume)> {
     let paths = VolumePaths::resolve(volume, &options.base_dir)?;
     let opened = Volume::open(&paths, &options.volume_options(), mode)?;
     let name = opened.name.clone();
@@ -64,7 +68,7 @@ fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<Ba
     let (fs, lock) = BatonFs::from_volume(opened, config);
     Ok((
         Arc::new(fs),
-        Volume2 {
+        ServedVolume {
             name,
             shared,
             _lock: lock,
@@ -73,7 +77,7 @@ fn open_fs(volume: &str, options: &VolumeArgs, mode: LockMode) -> Result<(Arc<Ba
 }
 
 /// What stays alive with the server besides the filesystem.
-struct Volume2 {
+struct ServedVolume {
     name: String,
     /// Other hosts may serve the volume (their open orphans are not ours).
     shared: bool,
@@ -86,7 +90,7 @@ fn mount(
     options: &VolumeArgs,
     signals: &SigSet,
 ) -> Result<ExitCode> {
-    check_mountpoint(mountpoint)?;
+    let mountpoint = &fuse_wire::check_mountpoint(mountpoint)?;
     let (fs, held) = open_fs(volume, options, LockMode::Exclusive)?;
     fs.set_connection(upgrade_protocol::connection_identity(), 1, false);
     // A SQLite volume under our exclusive lock has no other live mount.
@@ -213,21 +217,4 @@ fn spawn_waiter(workers: Workers) -> std::thread::JoinHandle<ExitReason> {
         }
         reason
     })
-}
-
-/// The INIT parameters a generation adopts (upgrade-protocol's record and
-/// fuse-wire's type know nothing of each other).
-pub fn from_record(r: &NegotiatedInit) -> InitParams {
-    InitParams {
-        major: r.major,
-        minor: r.minor,
-        kernel_minor: r.kernel_minor,
-        flags: r.flags,
-        max_readahead: r.max_readahead,
-        max_write: r.max_write,
-        max_pages: r.max_pages,
-        max_background: r.max_background,
-        congestion_threshold: r.congestion_threshold,
-        time_gran: r.time_gran,
-    }
 }

@@ -15,7 +15,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use chaos_tests::init_record::to_record;
 use common::*;
 use fuse_wire::{Channel, InitConfig};
 use upgrade_protocol::{
@@ -106,7 +105,9 @@ fn bad_handover_states_are_refused_and_change_nothing() {
     let _guard = MountGuard::new(&mnt);
     let _watchdog = Watchdog::start(&mnt, std::time::Duration::from_secs(120));
     let channel = Arc::new(Channel::new(fd));
-    let init = to_record(&fuse_wire::initialize(&channel, &InitConfig::baton()).unwrap());
+    let init = upgrade_protocol::NegotiatedInit::from(
+        &fuse_wire::initialize(&channel, &InitConfig::baton()).unwrap(),
+    );
 
     let newer = vol.path("newer.state");
     let mut bytes = encode_state(&state(init, None, 0)).unwrap();

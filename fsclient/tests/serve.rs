@@ -20,7 +20,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use chaos_tests::init_record::to_record;
 use common::*;
 use fuse_wire::{Channel, InitConfig, InitParams};
 use upgrade_protocol::{accept_seqpacket, listen_seqpacket, recv_message, send_message, Message};
@@ -97,7 +96,7 @@ impl Holder {
         let adopt = Message::Adopt {
             generation: generation.number,
             connection: 7,
-            init: to_record(&self.params),
+            init: upgrade_protocol::NegotiatedInit::from(&self.params),
             resend,
             handover: None,
         };

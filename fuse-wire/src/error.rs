@@ -24,6 +24,16 @@ pub enum Error {
         /// The cause.
         source: std::io::Error,
     },
+    /// The mountpoint cannot take a mount.
+    #[error("mountpoint {path} {problem}; {fix}")]
+    UnusableMountpoint {
+        /// The path given.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+        /// What to do.
+        fix: &'static str,
+    },
     /// mount(2) failed.
     #[error("mount of FUSE at {path} failed: {errno}; check that the path is a directory and that you are root")]
     Mount {

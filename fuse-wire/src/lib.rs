@@ -57,8 +57,8 @@ pub use error::Error;
 pub use filesystem::{Filesystem, DEFAULT_POLL_MASK};
 pub use init::{initialize, negotiate, read_buffer_len, InitConfig, InitParams};
 pub use mount::{
-    abort_connection, connection_id, mount_fuse, raise_read_ahead, unescape_mountinfo, unmount,
-    MountOptions, READ_AHEAD_KIB,
+    abort_connection, check_mountpoint, connection_id, is_mountpoint, mount_fuse, raise_read_ahead,
+    unescape_mountinfo, unmount, MountOptions, READ_AHEAD_KIB,
 };
 pub use nix::errno::Errno;
 pub use request::{DecodeError, DecodeOptions, Operation, Request};

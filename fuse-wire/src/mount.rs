@@ -36,6 +36,59 @@ impl Default for MountOptions {
     }
 }
 
+/// Checks that `path` can take a mount: an existing, empty directory that
+/// is not a mountpoint already. Returns its canonical path. The one rule
+/// for every Baton program that mounts (the supervisor, `fsclient mount`).
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Error> {
+    let unusable = |problem: String, fix| Error::UnusableMountpoint {
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    };
+    let canonical = std::fs::canonicalize(path).map_err(|err| {
+        unusable(
+            format!("cannot be used: {err}"),
+            "create it with `mkdir -p` or pick another path",
+        )
+    })?;
+    if !canonical.is_dir() {
+        return Err(unusable(
+            "is not a directory".into(),
+            "mount on an empty directory",
+        ));
+    }
+    let mut entries = std::fs::read_dir(&canonical).map_err(|err| {
+        unusable(
+            format!("cannot be listed: {err}"),
+            "mount on an empty directory you can read",
+        )
+    })?;
+    if entries.next().is_some() {
+        return Err(unusable(
+            "is not empty".into(),
+            "mount on an empty directory (or move its contents away)",
+        ));
+    }
+    if is_mountpoint(&canonical) {
+        return Err(unusable(
+            "is already a mountpoint".into(),
+            "unmount it first or pick another directory",
+        ));
+    }
+    Ok(canonical)
+}
+
+/// Whether `/proc/self/mountinfo` lists a mount exactly at `path` (every
+/// escape of mountinfo undone: space, tab, newline, backslash).
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    text.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|point| Path::new(&unescape_mountinfo(point)) == path)
+}
+
 /// Opens /dev/fuse (O_RDWR | O_CLOEXEC) and mounts it at `mountpoint`.
 ///
 /// The kernel queues INIT at once; nothing on the mount answers (stat blocks)
@@ -200,4 +253,42 @@ pub fn unescape_mountinfo(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountpoints_must_exist_be_empty_directories_and_not_mounted() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = check_mountpoint(&dir.path().join("missing")).unwrap_err();
+        assert!(err.to_string().contains("mkdir -p"), "{err}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let err = check_mountpoint(&file).unwrap_err();
+        assert!(err.to_string().contains("not a directory"), "{err}");
+        let full = dir.path().join("full");
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("x"), "x").unwrap();
+        let err = check_mountpoint(&full).unwrap_err();
+        assert!(err.to_string().contains("is not empty"), "{err}");
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert_eq!(
+            check_mountpoint(&empty).unwrap(),
+            empty.canonicalize().unwrap()
+        );
+        assert!(is_mountpoint(Path::new("/proc")));
+        assert!(!is_mountpoint(&empty));
+    }
+
+    #[test]
+    fn every_mountinfo_escape_is_undone() {
+        assert_eq!(unescape_mountinfo(r"/x/a\040b"), "/x/a b");
+        assert_eq!(unescape_mountinfo(r"/x/new\012line"), "/x/new\nline");
+        assert_eq!(unescape_mountinfo(r"/x/t\011ab"), "/x/t\tab");
+        assert_eq!(unescape_mountinfo(r"/x/back\134slash"), r"/x/back\slash");
+    }
 }

@@ -26,8 +26,7 @@ use upgrade_protocol::{
 
 use crate::Error;
 
-/// Default control socket.
-pub const DEFAULT_SOCKET: &str = "/run/baton/supervisor.sock";
+pub use upgrade_protocol::client::DEFAULT_SOCKET;
 /// fsctl connections handled at once at most; more are refused.
 pub const CONTROL_CONNECTIONS_MAX: usize = 16;
 /// How long a connected client may take to send its request.
@@ -178,52 +177,6 @@ fn handle_connection(conn: &OwnedFd, handler: &Handler) {
         }
     };
     reply(conn, answer);
-}
-
-/// Sends `request` to the supervisor at `socket` and waits up to `timeout`
-/// for its reply.
-pub fn request(socket: &Path, request: &Request, timeout: Duration) -> Result<Reply, Error> {
-    let conn = connect_seqpacket(socket).map_err(|err| match err {
-        ProtocolError::Socket { errno, .. } => Error::Unreachable {
-            path: socket.to_path_buf(),
-            errno,
-        },
-        source => Error::Protocol {
-            path: socket.to_path_buf(),
-            source,
-        },
-    })?;
-    let protocol = |source| Error::Protocol {
-        path: socket.to_path_buf(),
-        source,
-    };
-    let deadline = TimeVal::new(timeout.as_secs().max(1) as _, 0);
-    setsockopt(&conn, sockopt::ReceiveTimeout, &deadline)
-        .map_err(Error::sys("setting the fsctl receive timeout"))?;
-    send_message(
-        conn.as_fd(),
-        &Message::Control {
-            request: request.clone(),
-        },
-        &[],
-    )
-    .map_err(protocol)?;
-    match recv_message(conn.as_fd()) {
-        Ok((Message::ControlReply { reply }, _)) => Ok(reply),
-        Ok((other, _)) => Err(Error::UnexpectedReply {
-            path: socket.to_path_buf(),
-            kind: other.kind(),
-        }),
-        Err(ProtocolError::Socket {
-            errno: Errno::EAGAIN,
-            ..
-        }) => Err(Error::NoAnswer {
-            path: socket.to_path_buf(),
-            command: request.name(),
-            timeout_s: timeout.as_secs(),
-        }),
-        Err(err) => Err(protocol(err)),
-    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 
+use upgrade_protocol::client::request;
 use upgrade_protocol::{encode, StatusReport};
 
 use super::*;
@@ -77,16 +78,6 @@ fn connections_beyond_the_limit_are_refused_with_a_retry_hint() {
     for thread in busy {
         assert!(matches!(thread.join().unwrap(), Ok(Reply::Status { .. })));
     }
-}
-
-#[test]
-fn unreachable_supervisor_error_names_the_socket_and_the_next_step() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("none.sock");
-    let err = request(&path, &Request::Status, Duration::from_secs(1)).unwrap_err();
-    let text = err.to_string();
-    assert!(text.contains(&path.display().to_string()), "{text}");
-    assert!(text.contains("start it with `fs-supervisor`"), "{text}");
 }
 
 #[test]

@@ -60,34 +60,6 @@ pub enum Error {
         /// Who holds it, as it recorded itself.
         holder: String,
     },
-    /// The control socket is unreachable.
-    #[error("cannot reach fs-supervisor at {path}: {errno}; start it with `fs-supervisor` or pass --socket")]
-    Unreachable {
-        /// The socket.
-        path: PathBuf,
-        /// Why.
-        errno: Errno,
-    },
-    /// The supervisor did not answer in time.
-    #[error(
-        "fs-supervisor at {path} did not answer `{command}` within {timeout_s} s; check its log"
-    )]
-    NoAnswer {
-        /// The socket.
-        path: PathBuf,
-        /// The command.
-        command: &'static str,
-        /// The deadline.
-        timeout_s: u64,
-    },
-    /// The peer answered with something other than a reply.
-    #[error("fs-supervisor at {path} answered with `{kind}` instead of a reply; is it a Baton supervisor of the same version?")]
-    UnexpectedReply {
-        /// The socket.
-        path: PathBuf,
-        /// The message kind received.
-        kind: &'static str,
-    },
     /// The control protocol failed.
     #[error("talking to fs-supervisor at {path}: {source}")]
     Protocol {

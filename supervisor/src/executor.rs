@@ -14,8 +14,8 @@ use std::time::{Duration, Instant, SystemTime};
 use fuse_wire::Channel;
 use nix::sys::signal::Signal;
 use upgrade_protocol::{
-    send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus, NegotiatedInit,
-    Recovery, Reply, Restarts, UpgradeReport, RECORD_FORMAT_VERSION,
+    log_tail, send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus,
+    NegotiatedInit, Recovery, Reply, Restarts, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 
 use crate::cgroup;
@@ -24,7 +24,7 @@ use crate::lifecycle::mount::{self, Action, Cause, Death, Event, Policy, Role, S
 use crate::lifecycle::upgrade::Outcome;
 use crate::mount_tally::{last_log_line, MountTally};
 use crate::scheduling::Startup;
-use crate::state_file::{log_tail, StateDir};
+use crate::state_file::StateDir;
 
 /// Events one dispatch may chain (an event and the events its actions
 /// cause) at most.

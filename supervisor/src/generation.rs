@@ -11,13 +11,14 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+use nix::errno::Errno;
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -124,18 +125,15 @@ fn join_cgroup(procs: &CString) -> std::io::Result<()> {
     Ok(())
 }
 
-fn pidfd_open(pid: u32) -> Result<OwnedFd, Error> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd
-    // (always close-on-exec) or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(Error::Sys {
-            op: format!("pidfd_open({pid})"),
-            errno: nix::errno::Errno::last(),
-        });
-    }
-    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+/// A pidfd for `pid` (close-on-exec): readable once the process has
+/// exited, and it pins this process, never a later one with the same pid.
+pub(crate) fn pidfd_open(pid: u32) -> Result<OwnedFd, Errno> {
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or(Errno::ESRCH)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+        .map_err(|errno| Errno::from_raw(errno.raw_os_error()))
 }
 
 impl Process {
@@ -222,10 +220,13 @@ impl Process {
         let pid = child.id();
         match pidfd_open(pid) {
             Ok(pidfd) => Ok((child, pid, pidfd)),
-            Err(err) => {
+            Err(errno) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err(err)
+                Err(Error::Sys {
+                    op: format!("pidfd_open({pid})"),
+                    errno,
+                })
             }
         }
     }

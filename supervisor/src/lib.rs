@@ -1,7 +1,8 @@
-//! Baton's control side: `fsctl` (volumes and mount control) and
-//! `fs-supervisor`, the daemon that opens /dev/fuse, mounts, answers
-//! FUSE_INIT once, holds the fd for the mount's whole life and hands it to
-//! successive `fsclient serve` generations, restarting them when they die.
+//! `fs-supervisor`, Baton's fd holder: the daemon that opens /dev/fuse,
+//! mounts, answers FUSE_INIT once, holds the fd for the mount's whole life
+//! and hands it to successive `fsclient serve` generations, restarting them
+//! when they die. It links no storage stack: its clients (`fsctl`, the
+//! CSI plugin) talk to it over its control socket.
 //!
 //! # Brief overview
 //! - [`lifecycle::mount`]: the pure per-mount state machine.
@@ -25,12 +26,12 @@
 //!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
 //!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.
 //! - [`reexec`]: `fsctl upgrade-supervisor` (re-execute in place).
-//! - [`volume`], [`size`]: `fsctl format` / `fsctl up`.
-//! - [`storage_check`]: `fsctl fsck` / `fsctl gc` (block map vs storage).
 //!
 //! # Invariants
-//! This crate never depends on `fsclient`: it starts the `fsclient` binary
-//! and talks to it through `upgrade-protocol` only. RESEND is requested only
+//! This crate depends only on `fuse-wire` and `upgrade-protocol` (and, with
+//! the `kubernetes` feature, kube): it starts the `fsclient` binary and
+//! talks to it through `upgrade-protocol` only, and reads a volume string
+//! only through `upgrade_protocol::VolumeSpec`. RESEND is requested only
 //! when no other generation that held the fd is alive. The supervisor never
 //! aborts a connection because of a timeout while it lives.
 
@@ -50,11 +51,8 @@ pub mod mounting;
 pub mod preflight;
 pub mod reexec;
 pub mod scheduling;
-pub mod size;
 pub mod state_file;
 pub mod state_lock;
-pub mod storage_check;
 pub mod systemd;
-pub mod volume;
 
 pub use error::Error;

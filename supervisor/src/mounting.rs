@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use fuse_wire::{Channel, InitConfig, InitParams, MountOptions};
+use fuse_wire::{Channel, InitConfig, MountOptions};
 use nix::errno::Errno;
 use nix::mount::{umount2, MntFlags};
-use upgrade_protocol::{ErrorKind, NegotiatedInit, Reply};
+use upgrade_protocol::{ErrorKind, NegotiatedInit, Reply, VolumeSpec};
 
 /// How long a normal unmount may take before the connection is aborted.
 pub const UNMOUNT_WAIT_MS: u64 = 5_000;
@@ -38,18 +38,9 @@ pub fn mount_id(mountpoint: &Path) -> String {
     format!("{hash:016x}")
 }
 
-/// Whether `/proc/self/mountinfo` lists a mount exactly at `path`.
-pub fn is_mountpoint(path: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|point| Path::new(&point.replace("\\040", " ")) == path)
-}
-
-/// Checks the mountpoint: absolute, an existing empty directory, not a
-/// mountpoint already. Returns its canonical path.
+/// Checks the mountpoint (fuse-wire's one rule: an existing empty
+/// directory, not a mountpoint already), given as an absolute path.
+/// Returns its canonical path.
 pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Reply> {
     if !path.is_absolute() {
         return Err(invalid(format!(
@@ -57,85 +48,27 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Reply> {
             path.display()
         )));
     }
-    let canonical = std::fs::canonicalize(path).map_err(|err| {
-        invalid(format!(
-            "mountpoint {}: {err}; create it with `mkdir -p {}`",
-            path.display(),
-            path.display()
-        ))
-    })?;
-    let mut entries = std::fs::read_dir(&canonical).map_err(|err| {
-        invalid(format!(
-            "mountpoint {} is not a readable directory ({err}); pick a directory",
-            canonical.display()
-        ))
-    })?;
-    if entries.next().is_some() {
-        return Err(invalid(format!(
-            "mountpoint {} is not empty; mount on an empty directory",
-            canonical.display()
-        )));
-    }
-    if is_mountpoint(&canonical) {
-        return Err(invalid(format!(
-            "{} is already a mountpoint; unmount it first or pick another directory",
-            canonical.display()
-        )));
-    }
-    Ok(canonical)
+    fuse_wire::check_mountpoint(path).map_err(|err| invalid(err.to_string()))
 }
 
 /// Checks that the volume exists: `BASE/NAME/meta.db`, or the file of a
-/// `sqlite://` URL.
+/// `sqlite://` URL. Returns the volume's identity on this host, its local
+/// directory: one mount per volume.
 ///
 /// A `postgres://` volume is checked by its first generation (which opens it
 /// before serving); its identity here is this host's local state directory
 /// (`BASE/pg-DB`), so it can be mounted once per base directory.
-pub fn check_volume(volume: &str, base_dir: &Path) -> Result<PathBuf, Reply> {
-    if baton_meta::postgres::is_postgres_url(volume) {
-        let db = baton_meta::postgres::database_name(volume).ok_or_else(|| {
-            invalid(format!(
-                "volume {} names no database: use postgres://user@host:port/DB",
-                baton_meta::postgres::redact_url(volume)
-            ))
-        })?;
-        return Ok(base_dir.join(format!("pg-{db}")));
-    }
-    let meta = match volume.strip_prefix("sqlite://") {
-        Some(path) => PathBuf::from(path),
-        None => {
-            if volume.is_empty() || volume.contains('/') || volume.starts_with('.') {
-                return Err(invalid(format!(
-                    "volume `{volume}` is neither a name nor a sqlite:///path/meta.db URL"
-                )));
-            }
-            base_dir.join(volume).join("meta.db")
+pub fn check_volume(spec: &VolumeSpec, base_dir: &Path) -> Result<PathBuf, Reply> {
+    if let Some(meta) = spec.sqlite_path(base_dir) {
+        if !meta.is_file() {
+            return Err(invalid(format!(
+                "volume `{spec}` not found: {} does not exist; create it with `fsctl format {spec} --base-dir {}`",
+                meta.display(),
+                base_dir.display()
+            )));
         }
-    };
-    if !meta.is_file() {
-        return Err(invalid(format!(
-            "volume `{volume}` not found: {} does not exist; create it with `fsctl format {volume} --base-dir {}`",
-            meta.display(),
-            base_dir.display()
-        )));
     }
-    Ok(meta)
-}
-
-/// The record a generation adopts, from fuse-wire's INIT result.
-pub fn to_record(p: &InitParams) -> NegotiatedInit {
-    NegotiatedInit {
-        major: p.major,
-        minor: p.minor,
-        kernel_minor: p.kernel_minor,
-        flags: p.flags,
-        max_readahead: p.max_readahead,
-        max_write: p.max_write,
-        max_pages: p.max_pages,
-        max_background: p.max_background,
-        congestion_threshold: p.congestion_threshold,
-        time_gran: p.time_gran,
-    }
+    Ok(spec.local_dir(base_dir))
 }
 
 /// mount(2) at `mountpoint` and answer INIT. On an INIT failure the mount
@@ -144,16 +77,12 @@ pub fn to_record(p: &InitParams) -> NegotiatedInit {
 /// of cached files and never sees other hosts' changes.
 pub fn mount_and_init(
     mountpoint: &Path,
-    volume: &str,
+    volume: &VolumeSpec,
 ) -> Result<(Channel, NegotiatedInit, u32), fuse_wire::Error> {
-    let shared = baton_meta::postgres::is_postgres_url(volume);
-    // The mount source is world-readable in /proc/mounts: no URL there.
-    let source = match baton_meta::postgres::database_name(volume) {
-        Some(db) if shared => db.to_string(),
-        _ => volume.to_string(),
-    };
+    let shared = volume.is_shared();
     let options = MountOptions {
-        source,
+        // World-readable in /proc/mounts: never a URL.
+        source: volume.mount_source(),
         subtype: "baton".into(),
         allow_other: true,
         default_permissions: true,
@@ -175,7 +104,7 @@ pub fn mount_and_init(
     match fuse_wire::initialize(&channel, &config) {
         Ok(params) => {
             fuse_wire::raise_read_ahead(mountpoint);
-            Ok((channel, to_record(&params), connection_id))
+            Ok((channel, NegotiatedInit::from(&params), connection_id))
         }
         Err(err) => {
             let _ = fuse_wire::unmount(mountpoint);
@@ -266,22 +195,14 @@ mod tests {
     }
 
     #[test]
-    fn mountpoints_must_exist_be_empty_and_not_mounted() {
+    fn mountpoints_must_be_absolute_and_usable() {
+        assert!(check_mountpoint(Path::new("rel")).is_err());
         let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing");
-        let err = format!("{:?}", check_mountpoint(&missing).unwrap_err());
-        assert!(err.contains("mkdir -p"), "{err}");
         let full = dir.path().join("full");
         std::fs::create_dir(&full).unwrap();
         std::fs::write(full.join("x"), "x").unwrap();
         let err = format!("{:?}", check_mountpoint(&full).unwrap_err());
         assert!(err.contains("not empty"), "{err}");
-        let err = format!("{:?}", check_mountpoint(Path::new("/proc")).unwrap_err());
-        assert!(
-            err.contains("not empty") || err.contains("mountpoint"),
-            "{err}"
-        );
-        assert!(check_mountpoint(Path::new("rel")).is_err());
         let empty = dir.path().join("empty");
         std::fs::create_dir(&empty).unwrap();
         assert_eq!(
@@ -293,13 +214,16 @@ mod tests {
     #[test]
     fn missing_volume_says_how_to_format_it() {
         let dir = tempfile::tempdir().unwrap();
-        let err = format!("{:?}", check_volume("vol", dir.path()).unwrap_err());
+        let spec = |text: &str| VolumeSpec::parse(text).unwrap();
+        let err = format!("{:?}", check_volume(&spec("vol"), dir.path()).unwrap_err());
         assert!(err.contains("fsctl format vol --base-dir"), "{err}");
-        assert!(check_volume("../x", dir.path()).is_err());
         std::fs::create_dir(dir.path().join("vol")).unwrap();
         std::fs::write(dir.path().join("vol/meta.db"), "").unwrap();
-        assert!(check_volume("vol", dir.path()).is_ok());
+        assert_eq!(
+            check_volume(&spec("vol"), dir.path()).unwrap(),
+            dir.path().join("vol")
+        );
         let url = format!("sqlite://{}/vol/meta.db", dir.path().display());
-        assert!(check_volume(&url, Path::new("/nonexistent")).is_ok());
+        assert!(check_volume(&spec(&url), Path::new("/nonexistent")).is_ok());
     }
 }

@@ -25,8 +25,7 @@ use nix::fcntl::{fcntl, FcntlArg};
 
 use crate::systemd::LISTEN_FDS_START;
 
-/// How long the new binary may take to print its version.
-pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+use upgrade_protocol::client::UPGRADE_SUPERVISOR_PREFLIGHT_TIMEOUT as PREFLIGHT_TIMEOUT;
 /// Fds are parked above this while they are moved to 3, 4, ...
 const PARK_FD_MIN: RawFd = 1000;
 

@@ -1,5 +1,7 @@
 //! The one error type of upgrade-protocol.
 
+use std::path::PathBuf;
+
 use nix::errno::Errno;
 
 /// Errors of framing, decoding and passing messages.
@@ -57,6 +59,42 @@ pub enum ProtocolError {
     /// The peer closed the socket.
     #[error("control socket closed by the peer")]
     Closed,
+    /// fs-supervisor's control socket cannot be reached.
+    #[error("cannot reach fs-supervisor at {path}: {errno}; start it with `fs-supervisor` (or `fsctl up`) or pass --socket")]
+    Unreachable {
+        /// The socket.
+        path: PathBuf,
+        /// Why.
+        errno: Errno,
+    },
+    /// fs-supervisor did not answer in time.
+    #[error(
+        "fs-supervisor at {path} did not answer `{command}` within {timeout_s} s; check its log"
+    )]
+    NoAnswer {
+        /// The socket.
+        path: PathBuf,
+        /// The command.
+        command: &'static str,
+        /// The deadline.
+        timeout_s: u64,
+    },
+    /// The peer answered with something other than a reply.
+    #[error("fs-supervisor at {path} answered with `{kind}` instead of a reply; is it a Baton supervisor of the same version?")]
+    UnexpectedReply {
+        /// The socket.
+        path: PathBuf,
+        /// The message kind received.
+        kind: &'static str,
+    },
+    /// Talking to fs-supervisor failed.
+    #[error("talking to fs-supervisor at {path}: {source}")]
+    AtSocket {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        source: Box<ProtocolError>,
+    },
     /// The message carried a different number of fds than it needs.
     #[error("control message {kind} carried {found} fds, expected {expected}")]
     FdCount {

@@ -52,6 +52,43 @@ pub struct NegotiatedInit {
     pub time_gran: u32,
 }
 
+/// The record of an INIT that fuse-wire answered (the supervisor's, or a
+/// self-mounting `fsclient mount`'s).
+impl From<&fuse_wire::InitParams> for NegotiatedInit {
+    fn from(p: &fuse_wire::InitParams) -> NegotiatedInit {
+        NegotiatedInit {
+            major: p.major,
+            minor: p.minor,
+            kernel_minor: p.kernel_minor,
+            flags: p.flags,
+            max_readahead: p.max_readahead,
+            max_write: p.max_write,
+            max_pages: p.max_pages,
+            max_background: p.max_background,
+            congestion_threshold: p.congestion_threshold,
+            time_gran: p.time_gran,
+        }
+    }
+}
+
+/// The parameters a generation adopts from the record it was handed.
+impl From<&NegotiatedInit> for fuse_wire::InitParams {
+    fn from(r: &NegotiatedInit) -> fuse_wire::InitParams {
+        fuse_wire::InitParams {
+            major: r.major,
+            minor: r.minor,
+            kernel_minor: r.kernel_minor,
+            flags: r.flags,
+            max_readahead: r.max_readahead,
+            max_write: r.max_write,
+            max_pages: r.max_pages,
+            max_background: r.max_background,
+            congestion_threshold: r.congestion_threshold,
+            time_gran: r.time_gran,
+        }
+    }
+}
+
 /// A control message between a holder of the fd (supervisor) and a
 /// generation, or between fsctl and the supervisor (`Control`,
 /// `ControlReply`).

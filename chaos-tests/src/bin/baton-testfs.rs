@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use chaos_tests::init_record::{from_record, to_record};
 use chaos_tests::memfs::{MemFs, MemFsOptions};
 use clap::{Args, Parser, Subcommand};
 use fuse_wire::{Channel, InitConfig, InitParams, Session};
 use nix::sys::signal::{SigSet, Signal};
 use upgrade_protocol::{
     accept_seqpacket, connect_seqpacket, listen_seqpacket, recv_message, send_message, Message,
+    NegotiatedInit,
 };
 
 #[derive(Parser)]
@@ -267,7 +267,7 @@ fn hand_off(
         generation: 2,
         connection: 0,
         handover: None,
-        init: to_record(params),
+        init: NegotiatedInit::from(params),
         resend: false,
     };
     send_message(stream.as_fd(), &message, &[channel.fd()])?;
@@ -290,7 +290,7 @@ fn hold(
                 generation: generation.fetch_add(1, Ordering::SeqCst),
                 connection: 0,
                 handover: None,
-                init: to_record(&params),
+                init: NegotiatedInit::from(&params),
                 resend,
             };
             if let Err(err) = send_message(stream.as_fd(), &message, &[channel.fd()]) {
@@ -330,7 +330,7 @@ fn adopt(
     };
     let session = Session::new(
         Arc::new(Channel::new(fd)),
-        from_record(&init),
+        InitParams::from(&init),
         serving.memfs(),
     );
     tracing::info!(generation, resend, "adopted the FUSE connection");

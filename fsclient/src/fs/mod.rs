@@ -45,7 +45,7 @@ use fuse_wire::{Errno, InitParams, Request};
 use crate::error::{Error, Result};
 use crate::handles::Handles;
 use crate::locks::LockTable;
-use crate::volume::Volume;
+use baton_volume::Volume;
 use upgrade_protocol::LockState;
 
 pub use flush::FLUSH_ROUNDS_MAX;

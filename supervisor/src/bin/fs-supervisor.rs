@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use supervisor::control::DEFAULT_SOCKET;
 use supervisor::daemon::{default_client_binary, Config, DEFAULT_STATE_DIR};
-use supervisor::size::parse_size;
+use upgrade_protocol::parse_size;
 
 #[derive(Parser)]
 #[command(

@@ -67,17 +67,8 @@ impl Publisher {
     }
 }
 
-/// Installs ring as rustls' process-wide crypto provider. The binary links two
-/// (kube's ring, and aws-lc-rs through object_store's reqwest), and with
-/// two rustls cannot choose and panics on the first TLS connection.
-/// Idempotent: a provider installed earlier stays.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Starts the Kubernetes thread for `node`.
 pub fn start(node: Node) -> std::io::Result<Publisher> {
-    install_tls_provider();
     let (tx, rx) = unbounded_channel();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -127,7 +127,6 @@ fn fs_supervisor_publishes_events_and_status_on_a_real_api_server() {
     let Some((apiserver, etcd)) = prerequisites() else {
         return;
     };
-    supervisor::kubernetes::client::install_tls_provider();
     let mut tmp = tempfile::tempdir().expect("temp dir");
     // Logs, the audit log and kubeconfigs, for a look by hand.
     if std::env::var_os("BATON_KUBE_TEST_KEEP").is_some() {

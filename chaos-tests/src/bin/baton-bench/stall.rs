@@ -12,7 +12,7 @@
 //! where this measure gives 1.9 ms (same code, same machine).
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -209,16 +209,13 @@ pub(crate) fn kill_until_exited_us(pid: u32) -> anyhow::Result<u64> {
     Ok(start.elapsed().as_micros() as u64)
 }
 
-/// pidfd_open(2) (nix has no wrapper). The supervisor has its own:
-/// chaos-tests drives the binaries from outside and does not link it.
+/// pidfd_open(2), through rustix (nix has no wrapper).
 fn pidfd_open(pid: u32) -> anyhow::Result<OwnedFd> {
-    // SAFETY: pidfd_open with no flags returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("pidfd_open");
-    }
-    // SAFETY: the kernel just gave us this fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .context("pidfd_open: no such pid")?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).context("pidfd_open")
 }
 
 /// The stall of one kill at `kill`, µs, from the reads (start, end, ns)

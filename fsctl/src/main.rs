@@ -17,16 +17,15 @@ use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
+use baton_volume::{
+    collectable, format, CheckReport, CheckedVolume, FormatRequest, VolumePaths, DEFAULT_BASE_DIR,
+    DEFAULT_BLOCK_SIZE_BYTES, GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
+};
 use clap::{Parser, Subcommand};
-use supervisor::control::DEFAULT_SOCKET;
-use supervisor::size::parse_size;
-use supervisor::storage_check::{
-    collectable, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
+use upgrade_protocol::client::{self, command_timeout, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
+use upgrade_protocol::{
+    parse_size, ClientOptions, ErrorKind, ProtocolError, Reply, Request, StatusReport,
 };
-use supervisor::volume::{
-    format, FormatRequest, VolumePaths, DEFAULT_BASE_DIR, DEFAULT_BLOCK_SIZE_BYTES,
-};
-use upgrade_protocol::{ClientOptions, ErrorKind, Reply, Request, StatusReport};
 
 #[derive(Parser)]
 #[command(
@@ -243,7 +242,7 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
 fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let checked = CheckedVolume::open(volume, base_dir)?;
     // Shadowed by the printable form (a URL's password is masked).
-    let volume = checked.display.as_str();
+    let volume = checked.paths.display.as_str();
     let report = checked.check()?;
     print_report(volume, &report);
     for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
@@ -289,7 +288,7 @@ fn gc(
 ) -> anyhow::Result<ExitCode> {
     let checked = CheckedVolume::open(volume, base_dir)?;
     // Shadowed by the printable form (a URL's password is masked).
-    let volume = checked.display.as_str();
+    let volume = checked.paths.display.as_str();
     // Held until gc returns: no mount of this volume starts on this host.
     let _lock = if dry_run { None } else { checked.lock()? };
     let report = checked.check()?;
@@ -336,10 +335,8 @@ fn main() -> ExitCode {
             eprintln!("fsctl: {err:#}");
             let unreachable = err.chain().any(|cause| {
                 matches!(
-                    cause.downcast_ref::<supervisor::Error>(),
-                    Some(
-                        supervisor::Error::Unreachable { .. } | supervisor::Error::NoAnswer { .. }
-                    )
+                    cause.downcast_ref::<ProtocolError>(),
+                    Some(ProtocolError::Unreachable { .. } | ProtocolError::NoAnswer { .. })
                 )
             });
             ExitCode::from(if unreachable { 3 } else { 1 })
@@ -373,7 +370,7 @@ fn run() -> anyhow::Result<ExitCode> {
                 key_file: encryption_key_file,
                 passphrase_file,
             })?;
-            let meta_url = baton_meta::postgres::redact_url(&formatted.meta_url);
+            let meta_url = &formatted.meta_display;
             println!(
                 "formatted volume {name}: metadata {meta_url}, data {}",
                 formatted.storage_url
@@ -469,11 +466,7 @@ fn upgrade_supervisor(
     let request = Request::UpgradeSupervisor {
         binary: binary.to_path_buf(),
     };
-    match supervisor::control::request(
-        socket,
-        &request,
-        supervisor::daemon::command_timeout(&request),
-    ) {
+    match client::request(socket, &request, command_timeout(&request)) {
         Ok(Reply::SupervisorRestarting { pid, mounts, .. }) => {
             println!(
                 "fs-supervisor (pid {pid}) re-executes as {} with {mounts} mount(s)",
@@ -490,11 +483,7 @@ fn upgrade_supervisor(
     let mut last = String::from("no answer yet");
     while std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(50));
-        let report = match supervisor::control::request(
-            socket,
-            &Request::Status,
-            std::time::Duration::from_secs(5),
-        ) {
+        let report = match client::request(socket, &Request::Status, Duration::from_secs(5)) {
             Ok(Reply::Status { report }) => report,
             Ok(other) => {
                 last = format!("{other:?}");
@@ -728,8 +717,7 @@ fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
 }
 
 fn call(socket: &std::path::Path, request: &Request) -> anyhow::Result<Reply> {
-    let timeout = supervisor::daemon::command_timeout(request);
-    Ok(supervisor::control::request(socket, request, timeout)?)
+    Ok(client::request(socket, request, command_timeout(request))?)
 }
 
 /// Prints an error reply and picks the exit code.
@@ -811,7 +799,7 @@ fn up(
     base_dir: PathBuf,
     socket: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let paths = VolumePaths::new(&base_dir, name)?;
+    let paths = VolumePaths::named(name, &base_dir)?;
     if !paths.dir.join("meta.db").exists() {
         let request = FormatRequest {
             name: name.to_string(),
@@ -868,7 +856,7 @@ fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let binary = std::env::current_exe()?.with_file_name("fs-supervisor");
-    let state_dir = PathBuf::from(supervisor::daemon::DEFAULT_STATE_DIR);
+    let state_dir = PathBuf::from(DEFAULT_STATE_DIR);
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("creating {}", state_dir.display()))?;
     let log_path = state_dir.join("fs-supervisor.log");
@@ -894,7 +882,7 @@ fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while upgrade_protocol::connect_seqpacket(socket).is_err() {
         if let Ok(Some(status)) = child.try_wait() {
-            let tail = supervisor::state_file::log_tail(&log_path);
+            let tail = upgrade_protocol::log_tail(&log_path);
             let said = tail.lines().rev().find(|l| !l.trim().is_empty());
             anyhow::bail!(
                 "fs-supervisor exited ({status}) before answering on {}: {}",

@@ -29,7 +29,7 @@
 //! it is working on would run twice.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -40,6 +40,7 @@ use upgrade_protocol::{listen_seqpacket, MountRecord};
 
 use super::{job_starter, Daemon};
 use crate::executor::{Mount, NewMount};
+use crate::generation::pidfd_open;
 
 /// How long the previous supervisor's generation may take to exit after
 /// SIGKILL before the mount is left alone (RESEND is unsafe while it lives).
@@ -89,19 +90,10 @@ pub fn mounted_connection(mountpoint: &Path) -> Option<u32> {
             let point = fields.nth(1)?;
             let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
             let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-            (fuse && Path::new(&point.replace("\\040", " ")) == mountpoint).then_some(devno)
+            (fuse && Path::new(&fuse_wire::unescape_mountinfo(point)) == mountpoint)
+                .then_some(devno)
         })
         .find_map(|devno| devno.split_once(':')?.1.parse().ok())
-}
-
-fn pidfd_open(pid: u32) -> Result<OwnedFd, nix::errno::Errno> {
-    // SAFETY: pidfd_open takes a pid and flags, returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(nix::errno::Errno::last());
-    }
-    // SAFETY: the kernel just returned this fd; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Whether `fd` is an open /dev/fuse (what the fd store must hold).
@@ -127,21 +119,9 @@ pub fn stop_previous_generation(pid: u32, socket: &Path) -> Result<(), String> {
         );
         return Ok(());
     }
-    // SAFETY: pidfd_send_signal on our pidfd with no siginfo.
-    let sent = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            libc::SIGKILL,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
-    };
-    if sent < 0 {
-        let errno = nix::errno::Errno::last();
-        if errno != nix::errno::Errno::ESRCH {
-            return Err(format!("killing generation pid {pid}: {errno}"));
-        }
+    match rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+        Err(errno) => return Err(format!("killing generation pid {pid}: {errno}")),
     }
     let deadline = Instant::now() + Duration::from_millis(PREVIOUS_EXIT_WAIT_MS);
     loop {
@@ -184,17 +164,10 @@ pub fn fd_from_previous_generation(pid: u32, socket: &Path) -> Result<Option<Own
         tracing::warn!(pid, fds = ?fuse, "the previous generation holds no single /dev/fuse fd");
         return Ok(None);
     };
-    // SAFETY: pidfd_getfd(pidfd, targetfd, flags=0) returns a new
-    // close-on-exec fd referring to the same open file, or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
-    if fd < 0 {
-        let errno = nix::errno::Errno::last();
-        return Err(format!(
-            "pidfd_getfd(generation pid {pid}, fd {target}): {errno}"
-        ));
-    }
-    // SAFETY: the kernel just returned this fd; nothing else owns it.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    // The copy is close-on-exec (pidfd_getfd always sets it).
+    rustix::process::pidfd_getfd(&pidfd, target, rustix::process::PidfdGetfdFlags::empty())
+        .map(Some)
+        .map_err(|errno| format!("pidfd_getfd(generation pid {pid}, fd {target}): {errno}"))
 }
 
 /// Whether `pid` runs `fsclient serve --connect SOCKET` (read after the

@@ -1,7 +1,7 @@
 //! `fsctl format` through the library: a volume is created once, with its
 //! data directory, and bad names or a second format are refused clearly.
 
-use supervisor::volume::{format, FormatRequest, VolumeError, DEFAULT_BLOCK_SIZE_BYTES};
+use baton_volume::{format, FormatRequest, VolumeError, DEFAULT_BLOCK_SIZE_BYTES};
 
 fn request(base: &std::path::Path, name: &str) -> FormatRequest {
     FormatRequest {
@@ -54,10 +54,15 @@ fn bad_names_and_unreachable_storage_are_refused() {
             "{name:?}"
         );
     }
+    let req = request(base.path(), "sqlite:///x/meta.db");
+    assert!(
+        matches!(format(&req), Err(VolumeError::InvalidName { .. })),
+        "a URL is not a name"
+    );
     let mut req = request(base.path(), "vol2");
     req.storage_url = Some("ftp://nowhere/x".into());
     let err = format(&req).unwrap_err();
-    assert!(matches!(err, VolumeError::Storage(_)), "{err}");
+    assert!(matches!(err, VolumeError::FormatStorage { .. }), "{err}");
     assert!(
         !base.path().join("vol2/meta.db").exists(),
         "no metadata is written when storage fails"

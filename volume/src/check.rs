@@ -12,15 +12,16 @@
 //! committed in between is seen as referenced).
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use baton_blocks::{BlockStore, ObjectKey, StoredObject};
 use baton_meta::MetaStore;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 
-use crate::volume::VolumePaths;
+use crate::lock::{take_lock, LockMode};
+use crate::{VolumeError, VolumePaths};
 
 /// Objects younger than this are never deleted by gc (a flush may be
 /// between its upload and its commit).
@@ -29,53 +30,6 @@ pub const GC_MIN_AGE_SECS_DEFAULT: u64 = 3600;
 pub const SCAN_PAGE_ROWS_MAX: u32 = 4096;
 /// Problems listed one by one in a report (the counts are always whole).
 pub const REPORT_PROBLEMS_LISTED_MAX: usize = 20;
-
-/// Errors of fsck and gc.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckError {
-    /// The volume argument names nothing usable.
-    #[error("volume {volume}: {reason}")]
-    BadVolume {
-        /// As given.
-        volume: String,
-        /// Why.
-        reason: String,
-    },
-    /// Metadata could not be opened or read.
-    #[error("metadata of volume {volume}: {source}")]
-    Meta {
-        /// The volume.
-        volume: String,
-        /// The engine's error.
-        source: Box<baton_meta::MetaError>,
-    },
-    /// The storage could not be opened or listed.
-    #[error("storage of volume {volume}: {source}")]
-    Storage {
-        /// The volume.
-        volume: String,
-        /// The data layer's error.
-        source: Box<baton_blocks::BlocksError>,
-    },
-    /// The volume is served on this host.
-    #[error("volume {volume} is mounted on this host (lock {lock} is held): unmount it first, or run `fsctl gc --dry-run` to only report")]
-    Mounted {
-        /// The volume.
-        volume: String,
-        /// The lock file.
-        lock: PathBuf,
-    },
-    /// The lock file could not be used.
-    #[error("cannot lock volume {volume} at {lock}: {source}; check permissions")]
-    Lock {
-        /// The volume.
-        volume: String,
-        /// The lock file.
-        lock: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-}
 
 /// A referenced object that is not as the metadata says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,12 +72,8 @@ impl CheckReport {
 
 /// An opened volume for checking.
 pub struct CheckedVolume {
-    /// The volume as given.
-    pub display: String,
-    /// Its SQLite metadata path (for the lock); `None` for PostgreSQL,
-    /// whose mounts on other hosts no local lock sees (the minimum age
-    /// protects their uploads).
-    pub meta_path: Option<PathBuf>,
+    /// Where its files are.
+    pub paths: VolumePaths,
     /// Metadata.
     pub meta: Box<dyn MetaStore>,
     /// Storage (the URL the volume records).
@@ -133,67 +83,37 @@ pub struct CheckedVolume {
 impl CheckedVolume {
     /// Opens `volume`: a name under `base_dir`, `sqlite:///path/meta.db`
     /// or `postgres://user@host:port/db`.
-    pub fn open(volume: &str, base_dir: &Path) -> Result<CheckedVolume, CheckError> {
-        if baton_meta::postgres::is_postgres_url(volume) {
-            return Self::open_url(volume, volume, None);
-        }
-        let meta_path = if let Some(path) = volume.strip_prefix("sqlite://") {
-            PathBuf::from(path)
-        } else {
-            VolumePaths::new(base_dir, volume)
-                .map_err(|e| CheckError::BadVolume {
-                    volume: volume.to_string(),
-                    reason: e.to_string(),
-                })?
-                .dir
-                .join("meta.db")
-        };
-        let url = meta_path.display().to_string();
-        Self::open_url(volume, &url, Some(meta_path))
-    }
-
-    fn open_url(
-        volume: &str,
-        meta_url: &str,
-        meta_path: Option<PathBuf>,
-    ) -> Result<CheckedVolume, CheckError> {
-        let volume = baton_meta::postgres::redact_url(volume);
-        let volume = volume.as_str();
-        let meta_err = |source| CheckError::Meta {
-            volume: volume.to_string(),
-            source: Box::new(source),
-        };
-        let meta = baton_meta::open(meta_url).map_err(meta_err)?;
+    pub fn open(volume: &str, base_dir: &Path) -> Result<CheckedVolume, VolumeError> {
+        let paths = VolumePaths::resolve(volume, base_dir)?;
+        let meta = baton_meta::open(&paths.meta_url).map_err(|cause| VolumeError::MetaOpen {
+            volume: paths.display.clone(),
+            cause: Box::new(cause),
+        })?;
         let storage_url = meta.volume().storage_url;
         // Listing and deleting need no key; sizes of encoded objects are
         // not block sizes (see `check`).
         let store =
-            BlockStore::open_undecoded(&storage_url).map_err(|source| CheckError::Storage {
-                volume: volume.to_string(),
-                source: Box::new(source),
+            BlockStore::open_undecoded(&storage_url).map_err(|cause| VolumeError::Storage {
+                volume: paths.display.clone(),
+                cause: Box::new(cause),
             })?;
-        Ok(CheckedVolume {
-            display: volume.to_string(),
-            meta_path,
-            meta,
-            store,
-        })
+        Ok(CheckedVolume { paths, meta, store })
     }
 
     /// Compares the block map with the storage listing.
-    pub fn check(&self) -> Result<CheckReport, CheckError> {
+    pub fn check(&self) -> Result<CheckReport, VolumeError> {
         // Storage first: an object committed after the listing is referenced
         // by then, so it is never taken for garbage.
         let stored = self
             .store
             .list_objects()
-            .map_err(|source| CheckError::Storage {
-                volume: self.display.clone(),
-                source: Box::new(source),
+            .map_err(|source| VolumeError::Storage {
+                volume: self.paths.display.clone(),
+                cause: Box::new(source),
             })?;
-        let meta_err = |source| CheckError::Meta {
-            volume: self.display.clone(),
-            source: Box::new(source),
+        let meta_err = |source| VolumeError::Meta {
+            volume: self.paths.display.clone(),
+            cause: Box::new(source),
         };
         let sizes: std::collections::HashMap<String, u64> = stored
             .iter()
@@ -242,37 +162,20 @@ impl CheckedVolume {
         Ok(report)
     }
 
-    /// Takes the volume lock (SQLite volumes) for the lifetime of the
-    /// returned value.
-    pub fn lock(&self) -> Result<Option<Flock<File>>, CheckError> {
-        let Some(meta_path) = &self.meta_path else {
+    /// Takes the volume lock for the lifetime of the returned value, so no
+    /// mount of the volume starts on this host meanwhile. A PostgreSQL
+    /// volume takes none: mounts on other hosts would not see it, and the
+    /// minimum age protects their uploads.
+    pub fn lock(&self) -> Result<Option<Flock<File>>, VolumeError> {
+        if self.paths.is_shared() {
             return Ok(None);
-        };
-        let mut name = meta_path.as_os_str().to_owned();
-        name.push(".lock");
-        let lock = PathBuf::from(name);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock)
-            .map_err(|source| CheckError::Lock {
-                volume: self.display.clone(),
-                lock: lock.clone(),
-                source,
-            })?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        }
+        match take_lock(&self.paths, LockMode::Exclusive) {
             Ok(held) => Ok(Some(held)),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(CheckError::Mounted {
-                volume: self.display.clone(),
-                lock,
-            }),
-            Err((_, errno)) => Err(CheckError::Lock {
-                volume: self.display.clone(),
-                lock,
-                source: errno.into(),
-            }),
+            Err(VolumeError::AlreadyMounted { volume, path, .. }) => {
+                Err(VolumeError::Mounted { volume, lock: path })
+            }
+            Err(other) => Err(other),
         }
     }
 }

@@ -27,7 +27,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{getsockopt, sockopt};
 use upgrade_protocol::{
     accept_seqpacket, listen_seqpacket, recv_message, ErrorKind, Message, Reply, Request,
-    StatusReport,
+    StatusReport, VolumeSpec,
 };
 
 use crate::cgroup;
@@ -43,13 +43,10 @@ use crate::state_file::StateDir;
 use crate::systemd::{self, Notifier};
 use crate::Error;
 
-#[path = "restore.rs"]
 pub mod restore;
-#[path = "succession.rs"]
 pub mod succession;
 
-/// Default state directory.
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/baton/supervisor";
+pub use upgrade_protocol::client::DEFAULT_STATE_DIR;
 /// Mounts one supervisor holds at most.
 pub const MOUNTS_MAX: usize = 256;
 /// Fds a mount costs the supervisor at most: the /dev/fuse fd, the
@@ -916,7 +913,7 @@ impl Daemon {
         reply: Sender<Reply>,
         how: MountHow<'_>,
     ) -> Result<(), Reply> {
-        let mountpoint = self.validate(&volume, mountpoint, &base_dir)?;
+        let (mountpoint, spec) = self.validate(&volume, mountpoint, &base_dir)?;
         let id = mounting::mount_id(&mountpoint);
         let failed = |message: String| Reply::Error {
             kind: ErrorKind::Failed,
@@ -935,11 +932,11 @@ impl Daemon {
             .state
             .open_log(&id)
             .map_err(|err| failed(err.to_string()))?;
-        let (channel, init, connection_id) = mounting::mount_and_init(&mountpoint, &volume)
-            .map_err(|err| {
+        let (channel, init, connection_id) =
+            mounting::mount_and_init(&mountpoint, &spec).map_err(|err| {
                 let _ = std::fs::remove_file(&socket_path);
                 failed(format!(
-                    "mounting volume {volume} at {}: {err}",
+                    "mounting volume {spec} at {}: {err}",
                     mountpoint.display()
                 ))
             })?;
@@ -990,7 +987,14 @@ impl Daemon {
     }
 
     /// Checks a mount request; returns the canonical mountpoint.
-    fn validate(&self, volume: &str, mountpoint: &Path, base_dir: &Path) -> Result<PathBuf, Reply> {
+    /// Checks a mount request: returns the canonical mountpoint and the
+    /// parsed volume.
+    fn validate(
+        &self,
+        volume: &str,
+        mountpoint: &Path,
+        base_dir: &Path,
+    ) -> Result<(PathBuf, VolumeSpec), Reply> {
         if self.mounts.len() >= MOUNTS_MAX {
             return Err(invalid(format!(
                 "this fs-supervisor holds {MOUNTS_MAX} mounts already; unmount one first"
@@ -1006,18 +1010,19 @@ impl Daemon {
                 canonical.display()
             )));
         }
-        let meta = mounting::check_volume(volume, base_dir)?;
-        if let Some(m) = self
-            .mounts
-            .iter()
-            .find(|m| mounting::check_volume(&m.volume, &m.base_dir).ok() == Some(meta.clone()))
-        {
+        let spec = VolumeSpec::parse(volume).map_err(|err| invalid(err.to_string()))?;
+        let identity = mounting::check_volume(&spec, base_dir)?;
+        let held = |m: &&Mount| {
+            let other = VolumeSpec::parse(&m.volume).ok();
+            other.is_some_and(|other| other.local_dir(&m.base_dir) == identity)
+        };
+        if let Some(m) = self.mounts.iter().find(held) {
             return Err(invalid(format!(
-                "volume {volume} is already mounted at {}; a volume is served by one mount at a time",
+                "volume {spec} is already mounted at {}; a volume is served by one mount at a time",
                 m.mountpoint.display()
             )));
         }
-        mounting::check_mountpoint(mountpoint)
+        Ok((mounting::check_mountpoint(mountpoint)?, spec))
     }
 }
 
@@ -1026,17 +1031,4 @@ pub fn default_client_binary() -> PathBuf {
     std::env::current_exe()
         .map(|exe| exe.with_file_name("fsclient"))
         .unwrap_or_else(|_| PathBuf::from("fsclient"))
-}
-
-/// How long fsctl waits for each command by default.
-pub fn command_timeout(request: &Request) -> Duration {
-    match request {
-        Request::Status => Duration::from_secs(10),
-        Request::Mount { .. } | Request::Umount { .. } => Duration::from_secs(90),
-        // The supervisor rolls back at the deadline; leave it time to say so.
-        Request::Upgrade { timeout_ms, .. } => {
-            Duration::from_millis(*timeout_ms) + Duration::from_secs(30)
-        }
-        Request::UpgradeSupervisor { .. } => reexec::PREFLIGHT_TIMEOUT + Duration::from_secs(10),
-    }
 }
