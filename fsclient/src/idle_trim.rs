@@ -7,7 +7,7 @@
 //! That is memory the node lacks, and it is time too: a kill -9 takeover
 //! cannot start before the kernel has freed the dead process's memory,
 //! 8.7 ms for that generation against 2.3 ms for an idle one (session 14,
-//! docs/BENCHMARKS.md). Large buffers allocated with mmap instead (a fixed
+//! docs/benchmarks-history.md). Large buffers allocated with mmap instead (a fixed
 //! `M_MMAP_THRESHOLD`) kept it at 6.5 MiB, but their page faults cost 20 %
 //! of sequential write and 45 % of sequential read throughput. So once an
 //! interval passed in which nothing was answered, the stats thread trims

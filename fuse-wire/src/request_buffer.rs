@@ -25,7 +25,7 @@
 //! `MADV_HUGEPAGE`: the kernel frees two huge pages where it freed a
 //! thousand small ones. Measured on the 2-vCPU VM with `baton-bench stall
 //! --kills 60` (alternating builds, 3 rounds): warm-standby stall p50 4.75,
-//! 4.84, 4.72 ms → 3.81, 3.88, 3.92 ms (docs/BENCHMARKS.md, session 16).
+//! 4.84, 4.72 ms → 3.81, 3.88, 3.92 ms (docs/benchmarks-history.md, session 16).
 //! The mapping is locked whole: locking part of a huge page splits it.
 //! Where the kernel has no huge page to give (THP off, a memory cgroup at
 //! its limit, fragmented memory), the mapping is small pages, as a `Vec`

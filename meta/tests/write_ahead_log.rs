@@ -45,7 +45,7 @@ fn a_stream_of_writes_keeps_the_write_ahead_log_short_and_loses_nothing() {
     // commit checkpoints by itself, or writes wait for the thread. What is
     // asserted is that bound. That no commit waits for a whole checkpoint
     // on a quiet machine is a matter of time, measured in
-    // docs/BENCHMARKS.md.
+    // docs/benchmarks-history.md (session 11).
     assert!(
         longest < 24 << 20,
         "the write-ahead log grew to {longest} bytes"

@@ -8,7 +8,7 @@
 //! worker or an application woken there waited behind it: on a 2-vCPU VM
 //! that made the slowest application call of a planned upgrade 2.81-3.14
 //! ms (p50 over 50 upgrades, three runs), 1.91-2.02 ms with this module
-//! (`baton-bench upgrade-stall`, docs/BENCHMARKS.md, session 14).
+//! (`baton-bench upgrade-stall`, docs/benchmarks-history.md, session 14).
 //!
 //! So such a generation starts under `SCHED_IDLE` ([`Startup::Background`]):
 //! it runs on CPU time nobody else wants, and any thread woken beside it
