@@ -39,6 +39,7 @@ use nix::sys::signal::{SigSet, Signal};
 use upgrade_protocol::{
     decode_state, encode_state, monotonic_ns, recv_message, send_message, GenerationCounters,
     HandleState, HandoverState, InflightJournal, Message, NegotiatedInit, ProtocolError,
+    Unanswered,
 };
 
 use crate::error::{Error, Result};
@@ -65,8 +66,8 @@ pub struct Adoption {
     pub connection: u64,
     /// INIT result.
     pub init: NegotiatedInit,
-    /// Send RESEND before reading.
-    pub resend: bool,
+    /// What to do first with the requests a dead reader left.
+    pub unanswered: Unanswered,
     /// A predecessor's handover state.
     pub handover: Option<PathBuf>,
 }
@@ -78,7 +79,7 @@ pub fn receive_adopt(socket: &OwnedFd, path: &Path) -> Result<(Adoption, OwnedFd
         generation,
         connection,
         init,
-        resend,
+        unanswered,
         handover,
     } = message
     else {
@@ -98,7 +99,7 @@ pub fn receive_adopt(socket: &OwnedFd, path: &Path) -> Result<(Adoption, OwnedFd
             generation,
             connection,
             init,
-            resend,
+            unanswered,
             handover,
         },
         fd,
@@ -135,7 +136,7 @@ impl Generation {
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
         fs.set_connection(adoption.connection, adoption.generation, inherited);
-        let recovering = adoption.handover.is_none() && adoption.resend;
+        let recovering = adoption.handover.is_none() && adoption.unanswered == Unanswered::Resend;
         if !recovering {
             // The predecessor, if any, is fenced: staging is ours. (After a
             // death, `recover` takes it over in its own scan, which is in
@@ -181,8 +182,8 @@ impl Generation {
 
     /// Sends RESEND if asked, answers `journal`, starts the workers and
     /// tells the supervisor it serves.
-    pub fn start(&self, journal: &InflightJournal, resend: bool) -> Result<()> {
-        if resend {
+    pub fn start(&self, journal: &InflightJournal, unanswered: Unanswered) -> Result<()> {
+        if unanswered == Unanswered::Resend {
             self.session.resend()?;
         }
         for raw in &journal.requests {
@@ -274,8 +275,8 @@ impl Generation {
                     };
                     this.send(&answer);
                 }
-                Ok((Message::Resume { resend }, _)) => {
-                    if let Err(err) = this.resume(resend) {
+                Ok((Message::Resume { unanswered }, _)) => {
+                    if let Err(err) = this.resume(unanswered) {
                         tracing::error!(%err, "cannot resume after a failed upgrade; exiting so a new generation recovers");
                         std::process::exit(1);
                     }
@@ -370,7 +371,7 @@ impl Generation {
             Err(err) => {
                 // Serve on: nothing was handed over.
                 *lock(&self.journaled) = inflight;
-                self.resume(false)?;
+                self.resume(Unanswered::Leave)?;
                 Err(err)
             }
         }
@@ -448,7 +449,7 @@ impl Generation {
     /// and would act once unfenced, racing the replay: instead this process
     /// exits, and the supervisor's crash path starts a clean generation
     /// that recovers everything with RESEND (applications see a stall).
-    fn resume(&self, resend: bool) -> Result<()> {
+    fn resume(&self, unanswered: Unanswered) -> Result<()> {
         let journal = InflightJournal {
             requests: std::mem::take(&mut *lock(&self.journaled)),
         };
@@ -463,8 +464,8 @@ impl Generation {
         // Whatever the successor staged before it failed is ours again.
         self.fs.own_staging()?;
         self.channel.unseal();
-        tracing::info!(resend, "resuming after a rolled-back upgrade");
-        self.start(&journal, resend)
+        tracing::info!(?unanswered, "resuming after a rolled-back upgrade");
+        self.start(&journal, unanswered)
     }
 }
 

@@ -155,7 +155,7 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let idle = fuse_wire::IdleWorkers::spawn(options.threads, buffer_len)?;
     let socket = connect_seqpacket(connect)?;
     let (adoption, fd) = receive_adopt(&socket, connect)?;
-    let (generation_number, resend) = (adoption.generation, adoption.resend);
+    let (generation_number, unanswered) = (adoption.generation, adoption.unanswered);
     // Every line from here on, in every thread of this generation, names
     // the mount and the generation.
     let mount = std::env::var(MOUNT_ID_ENV).unwrap_or_else(|_| held.name.clone());
@@ -169,8 +169,8 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     if !planned {
         generation.open_session(&held.name)?;
     }
-    tracing::info!(volume = %held.name, generation = generation_number, resend, journaled = journal.requests.len(), "adopted the FUSE connection");
-    generation.start(&journal, resend)?;
+    tracing::info!(volume = %held.name, generation = generation_number, ?unanswered, journaled = journal.requests.len(), "adopted the FUSE connection");
+    generation.start(&journal, unanswered)?;
     if planned {
         generation.open_session(&held.name)?;
     }

@@ -56,7 +56,7 @@ fn adopt_with(
         generation: number,
         connection: 5,
         init,
-        resend: false,
+        unanswered: upgrade_protocol::Unanswered::Leave,
         handover: handover.map(Path::to_path_buf),
     };
     send_message(stream.as_fd(), &adopt, &[channel.fd()]).unwrap();

@@ -22,7 +22,9 @@ use std::sync::Arc;
 
 use common::*;
 use fuse_wire::{Channel, InitConfig, InitParams};
-use upgrade_protocol::{accept_seqpacket, listen_seqpacket, recv_message, send_message, Message};
+use upgrade_protocol::{
+    accept_seqpacket, listen_seqpacket, recv_message, send_message, Message, Unanswered,
+};
 
 /// The test as supervisor: holds the mounted, initialized connection.
 struct Holder {
@@ -80,7 +82,7 @@ impl Holder {
     }
 
     /// Hands the connection to `generation`; returns once it serves.
-    fn adopt(&self, generation: Generation, resend: bool) -> ChildGuard {
+    fn adopt(&self, generation: Generation, unanswered: Unanswered) -> ChildGuard {
         // A generation that fails at start never connects: fail, do not hang.
         let mut ready = [nix::poll::PollFd::new(
             generation.listener.as_fd(),
@@ -97,7 +99,7 @@ impl Holder {
             generation: generation.number,
             connection: 7,
             init: upgrade_protocol::NegotiatedInit::from(&self.params),
-            resend,
+            unanswered,
             handover: None,
         };
         send_message(stream.as_fd(), &adopt, &[self.channel.fd()]).unwrap();
@@ -135,7 +137,7 @@ fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
         spawn_generation(&vol, 3),
     );
 
-    let mut gen1 = holder.adopt(g1, false);
+    let mut gen1 = holder.adopt(g1, Unanswered::Leave);
     fs::write(mnt.join("one"), b"from generation 1").unwrap();
     let open_across = File::open(mnt.join("one")).unwrap();
     sigterm(&mut gen1);
@@ -144,7 +146,7 @@ fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
         "serve never unmounts"
     );
 
-    let mut gen2 = holder.adopt(g2, true);
+    let mut gen2 = holder.adopt(g2, Unanswered::Resend);
     assert_eq!(fs::read(mnt.join("one")).unwrap(), b"from generation 1");
     let mut buf = [0u8; 4];
     open_across.read_exact_at(&mut buf, 5).unwrap();
@@ -166,7 +168,7 @@ fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
 
     // No generation alive: the successor recovers the staged data, and the
     // RESEND makes the kernel redeliver anything gen2 had read.
-    let mut gen3 = holder.adopt(g3, true);
+    let mut gen3 = holder.adopt(g3, Unanswered::Resend);
     assert_eq!(
         fs::read(mnt.join("two")).unwrap(),
         b"staged by generation 2"

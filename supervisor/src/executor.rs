@@ -15,7 +15,7 @@ use fuse_wire::Channel;
 use nix::sys::signal::Signal;
 use upgrade_protocol::{
     log_tail, send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus,
-    NegotiatedInit, Recovery, Reply, Restarts, UpgradeReport, RECORD_FORMAT_VERSION,
+    NegotiatedInit, Recovery, Reply, Restarts, Unanswered, UpgradeReport, RECORD_FORMAT_VERSION,
 };
 
 use crate::cgroup;
@@ -353,7 +353,7 @@ impl Mount {
                     process.raise_priority();
                 }
             }
-            Action::SendAdopt { resend } => self.send_adopt(resend),
+            Action::SendAdopt { unanswered } => self.send_adopt(unanswered),
             Action::TerminateActive => self.signal(Role::Active, Signal::SIGTERM),
             Action::KillActive => self.signal(Role::Active, Signal::SIGKILL),
             Action::KillStandby => self.signal(Role::Standby, Signal::SIGKILL),
@@ -389,7 +389,7 @@ impl Mount {
             Action::RetireActive => self.retiring = self.active.take(),
             Action::SendAdoptHandover => {
                 let state = self.upgrade.as_ref().and_then(|u| u.state_file.clone());
-                self.send_adopt_with(false, state);
+                self.send_adopt_with(Unanswered::Leave, state);
             }
             Action::StartProbe => start_job(self, Job::Probe),
             Action::ExitRetiring => {
@@ -405,8 +405,8 @@ impl Mount {
                 );
                 self.active = self.retiring.take();
             }
-            Action::SendResume { resend } => {
-                if !self.send_to(Role::Active, &Message::Resume { resend }) {
+            Action::SendResume { unanswered } => {
+                if !self.send_to(Role::Active, &Message::Resume { unanswered }) {
                     // It cannot hear us: kill it, the crash path recovers.
                     self.signal(Role::Active, Signal::SIGKILL);
                 }
@@ -469,11 +469,11 @@ impl Mount {
         }
     }
 
-    fn send_adopt(&mut self, resend: bool) {
-        self.send_adopt_with(resend, None);
+    fn send_adopt(&mut self, unanswered: Unanswered) {
+        self.send_adopt_with(unanswered, None);
     }
 
-    fn send_adopt_with(&mut self, resend: bool, handover: Option<PathBuf>) {
+    fn send_adopt_with(&mut self, unanswered: Unanswered, handover: Option<PathBuf>) {
         let (Some(process), Some(channel)) = (self.active.as_mut(), self.channel.as_ref()) else {
             tracing::error!(mount = %self.id, "adopt without an active process or fd");
             return;
@@ -491,7 +491,7 @@ impl Mount {
             generation: process.generation,
             connection: self.connection,
             init: self.init,
-            resend,
+            unanswered,
             handover,
         };
         let sent = match &process.conn {
@@ -501,7 +501,7 @@ impl Mount {
         match sent {
             Ok(()) => {
                 process.adopted = true;
-                tracing::info!(mount = %self.id, generation = process.generation, pid = process.pid, resend, "fd handed over");
+                tracing::info!(mount = %self.id, generation = process.generation, pid = process.pid, ?unanswered, "fd handed over");
                 self.last_generation = process.generation;
                 self.record_changed = true;
             }

@@ -34,8 +34,14 @@
 //! # Example
 //! ```no_run
 //! # fn demo(sock: std::os::fd::BorrowedFd<'_>, fuse: std::os::fd::BorrowedFd<'_>, init: upgrade_protocol::NegotiatedInit) -> Result<(), upgrade_protocol::ProtocolError> {
-//! use upgrade_protocol::{send_message, Message};
-//! let adopt = Message::Adopt { generation: 2, connection: 7, init, resend: true, handover: None };
+//! use upgrade_protocol::{send_message, Message, Unanswered};
+//! let adopt = Message::Adopt {
+//!     generation: 2,
+//!     connection: 7,
+//!     init,
+//!     unanswered: Unanswered::Resend,
+//!     handover: None,
+//! };
 //! send_message(sock, &adopt, &[fuse])?;
 //! # Ok(()) }
 //! ```
@@ -70,7 +76,7 @@ pub use handover::{
 };
 pub use logs::{log_tail, LOG_TAIL_BYTES_MAX};
 pub use message::{
-    decode, encode, Message, NegotiatedInit, FORMAT_VERSION, MAGIC, MESSAGE_LEN_MAX,
+    decode, encode, Message, NegotiatedInit, Unanswered, FORMAT_VERSION, MAGIC, MESSAGE_LEN_MAX,
 };
 pub use size::parse_size;
 pub use socket::{accept_seqpacket, connect_seqpacket, listen_seqpacket, LISTEN_BACKLOG_MAX};

@@ -89,6 +89,39 @@ impl From<&NegotiatedInit> for fuse_wire::InitParams {
     }
 }
 
+/// What a generation that starts reading a connection does first with the
+/// requests an earlier reader took and never answered. On the wire it is
+/// the bool `resend` (true: [`Unanswered::Resend`]), as it always was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "bool", into = "bool")]
+pub enum Unanswered {
+    /// An earlier reader died with requests it had read: re-queue them all
+    /// with FUSE_NOTIFY_RESEND before the first read. Only when no other
+    /// reader is alive: RESEND re-queues the whole connection, so a live
+    /// reader's requests would run twice.
+    Resend,
+    /// No dead reader holds requests (a fresh connection, a planned upgrade
+    /// whose journal carries them, a rollback before the successor read):
+    /// read the queue as it is.
+    Leave,
+}
+
+impl From<bool> for Unanswered {
+    fn from(resend: bool) -> Unanswered {
+        if resend {
+            Unanswered::Resend
+        } else {
+            Unanswered::Leave
+        }
+    }
+}
+
+impl From<Unanswered> for bool {
+    fn from(unanswered: Unanswered) -> bool {
+        unanswered == Unanswered::Resend
+    }
+}
+
 /// A control message between a holder of the fd (supervisor) and a
 /// generation, or between fsctl and the supervisor (`Control`,
 /// `ControlReply`).
@@ -96,8 +129,8 @@ impl From<&NegotiatedInit> for fuse_wire::InitParams {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Message {
     /// Holder → generation, with the /dev/fuse fd attached: serve this
-    /// initialized connection. `resend`: no other generation is alive, so
-    /// send FUSE_NOTIFY_RESEND before the first read.
+    /// initialized connection; first, do with the requests an earlier
+    /// reader left unanswered what `unanswered` says.
     Adopt {
         /// The generation number.
         generation: u64,
@@ -108,8 +141,9 @@ pub enum Message {
         connection: u64,
         /// The connection's INIT result.
         init: NegotiatedInit,
-        /// Whether to send RESEND before reading.
-        resend: bool,
+        /// Re-queue a dead reader's requests, or read the queue as it is.
+        #[serde(rename = "resend")]
+        unanswered: Unanswered,
         /// A planned upgrade: the predecessor's handover state file (see
         /// `handover.rs`) to load, and its journal to answer, before reading.
         #[serde(default)]
@@ -163,10 +197,11 @@ pub enum Message {
         reason: String,
     },
     /// Holder → handed-over generation: the successor failed; serve again.
-    /// `resend`: the successor had read requests (it died): re-queue them.
     Resume {
-        /// Send FUSE_NOTIFY_RESEND before reading again.
-        resend: bool,
+        /// [`Unanswered::Resend`] when the successor died with requests it
+        /// had read.
+        #[serde(rename = "resend")]
+        unanswered: Unanswered,
     },
     /// Holder → handed-over generation: the successor serves; exit now
     /// without touching anything.

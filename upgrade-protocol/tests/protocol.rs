@@ -8,8 +8,8 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use upgrade_protocol::{
     decode, decode_record, encode, encode_record, recv_message, send_message, ClientOptions,
     ErrorKind, GenerationCounters, Message, MountRecord, MountStatus, NegotiatedInit,
-    OpcodeCounters, ProtocolError, Recovery, Reply, Request, Restarts, StatusReport, UpgradeReport,
-    LATENCY_BOUNDS_US, RECORD_FORMAT_VERSION,
+    OpcodeCounters, ProtocolError, Recovery, Reply, Request, Restarts, StatusReport, Unanswered,
+    UpgradeReport, LATENCY_BOUNDS_US, RECORD_FORMAT_VERSION,
 };
 
 /// Both ends of a SOCK_SEQPACKET socketpair, as between the supervisor and
@@ -44,7 +44,7 @@ fn adopt_frame_is_pinned() {
         generation: 3,
         connection: 0xfeed,
         init: init(),
-        resend: true,
+        unanswered: Unanswered::Resend,
         handover: None,
     })
     .unwrap();
@@ -64,7 +64,7 @@ fn adopt_frame_is_pinned() {
             generation: 3,
             connection: 0xfeed,
             init: init(),
-            resend: true,
+            unanswered: Unanswered::Resend,
             handover: None,
         }
     );
@@ -140,7 +140,7 @@ fn fds_arrive_close_on_exec_and_counts_are_checked() {
         generation: 2,
         connection: 1,
         init: init(),
-        resend: false,
+        unanswered: Unanswered::Leave,
         handover: None,
     };
     send_message(a.as_fd(), &message, &[file.as_fd()]).unwrap();

@@ -25,7 +25,7 @@ use fuse_wire::{Channel, InitConfig, InitParams, Session};
 use nix::sys::signal::{SigSet, Signal};
 use upgrade_protocol::{
     accept_seqpacket, connect_seqpacket, listen_seqpacket, recv_message, send_message, Message,
-    NegotiatedInit,
+    NegotiatedInit, Unanswered,
 };
 
 #[derive(Parser)]
@@ -169,7 +169,14 @@ fn run() -> anyhow::Result<ExitCode> {
             mount,
             socket,
             no_resend,
-        } => hold(&mount, &socket, !no_resend, &signals),
+        } => {
+            let unanswered = if no_resend {
+                Unanswered::Leave
+            } else {
+                Unanswered::Resend
+            };
+            hold(&mount, &socket, unanswered, &signals)
+        }
         Command::Adopt {
             connect,
             replay,
@@ -268,7 +275,7 @@ fn hand_off(
         connection: 0,
         handover: None,
         init: NegotiatedInit::from(params),
-        resend: false,
+        unanswered: Unanswered::Leave,
     };
     send_message(stream.as_fd(), &message, &[channel.fd()])?;
     Ok(())
@@ -277,7 +284,7 @@ fn hand_off(
 fn hold(
     mount: &Path,
     socket_path: &Path,
-    resend: bool,
+    unanswered: Unanswered,
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
     let (channel, params) = mount_and_init(mount)?;
@@ -291,7 +298,7 @@ fn hold(
                 connection: 0,
                 handover: None,
                 init: NegotiatedInit::from(&params),
-                resend,
+                unanswered,
             };
             if let Err(err) = send_message(stream.as_fd(), &message, &[channel.fd()]) {
                 tracing::error!(%err, "cannot hand the fd to a generation");
@@ -315,7 +322,7 @@ fn adopt(
     let Message::Adopt {
         generation,
         init,
-        resend,
+        unanswered,
         ..
     } = message
     else {
@@ -333,8 +340,8 @@ fn adopt(
         InitParams::from(&init),
         serving.memfs(),
     );
-    tracing::info!(generation, resend, "adopted the FUSE connection");
-    if resend {
+    tracing::info!(generation, ?unanswered, "adopted the FUSE connection");
+    if unanswered == Unanswered::Resend {
         session.resend()?;
     }
     if let Some(path) = replay {

@@ -351,11 +351,8 @@ impl BatonFs {
         let mut flushed = false;
         loop {
             let written = {
-                let _guard = self.inode_lock(ino);
-                if self.fenced.load(std::sync::atomic::Ordering::SeqCst) {
-                    // Handing over: the next generation writes it (journal).
-                    return Err(baton_meta::MetaError::Fenced { op: "write" }.into());
-                }
+                // Handing over: the next generation writes it (journal).
+                let _guard = self.staging_lock(ino, "write")?;
                 if self.wrote_through(ino, arg.offset, data) {
                     Ok(())
                 } else {
@@ -406,7 +403,7 @@ impl BatonFs {
             0 => {
                 let size = self.logical_size(ino)?;
                 if end > size {
-                    let _guard = self.inode_lock(ino);
+                    let _guard = self.staging_lock(ino, "fallocate")?;
                     self.staging.set_size(ino, end)?;
                     self.invalidate(ino);
                 }
@@ -427,7 +424,7 @@ impl BatonFs {
     /// the partial blocks at the edges are rewritten with zeros, all in one
     /// commit.
     fn punch_hole(&self, ino: u64, offset: u64, end: u64) -> Result<()> {
-        let _guard = self.inode_lock(ino);
+        let _guard = self.staging_lock(ino, "punch hole")?;
         self.flush_locked(ino, &[])?;
         let attr = self.meta.getattr(ino)?;
         let end = end.min(attr.size);

@@ -32,6 +32,9 @@ mod staging_dirs;
 mod write_through;
 mod xattr;
 
+#[cfg(test)]
+mod fence_tests;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -355,6 +358,22 @@ impl BatonFs {
 
     fn inode_lock(&self, ino: u64) -> MutexGuard<'_, ()> {
         lock(&self.inode_locks[self.inode_stripe(ino)])
+    }
+
+    /// The inode's stripe, held for a change to staging (a write, a size
+    /// record); refused once fenced.
+    /// Invariant: a fenced generation starts no staging write. The next
+    /// generation owns staging from its adoption on, and replays the
+    /// journaled request itself: a late write here (a truncate's size
+    /// record after the new generation's write, say) would undo its work.
+    /// [`BatonFs::fence`] waits for every stripe, so a change that got its
+    /// stripe before the fence has finished when `fence` returns.
+    fn staging_lock(&self, ino: u64, op: &'static str) -> Result<MutexGuard<'_, ()>> {
+        let guard = self.inode_lock(ino);
+        if self.fenced.load(Ordering::SeqCst) {
+            return Err(baton_meta::MetaError::Fenced { op }.into());
+        }
+        Ok(guard)
     }
 
     fn inode_stripe(&self, ino: u64) -> usize {

@@ -184,7 +184,7 @@ impl BatonFs {
                 Errno::EFBIG,
             ));
         }
-        let _guard = self.inode_lock(ino);
+        let _guard = self.staging_lock(ino, "truncate")?;
         self.staging.set_size(ino, size)?;
         self.invalidate(ino);
         if self.handles.open_count(ino) <= handles_max {

@@ -52,6 +52,7 @@
 //! `give_up_after`, that many consecutive failed starts stop restarting.
 
 use super::upgrade::{self, Outcome, Phase};
+use upgrade_protocol::Unanswered;
 
 /// Delay between a takeover (or a first serve) and starting the next
 /// standby: fork+exec would compete with the takeover on a small machine.
@@ -297,8 +298,9 @@ pub enum Action {
     PromoteStandby,
     /// Send Adopt with the fd to the (connected) active process.
     SendAdopt {
-        /// RESEND before reading: no other generation is alive.
-        resend: bool,
+        /// [`Unanswered::Resend`] after a death: no other generation that
+        /// read requests is alive.
+        unanswered: Unanswered,
     },
     /// SIGTERM the active generation (it flushes and exits).
     TerminateActive,
@@ -347,8 +349,9 @@ pub enum Action {
     ReinstateRetiring,
     /// Tell the (reinstated) old generation to serve again.
     SendResume {
-        /// RESEND first: the incoming generation died with requests.
-        resend: bool,
+        /// [`Unanswered::Resend`]: the incoming generation died with
+        /// requests it had read.
+        unanswered: Unanswered,
     },
     /// SIGKILL the retiring generation.
     KillRetiring,
@@ -409,7 +412,10 @@ pub fn step(state: State, event: Event, policy: &Policy) -> (State, Vec<Action>)
                 failures,
             },
             vec![Action::SendAdopt {
-                resend: attempt == Attempt::Restart,
+                unanswered: match attempt {
+                    Attempt::Restart => Unanswered::Resend,
+                    Attempt::First => Unanswered::Leave,
+                },
             }],
         ),
         (S::Launching { .. } | S::Adopting { .. }, E::Timer(Timer::StartDeadline)) => {
@@ -662,7 +668,9 @@ fn take_over(standby: Standby, failures: u32) -> (State, Vec<Action>) {
             },
             vec![
                 Action::PromoteStandby,
-                Action::SendAdopt { resend: true },
+                Action::SendAdopt {
+                    unanswered: Unanswered::Resend,
+                },
                 deadline,
                 plan_standby(failures),
             ],

@@ -156,7 +156,10 @@ fn every_pair_keeps_the_invariants() {
         // asked for when the adopted generation has just exited (or
         // none was ever adopted since the last one died).
         for action in &actions {
-            if let Action::SendAdopt { resend: true } = action {
+            if let Action::SendAdopt {
+                unanswered: Unanswered::Resend,
+            } = action
+            {
                 let after_death = matches!(event, Event::ActiveExited(_));
                 let cold_restart = matches!(
                     state,
@@ -176,7 +179,9 @@ fn every_pair_keeps_the_invariants() {
             assert!(retire.is_some_and(|r| r < adopt), "{ctx}");
             assert_eq!(event, Event::HandedOver, "{ctx}");
         }
-        if actions.contains(&Action::SendResume { resend: true }) {
+        if actions.contains(&Action::SendResume {
+            unanswered: Unanswered::Resend,
+        }) {
             assert!(matches!(event, Event::ActiveExited(_)), "{ctx}");
             assert!(actions.contains(&Action::ReinstateRetiring), "{ctx}");
         }
@@ -267,7 +272,12 @@ fn ready_standby_takes_over_with_resend_at_once() {
         .iter()
         .position(|a| *a == Action::PromoteStandby)
         .expect("promote");
-    assert_eq!(actions[promote + 1], Action::SendAdopt { resend: true });
+    assert_eq!(
+        actions[promote + 1],
+        Action::SendAdopt {
+            unanswered: Unanswered::Resend
+        }
+    );
     assert!(actions.contains(&Action::ArmTimer {
         timer: Timer::StandbySpawn,
         after_ms: STANDBY_DELAY_MS
@@ -288,7 +298,12 @@ fn first_generation_is_adopted_without_resend_and_failure_fails_the_mount() {
     let (state, actions) = start();
     assert_eq!(actions[0], Action::SpawnActive);
     let (state, actions) = step(state, Event::ActiveConnected, &POLICY);
-    assert_eq!(actions, vec![Action::SendAdopt { resend: false }]);
+    assert_eq!(
+        actions,
+        vec![Action::SendAdopt {
+            unanswered: Unanswered::Leave
+        }]
+    );
     let dead = death(Cause::Exit(2));
     let (state, actions) = step(state, Event::ActiveExited(dead), &POLICY);
     assert_eq!(state, State::Unmounted);
@@ -369,7 +384,12 @@ fn stable_generation_death_restarts_cold_at_once_without_standby() {
     );
     assert!(actions.contains(&Action::SpawnActive));
     let (_, actions) = step(next, Event::ActiveConnected, &policy);
-    assert_eq!(actions, vec![Action::SendAdopt { resend: true }]);
+    assert_eq!(
+        actions,
+        vec![Action::SendAdopt {
+            unanswered: Unanswered::Resend
+        }]
+    );
 }
 
 #[test]
@@ -426,7 +446,12 @@ fn a_resumed_mount_resends_and_backs_off_instead_of_failing() {
     );
     assert_eq!(actions[0], Action::SpawnActive);
     let (_, actions) = step(state, Event::ActiveConnected, &POLICY);
-    assert_eq!(actions, vec![Action::SendAdopt { resend: true }]);
+    assert_eq!(
+        actions,
+        vec![Action::SendAdopt {
+            unanswered: Unanswered::Resend
+        }]
+    );
     let (next, actions) = step(state, Event::ActiveExited(death(Cause::Exit(1))), &POLICY);
     assert!(
         matches!(next, State::BackingOff { failures: 1 }),

@@ -35,6 +35,7 @@
 use super::mount::{
     active_died, plan_standby, stop, Action, Attempt, Event, Policy, Role, Standby, State, Timer,
 };
+use upgrade_protocol::Unanswered;
 
 /// How far an upgrade got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +106,45 @@ pub fn step(
     event: Event,
     policy: &Policy,
 ) -> (State, Vec<Action>) {
+    let (next, actions) = transition(phase, failures, retiring, event, policy);
+    assert_postconditions(event, &next, &actions);
+    (next, actions)
+}
+
+/// Invariant: what every upgrade transition promises. An upgrade that ends
+/// answers `fsctl upgrade` exactly once and leaves `Upgrading`; one that
+/// goes on answers nothing. The incoming generation gets the fd only on
+/// `HandedOver`, after the serving one was moved aside (it is fenced):
+/// otherwise two generations would read the connection at once. Broken,
+/// the supervisor stops here; its mounts keep serving and a restarted
+/// supervisor adopts them.
+fn assert_postconditions(event: Event, next: &State, actions: &[Action]) {
+    let finishes = actions
+        .iter()
+        .filter(|a| matches!(a, Action::Finish(_)))
+        .count();
+    let still_upgrading = matches!(next, State::Upgrading { .. });
+    assert_eq!(
+        finishes,
+        usize::from(!still_upgrading),
+        "upgrade transition on {event:?} to {next:?} answers {finishes} time(s): {actions:?}"
+    );
+    if let Some(adopt) = actions.iter().position(|a| *a == Action::SendAdoptHandover) {
+        let retired_first = actions[..adopt].contains(&Action::RetireActive);
+        assert!(
+            retired_first && event == Event::HandedOver,
+            "the incoming generation got the fd on {event:?} before the serving one was moved aside: {actions:?}"
+        );
+    }
+}
+
+fn transition(
+    phase: Phase,
+    failures: u32,
+    retiring: bool,
+    event: Event,
+    policy: &Policy,
+) -> (State, Vec<Action>) {
     use Event as E;
     use Phase as P;
     let at = |phase| State::Upgrading {
@@ -152,7 +192,9 @@ pub fn step(
             failures,
             Outcome::IncomingDied,
             policy,
-            vec![Action::SendResume { resend: false }],
+            vec![Action::SendResume {
+                unanswered: Unanswered::Leave,
+            }],
         ),
         (P::Quiescing { incoming }, E::HandoverFailed) => {
             let (standby, kill) = if incoming {
@@ -213,7 +255,9 @@ pub fn step(
                         death,
                     },
                     Action::ReinstateRetiring,
-                    Action::SendResume { resend: true },
+                    Action::SendResume {
+                        unanswered: Unanswered::Resend,
+                    },
                 ],
             )
         }
