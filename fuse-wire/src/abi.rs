@@ -174,6 +174,25 @@ pub mod fopen {
     pub const PASSTHROUGH: u32 = 1 << 7;
 }
 
+/// `fuse_fallocate_in.mode` bits: fallocate(2)'s `FALLOC_FL_*`
+/// (`linux/falloc.h`).
+pub mod falloc {
+    pub const KEEP_SIZE: u32 = 0x01;
+    pub const PUNCH_HOLE: u32 = 0x02;
+    pub const NO_HIDE_STALE: u32 = 0x04;
+    pub const COLLAPSE_RANGE: u32 = 0x08;
+    pub const ZERO_RANGE: u32 = 0x10;
+    pub const INSERT_RANGE: u32 = 0x20;
+    pub const UNSHARE_RANGE: u32 = 0x40;
+}
+
+/// `fuse_rename2_in.flags`: renameat2(2)'s `RENAME_*` (`linux/fs.h`).
+pub mod rename {
+    pub const NOREPLACE: u32 = 1 << 0;
+    pub const EXCHANGE: u32 = 1 << 1;
+    pub const WHITEOUT: u32 = 1 << 2;
+}
+
 /// Miscellaneous request flag bits.
 pub mod flags {
     /// `fuse_release_in.release_flags`: flush before release.
@@ -182,6 +201,8 @@ pub mod flags {
     pub const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
     /// `fuse_getattr_in.getattr_flags`: `fh` is valid.
     pub const GETATTR_FH: u32 = 1 << 0;
+    /// `fuse_read_in.read_flags`: `lock_owner` is valid.
+    pub const READ_LOCKOWNER: u32 = 1 << 1;
     /// `fuse_lk_in.lk_flags`: a BSD flock rather than a POSIX lock.
     pub const LK_FLOCK: u32 = 1 << 0;
     /// `fuse_write_in.write_flags`: delayed write from the page cache.

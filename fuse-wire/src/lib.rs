@@ -4,6 +4,9 @@
 //!
 //! # Brief overview
 //! - [`abi`]: protocol 7.45 structs and constants (incl. RESEND).
+//! - [`NodeId`], [`FileHandle`], [`LockOwner`] and flag sets such as
+//!   [`SetattrValid`] or [`FallocateFlags`]: typed kernel values
+//!   (`#[repr(transparent)]` over their wire integers).
 //! - [`Request`] / [`Operation`]: one request decoded, raw bytes and `unique`
 //!   still available (for an in-flight journal).
 //! - [`reply`]: typed replies consumed by value; any unique can be answered.
@@ -50,6 +53,7 @@ pub mod reply;
 mod request;
 mod request_buffer;
 mod session;
+mod types;
 
 pub use channel::{Channel, ReadOutcome};
 pub use dispatch::{dispatch, expects_reply};
@@ -66,4 +70,8 @@ pub use request_buffer::RequestBuffer;
 pub use session::{
     adopt, handle_request, ExitReason, IdleWorkers, Session, Stopper, Workers, KICK_SIGNAL,
     WORKERS_MAX,
+};
+pub use types::{
+    FallocateFlags, FileHandle, FopenFlags, FsyncFlags, GetattrFlags, LkFlags, LockOwner, NodeId,
+    OpenInFlags, ReadFlags, ReleaseFlags, RenameFlags, SetattrValid, WriteFlags,
 };
