@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use baton_blocks::{BlockCache, BlockStore, Staging};
 use baton_meta::{Attr, FileKind, MetaStore};
-use fuse_wire::abi;
+use fuse_wire::{abi, AttrOut, EntryOut, Kstatfs, NodeId};
 use fuse_wire::{Errno, InitParams, Request};
 
 use crate::error::{Error, Result};
@@ -371,7 +371,7 @@ impl BatonFs {
     /// Kernel attributes: the staged size over the committed one;
     /// `committed_bytes` of `a` when the caller read them with it (else
     /// looked up).
-    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::Attr> {
+    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<fuse_wire::Attr> {
         let (size, blocks) = if a.kind == FileKind::Regular {
             let staged = self.staging.staged_size(a.ino)?;
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
@@ -387,7 +387,7 @@ impl BatonFs {
         } else {
             (a.size, a.size.div_ceil(512))
         };
-        Ok(abi::Attr {
+        Ok(fuse_wire::Attr {
             ino: a.ino,
             size,
             blocks,
@@ -407,14 +407,14 @@ impl BatonFs {
         })
     }
 
-    fn attr_out(&self, a: &Attr) -> Result<abi::AttrOut> {
+    fn attr_out(&self, a: &Attr) -> Result<AttrOut> {
         self.attr_out_with(a, None)
     }
 
     /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr`].
-    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::AttrOut> {
+    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<AttrOut> {
         let (secs, nanos) = self.ttl();
-        Ok(abi::AttrOut {
+        Ok(AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nanos,
             dummy: 0,
@@ -422,15 +422,15 @@ impl BatonFs {
         })
     }
 
-    fn entry_out(&self, a: &Attr) -> Result<abi::EntryOut> {
+    fn entry_out(&self, a: &Attr) -> Result<EntryOut> {
         self.entry_out_with(a, None)
     }
 
     /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr`].
-    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::EntryOut> {
+    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<EntryOut> {
         let (secs, nanos) = self.ttl();
-        Ok(abi::EntryOut {
-            nodeid: a.ino,
+        Ok(EntryOut {
+            nodeid: NodeId::new(a.ino),
             generation: a.generation,
             entry_valid: secs,
             attr_valid: secs,
@@ -458,14 +458,14 @@ impl BatonFs {
 
     /// Volume usage. Object storage has no fixed capacity: report a large
     /// constant capacity (1 PiB, 2^40 inodes) minus what is used.
-    fn do_statfs(&self) -> Result<abi::Kstatfs> {
+    fn do_statfs(&self) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
         const CAPACITY_BYTES: u64 = 1 << 50;
         const INODES_MAX: u64 = 1 << 40;
         let usage = self.meta.statfs()?;
         let blocks = CAPACITY_BYTES / FRAGMENT_BYTES;
         let used = usage.bytes_used.div_ceil(FRAGMENT_BYTES).min(blocks);
-        Ok(abi::Kstatfs {
+        Ok(Kstatfs {
             blocks,
             bfree: blocks - used,
             bavail: blocks - used,
