@@ -113,8 +113,9 @@ pub struct BatonFs {
     /// Set when a write-through upload failed (`write_through.rs`).
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
-    /// Identity of the FUSE connection served (exactly-once keys).
-    connection: AtomicU64,
+    /// The random identity of the FUSE connection served (exactly-once
+    /// keys, the metadata session); not the kernel's fusectl number.
+    connection_identity: AtomicU64,
     /// Handing over: no more staging writes (metadata is fenced too).
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
@@ -164,7 +165,7 @@ impl BatonFs {
             committed_bytes: committed_bytes::CommittedBytes::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
-            connection: AtomicU64::new(0),
+            connection_identity: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
@@ -216,15 +217,16 @@ impl BatonFs {
     /// (before serving). `inherited`: an earlier generation served this
     /// connection and its handle table was lost with it, so the kernel may
     /// hold handles this process never issued.
-    pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
-        self.connection.store(connection, Ordering::Relaxed);
+    pub fn set_connection(&self, connection_identity: u64, generation: u64, inherited: bool) {
+        self.connection_identity
+            .store(connection_identity, Ordering::Relaxed);
         self.handles.start_generation(generation, inherited);
         // A SQLite volume has one mount at a time: no other mount to ask,
         // and a lock costs no metadata transaction.
         if self.meta.shared_by_hosts() {
             lock(&self.locks).set_registry(Box::new(lock::VolumeLocks::new(
                 Arc::clone(&self.meta),
-                connection,
+                connection_identity,
             )));
         }
     }
@@ -287,8 +289,8 @@ impl BatonFs {
         let Some(file) = &self.held_locks_file else {
             return;
         };
-        let connection = self.connection.load(Ordering::Relaxed);
-        match file.read(connection) {
+        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
+        match file.read(connection_identity) {
             Ok(held) if held.is_empty() => {}
             Ok(held) => {
                 tracing::info!(locks = held.len(), file = %file.path().display(), "held locks restored after a crash");
@@ -309,8 +311,8 @@ impl BatonFs {
         if table.changes() == self.held_locks_saved.load(Ordering::Relaxed) {
             return;
         }
-        let connection = self.connection.load(Ordering::Relaxed);
-        match file.write(connection, table) {
+        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
+        match file.write(connection_identity, table) {
             Ok(()) => self
                 .held_locks_saved
                 .store(table.changes(), Ordering::Relaxed),
