@@ -405,7 +405,8 @@ impl BatonFs {
             .ok_or_else(|| {
                 Error::refused(ino, "fallocate past the largest file size", Errno::EFBIG)
             })?;
-        const PUNCH_HOLE: FallocateFlags =
+        // fallocate(2) takes PUNCH_HOLE only together with KEEP_SIZE.
+        const PUNCH_HOLE_KEEP_SIZE: FallocateFlags =
             FallocateFlags::PUNCH_HOLE.union(FallocateFlags::KEEP_SIZE);
         match arg.mode {
             mode if mode.is_empty() => {
@@ -417,7 +418,7 @@ impl BatonFs {
                 }
                 Ok(())
             }
-            PUNCH_HOLE => self.punch_hole(ino, arg.offset, end),
+            PUNCH_HOLE_KEEP_SIZE => self.punch_hole(ino, arg.offset, end),
             _ => Err(Error::refused(
                 ino,
                 "unsupported fallocate mode",

@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use baton_meta::{LockSpace, MetaStore, RangeLock};
 use fuse_wire::reply::ReplyEmpty;
-use fuse_wire::{Errno, Request};
-use fuse_wire::{FileLock, LkFlags, LkIn, LockOwner};
+use fuse_wire::{Errno, FileLock, LkFlags, LkIn, LockOwner, Request};
 
 use super::{lock, BatonFs};
 use crate::error::{Error, Result};
