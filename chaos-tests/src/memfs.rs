@@ -15,12 +15,14 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use fuse_wire::abi::{self, fattr, fopen};
 use fuse_wire::reply::{
     DirentBuf, DirentRecord, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyWrite,
 };
-use fuse_wire::{Errno, Filesystem, Request};
+use fuse_wire::{
+    Attr, AttrOut, CreateIn, EntryOut, Errno, FileHandle, Filesystem, FopenFlags, MkdirIn, MknodIn,
+    NodeId, OpenIn, ReadIn, RenameFlags, Request, SetattrIn, SetattrValid, WriteIn,
+};
 
 /// Content of the seeded file `hello`.
 pub const HELLO: &[u8] = b"hello from baton\n";
@@ -113,7 +115,7 @@ impl MemFs {
             .map(|(n, i)| (OsString::from(n), i))
             .collect();
         root.content = Content::Dir(children);
-        nodes.insert(abi::ROOT_ID, root);
+        nodes.insert(NodeId::ROOT.get(), root);
         nodes.insert(2, file_node(HELLO.to_vec(), 0o644));
         nodes.insert(3, file_node(pattern.clone(), 0o644));
         nodes.insert(4, file_node(pattern, 0o644));
@@ -131,13 +133,13 @@ impl MemFs {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn attr_of(&self, ino: u64, node: &Node) -> abi::Attr {
+    fn attr_of(&self, ino: u64, node: &Node) -> Attr {
         let size = match &node.content {
             Content::File(data) => data.len() as u64,
             Content::Dir(children) => children.len() as u64,
             Content::Symlink(target) => target.len() as u64,
         };
-        abi::Attr {
+        Attr {
             ino,
             size,
             blocks: size.div_ceil(512),
@@ -156,9 +158,9 @@ impl MemFs {
         }
     }
 
-    fn entry(&self, ino: u64, node: &Node) -> abi::EntryOut {
-        abi::EntryOut {
-            nodeid: ino,
+    fn entry(&self, ino: u64, node: &Node) -> EntryOut {
+        EntryOut {
+            nodeid: NodeId::new(ino),
             generation: 1,
             entry_valid: self.options.cache_secs,
             attr_valid: self.options.cache_secs,
@@ -167,8 +169,8 @@ impl MemFs {
         }
     }
 
-    fn attr_out(&self, ino: u64, node: &Node) -> abi::AttrOut {
-        abi::AttrOut {
+    fn attr_out(&self, ino: u64, node: &Node) -> AttrOut {
+        AttrOut {
             attr_valid: self.options.cache_secs,
             attr: self.attr_of(ino, node),
             ..Default::default()
@@ -182,7 +184,7 @@ impl MemFs {
         parent: u64,
         name: &OsStr,
         mut node: Node,
-    ) -> Result<abi::EntryOut, Errno> {
+    ) -> Result<EntryOut, Errno> {
         let mut state = self.lock();
         let ino = state.next_ino;
         let dir = state.nodes.get_mut(&parent).ok_or(Errno::ENOENT)?;
@@ -242,9 +244,9 @@ impl MemFs {
         name: &OsStr,
         newparent: u64,
         newname: &OsStr,
-        flags: u32,
+        flags: RenameFlags,
     ) -> Result<(), Errno> {
-        if flags & !libc::RENAME_NOREPLACE != 0 {
+        if !RenameFlags::NOREPLACE.contains(flags) {
             return Err(Errno::EINVAL);
         }
         let mut state = self.lock();
@@ -259,7 +261,7 @@ impl MemFs {
             .ok_or(Errno::ENOENT)?;
         let target = dir_children(&state, newparent)?.get(newname).copied();
         if let Some(target) = target {
-            if flags & libc::RENAME_NOREPLACE != 0 {
+            if flags.contains(RenameFlags::NOREPLACE) {
                 return Err(Errno::EEXIST);
             }
             if target == source {
@@ -315,13 +317,22 @@ impl MemFs {
         reply.abandon();
     }
 
+    /// FOPEN flags of every open: DIRECT_IO if asked for.
+    fn open_flags(&self) -> FopenFlags {
+        if self.options.direct_io {
+            FopenFlags::DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
     /// True (once) for the first read of the stalled file.
     fn take_stall(&self, nodeid: u64) -> bool {
         let Some(name) = &self.options.stall_name else {
             return false;
         };
         let mut state = self.lock();
-        let is_target = matches!(&state.nodes.get(&abi::ROOT_ID).map(|n| &n.content),
+        let is_target = matches!(&state.nodes.get(&NodeId::ROOT.get()).map(|n| &n.content),
             Some(Content::Dir(children)) if children.get(name.as_os_str()) == Some(&nodeid));
         let first = is_target && !state.stalled;
         state.stalled |= first;
@@ -334,7 +345,8 @@ fn dirent_type(mode: u32) -> u32 {
 }
 
 impl Filesystem for MemFs {
-    fn lookup(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, _req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEntry) {
+        let parent = parent.get();
         let state = self.lock();
         let found = match state.nodes.get(&parent).map(|n| &n.content) {
             Some(Content::Dir(children)) => children
@@ -348,7 +360,14 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn getattr(&self, _req: &Request<'_>, nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+    fn getattr(
+        &self,
+        _req: &Request<'_>,
+        nodeid: NodeId,
+        _fh: Option<FileHandle>,
+        reply: ReplyAttr,
+    ) {
+        let nodeid = nodeid.get();
         let state = self.lock();
         match state.nodes.get(&nodeid) {
             Some(node) => reply.attr(&self.attr_out(nodeid, node)),
@@ -356,37 +375,38 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn setattr(&self, _req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+    fn setattr(&self, _req: &Request<'_>, nodeid: NodeId, arg: &SetattrIn, reply: ReplyAttr) {
+        let nodeid = nodeid.get();
         let mut state = self.lock();
         let Some(node) = state.nodes.get_mut(&nodeid) else {
             return reply.error(Errno::ENOENT);
         };
-        if arg.valid & fattr::MODE != 0 {
+        if arg.valid.contains(SetattrValid::MODE) {
             node.mode = (node.mode & libc::S_IFMT) | (arg.mode & 0o7777);
         }
-        if arg.valid & fattr::UID != 0 {
+        if arg.valid.contains(SetattrValid::UID) {
             node.uid = arg.uid;
         }
-        if arg.valid & fattr::GID != 0 {
+        if arg.valid.contains(SetattrValid::GID) {
             node.gid = arg.gid;
         }
-        if arg.valid & fattr::SIZE != 0 {
+        if arg.valid.contains(SetattrValid::SIZE) {
             match &mut node.content {
                 Content::File(data) => data.resize(arg.size as usize, 0),
                 _ => return reply.error(Errno::EISDIR),
             }
             node.mtime = now();
         }
-        if arg.valid & fattr::ATIME != 0 {
+        if arg.valid.contains(SetattrValid::ATIME) {
             node.atime = (arg.atime, arg.atimensec);
         }
-        if arg.valid & fattr::ATIME_NOW != 0 {
+        if arg.valid.contains(SetattrValid::ATIME_NOW) {
             node.atime = now();
         }
-        if arg.valid & fattr::MTIME != 0 {
+        if arg.valid.contains(SetattrValid::MTIME) {
             node.mtime = (arg.mtime, arg.mtimensec);
         }
-        if arg.valid & fattr::MTIME_NOW != 0 {
+        if arg.valid.contains(SetattrValid::MTIME_NOW) {
             node.mtime = now();
         }
         node.ctime = now();
@@ -394,7 +414,8 @@ impl Filesystem for MemFs {
         reply.attr(&out);
     }
 
-    fn readlink(&self, _req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+    fn readlink(&self, _req: &Request<'_>, nodeid: NodeId, reply: ReplyData) {
+        let nodeid = nodeid.get();
         match self.lock().nodes.get(&nodeid).map(|n| &n.content) {
             Some(Content::Symlink(target)) => reply.data(target.as_bytes()),
             Some(_) => reply.error(Errno::EINVAL),
@@ -405,11 +426,12 @@ impl Filesystem for MemFs {
     fn symlink(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         target: &OsStr,
         reply: ReplyEntry,
     ) {
+        let parent = parent.get();
         let mut node = file_node(Vec::new(), 0o777);
         node.mode = libc::S_IFLNK | 0o777;
         node.content = Content::Symlink(target.to_owned());
@@ -422,11 +444,12 @@ impl Filesystem for MemFs {
     fn mknod(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::MknodIn,
+        arg: &MknodIn,
         reply: ReplyEntry,
     ) {
+        let parent = parent.get();
         if arg.mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
@@ -439,11 +462,12 @@ impl Filesystem for MemFs {
     fn mkdir(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::MkdirIn,
+        arg: &MkdirIn,
         reply: ReplyEntry,
     ) {
+        let parent = parent.get();
         let mut node = file_node(Vec::new(), 0);
         node.mode = libc::S_IFDIR | (arg.mode & 0o7777);
         node.nlink = 2;
@@ -454,14 +478,16 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn unlink(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, _req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
+        let parent = parent.get();
         match self.remove(parent, name, false) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
     }
 
-    fn rmdir(&self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, _req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
+        let parent = parent.get();
         match self.remove(parent, name, true) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
@@ -471,13 +497,15 @@ impl Filesystem for MemFs {
     fn rename(
         &self,
         _req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        newparent: u64,
+        newparent: NodeId,
         newname: &OsStr,
-        flags: u32,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let parent = parent.get();
+        let newparent = newparent.get();
         match self.rename_entry(parent, name, newparent, newname, flags) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
@@ -487,11 +515,13 @@ impl Filesystem for MemFs {
     fn link(
         &self,
         _req: &Request<'_>,
-        nodeid: u64,
-        newparent: u64,
+        nodeid: NodeId,
+        newparent: NodeId,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let nodeid = nodeid.get();
+        let newparent = newparent.get();
         let mut state = self.lock();
         if matches!(
             state.nodes.get(&nodeid).map(|n| &n.content),
@@ -518,18 +548,12 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn open(&self, _req: &Request<'_>, _nodeid: u64, _arg: &abi::OpenIn, reply: ReplyOpen) {
-        reply.opened(
-            0,
-            if self.options.direct_io {
-                fopen::DIRECT_IO
-            } else {
-                0
-            },
-        );
+    fn open(&self, _req: &Request<'_>, _nodeid: NodeId, _arg: &OpenIn, reply: ReplyOpen) {
+        reply.opened(FileHandle::default(), self.open_flags());
     }
 
-    fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+    fn read(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReadIn, reply: ReplyData) {
+        let nodeid = nodeid.get();
         if self.take_stall(nodeid) {
             return self.stall(req, reply);
         }
@@ -548,11 +572,12 @@ impl Filesystem for MemFs {
     fn write(
         &self,
         _req: &Request<'_>,
-        nodeid: u64,
-        arg: &abi::WriteIn,
+        nodeid: NodeId,
+        arg: &WriteIn,
         data: &[u8],
         reply: ReplyWrite,
     ) {
+        let nodeid = nodeid.get();
         let mut state = self.lock();
         let Some(node) = state.nodes.get_mut(&nodeid) else {
             return reply.error(Errno::ENOENT);
@@ -572,21 +597,14 @@ impl Filesystem for MemFs {
     fn create(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::CreateIn,
+        arg: &CreateIn,
         reply: ReplyCreate,
     ) {
+        let parent = parent.get();
         match self.insert(req, parent, name, file_node(Vec::new(), arg.mode & 0o7777)) {
-            Ok(entry) => reply.created(
-                &entry,
-                0,
-                if self.options.direct_io {
-                    fopen::DIRECT_IO
-                } else {
-                    0
-                },
-            ),
+            Ok(entry) => reply.created(&entry, FileHandle::default(), self.open_flags()),
             Err(errno) => reply.error(errno),
         }
     }
@@ -594,11 +612,12 @@ impl Filesystem for MemFs {
     fn readdir(
         &self,
         _req: &Request<'_>,
-        nodeid: u64,
-        arg: &abi::ReadIn,
+        nodeid: NodeId,
+        arg: &ReadIn,
         mut entries: DirentBuf,
         reply: ReplyData,
     ) {
+        let nodeid = nodeid.get();
         let state = self.lock();
         let Some(Content::Dir(children)) = state.nodes.get(&nodeid).map(|n| &n.content) else {
             return reply.error(Errno::ENOTDIR);

@@ -62,8 +62,9 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
 pub struct Adoption {
     /// The generation number.
     pub generation: u64,
-    /// The connection's random identity.
-    pub connection: u64,
+    /// The connection's random identity (exactly-once keys, the metadata
+    /// session; not the kernel's fusectl connection number).
+    pub connection_identity: u64,
     /// INIT result.
     pub init: NegotiatedInit,
     /// What to do first with the requests a dead reader left.
@@ -77,7 +78,7 @@ pub fn receive_adopt(socket: &OwnedFd, path: &Path) -> Result<(Adoption, OwnedFd
     let (message, mut fds) = recv_message(socket.as_fd())?;
     let Message::Adopt {
         generation,
-        connection,
+        connection: connection_identity,
         init,
         unanswered,
         handover,
@@ -97,7 +98,7 @@ pub fn receive_adopt(socket: &OwnedFd, path: &Path) -> Result<(Adoption, OwnedFd
     Ok((
         Adoption {
             generation,
-            connection,
+            connection_identity,
             init,
             unanswered,
             handover,
@@ -135,7 +136,7 @@ impl Generation {
         // Generation 1 serves a fresh connection; a later one that got no
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
-        fs.set_connection(adoption.connection, adoption.generation, inherited);
+        fs.set_connection(adoption.connection_identity, adoption.generation, inherited);
         let recovering = adoption.handover.is_none() && adoption.unanswered == Unanswered::Resend;
         if !recovering {
             // The predecessor, if any, is fenced: staging is ours. (After a
@@ -146,6 +147,30 @@ impl Generation {
         let mut journal = InflightJournal::default();
         if let Some(path) = &adoption.handover {
             let (state, loaded) = load_handover(path)?;
+            // Invariant: the state is the one this connection's serving
+            // generation wrote for this handover: another mount's or
+            // connection's would import handles and locks the kernel never
+            // issued here. Broken, this generation dies before it reads; the
+            // supervisor rolls the upgrade back and the old one serves on.
+            assert_eq!(
+                state.connection,
+                adoption.connection_identity,
+                "handover state {} is of another connection",
+                path.display()
+            );
+            assert_eq!(
+                state.init,
+                adoption.init,
+                "handover state {} holds another INIT",
+                path.display()
+            );
+            assert!(
+                state.generation < adoption.generation,
+                "handover state {} is from generation {}, not before {}",
+                path.display(),
+                state.generation,
+                adoption.generation
+            );
             fs.import_handles(&handles_from(&state), state.next_fh, &state.open_orphans);
             fs.import_locks(&state.locks);
             journal = loaded;
@@ -413,7 +438,7 @@ impl Generation {
         let (handles, next_fh, open_orphans) = self.fs.export_handles();
         let state = HandoverState {
             generation: self.adoption.generation,
-            connection: self.adoption.connection,
+            connection: self.adoption.connection_identity,
             init: self.adoption.init,
             handles: handles
                 .into_iter()

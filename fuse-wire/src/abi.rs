@@ -6,11 +6,20 @@
 //! a wrong size would silently corrupt every message after it.
 //!
 //! All structs are plain data (`zerocopy`), read from unaligned buffers with
-//! `read_from_prefix` and written with `as_bytes`.
+//! `read_from_prefix` and written with `as_bytes`. Identifiers and flag sets
+//! inside them have `#[repr(transparent)]` types ([`NodeId`], [`FileHandle`],
+//! [`LockOwner`], [`SetattrValid`], [`FallocateFlags`], ...): the same bytes,
+//! typed. The raw constant modules below stay for code that
+//! handles integers (the INIT handshake, opcode tables).
 
 #![allow(missing_docs)] // Field names follow the kernel header verbatim.
 
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use crate::types::{
+    FallocateFlags, FileHandle, FopenFlags, FsyncFlags, GetattrFlags, LkFlags, LockOwner, NodeId,
+    OpenInFlags, ReadFlags, ReleaseFlags, RenameFlags, SetattrValid, WriteFlags,
+};
 
 /// Protocol major version this layer speaks.
 pub const KERNEL_VERSION: u32 = 7;
@@ -174,6 +183,25 @@ pub mod fopen {
     pub const PASSTHROUGH: u32 = 1 << 7;
 }
 
+/// `fuse_fallocate_in.mode` bits: fallocate(2)'s `FALLOC_FL_*`
+/// (`linux/falloc.h`).
+pub mod falloc {
+    pub const KEEP_SIZE: u32 = 0x01;
+    pub const PUNCH_HOLE: u32 = 0x02;
+    pub const NO_HIDE_STALE: u32 = 0x04;
+    pub const COLLAPSE_RANGE: u32 = 0x08;
+    pub const ZERO_RANGE: u32 = 0x10;
+    pub const INSERT_RANGE: u32 = 0x20;
+    pub const UNSHARE_RANGE: u32 = 0x40;
+}
+
+/// `fuse_rename2_in.flags`: renameat2(2)'s `RENAME_*` (`linux/fs.h`).
+pub mod rename {
+    pub const NOREPLACE: u32 = 1 << 0;
+    pub const EXCHANGE: u32 = 1 << 1;
+    pub const WHITEOUT: u32 = 1 << 2;
+}
+
 /// Miscellaneous request flag bits.
 pub mod flags {
     /// `fuse_release_in.release_flags`: flush before release.
@@ -182,6 +210,8 @@ pub mod flags {
     pub const RELEASE_FLOCK_UNLOCK: u32 = 1 << 1;
     /// `fuse_getattr_in.getattr_flags`: `fh` is valid.
     pub const GETATTR_FH: u32 = 1 << 0;
+    /// `fuse_read_in.read_flags`: `lock_owner` is valid.
+    pub const READ_LOCKOWNER: u32 = 1 << 1;
     /// `fuse_lk_in.lk_flags`: a BSD flock rather than a POSIX lock.
     pub const LK_FLOCK: u32 = 1 << 0;
     /// `fuse_write_in.write_flags`: delayed write from the page cache.
@@ -220,7 +250,7 @@ macro_rules! wire_struct {
     };
 }
 
-wire_struct!(InHeader, 40, { len: u32, opcode: u32, unique: u64, nodeid: u64, uid: u32, gid: u32, pid: u32, total_extlen: u16, padding: u16 });
+wire_struct!(InHeader, 40, { len: u32, opcode: u32, unique: u64, nodeid: NodeId, uid: u32, gid: u32, pid: u32, total_extlen: u16, padding: u16 });
 wire_struct!(OutHeader, 16, { len: u32, error: i32, unique: u64 });
 wire_struct!(Attr, 88, {
     ino: u64, size: u64, blocks: u64, atime: u64, mtime: u64, ctime: u64,
@@ -233,38 +263,38 @@ wire_struct!(Kstatfs, 80, {
 });
 wire_struct!(FileLock, 24, { start: u64, end: u64, typ: u32, pid: u32 });
 wire_struct!(EntryOut, 128, {
-    nodeid: u64, generation: u64, entry_valid: u64, attr_valid: u64,
+    nodeid: NodeId, generation: u64, entry_valid: u64, attr_valid: u64,
     entry_valid_nsec: u32, attr_valid_nsec: u32, attr: Attr,
 });
 wire_struct!(ForgetIn, 8, { nlookup: u64 });
-wire_struct!(ForgetOne, 16, { nodeid: u64, nlookup: u64 });
+wire_struct!(ForgetOne, 16, { nodeid: NodeId, nlookup: u64 });
 wire_struct!(BatchForgetIn, 8, { count: u32, dummy: u32 });
-wire_struct!(GetattrIn, 16, { getattr_flags: u32, dummy: u32, fh: u64 });
+wire_struct!(GetattrIn, 16, { getattr_flags: GetattrFlags, dummy: u32, fh: FileHandle });
 wire_struct!(AttrOut, 104, { attr_valid: u64, attr_valid_nsec: u32, dummy: u32, attr: Attr });
 wire_struct!(MknodIn, 16, { mode: u32, rdev: u32, umask: u32, padding: u32 });
 wire_struct!(MkdirIn, 8, { mode: u32, umask: u32 });
-wire_struct!(RenameIn, 8, { newdir: u64 });
-wire_struct!(Rename2In, 16, { newdir: u64, flags: u32, padding: u32 });
-wire_struct!(LinkIn, 8, { oldnodeid: u64 });
+wire_struct!(RenameIn, 8, { newdir: NodeId });
+wire_struct!(Rename2In, 16, { newdir: NodeId, flags: RenameFlags, padding: u32 });
+wire_struct!(LinkIn, 8, { oldnodeid: NodeId });
 wire_struct!(SetattrIn, 88, {
-    valid: u32, padding: u32, fh: u64, size: u64, lock_owner: u64,
+    valid: SetattrValid, padding: u32, fh: FileHandle, size: u64, lock_owner: LockOwner,
     atime: u64, mtime: u64, ctime: u64, atimensec: u32, mtimensec: u32, ctimensec: u32,
     mode: u32, unused4: u32, uid: u32, gid: u32, unused5: u32,
 });
-wire_struct!(OpenIn, 8, { flags: u32, open_flags: u32 });
-wire_struct!(CreateIn, 16, { flags: u32, mode: u32, umask: u32, open_flags: u32 });
-wire_struct!(OpenOut, 16, { fh: u64, open_flags: u32, backing_id: i32 });
-wire_struct!(ReleaseIn, 24, { fh: u64, flags: u32, release_flags: u32, lock_owner: u64 });
-wire_struct!(FlushIn, 24, { fh: u64, unused: u32, padding: u32, lock_owner: u64 });
-wire_struct!(ReadIn, 40, { fh: u64, offset: u64, size: u32, read_flags: u32, lock_owner: u64, flags: u32, padding: u32 });
-wire_struct!(WriteIn, 40, { fh: u64, offset: u64, size: u32, write_flags: u32, lock_owner: u64, flags: u32, padding: u32 });
+wire_struct!(OpenIn, 8, { flags: u32, open_flags: OpenInFlags });
+wire_struct!(CreateIn, 16, { flags: u32, mode: u32, umask: u32, open_flags: OpenInFlags });
+wire_struct!(OpenOut, 16, { fh: FileHandle, open_flags: FopenFlags, backing_id: i32 });
+wire_struct!(ReleaseIn, 24, { fh: FileHandle, flags: u32, release_flags: ReleaseFlags, lock_owner: LockOwner });
+wire_struct!(FlushIn, 24, { fh: FileHandle, unused: u32, padding: u32, lock_owner: LockOwner });
+wire_struct!(ReadIn, 40, { fh: FileHandle, offset: u64, size: u32, read_flags: ReadFlags, lock_owner: LockOwner, flags: u32, padding: u32 });
+wire_struct!(WriteIn, 40, { fh: FileHandle, offset: u64, size: u32, write_flags: WriteFlags, lock_owner: LockOwner, flags: u32, padding: u32 });
 wire_struct!(WriteOut, 8, { size: u32, padding: u32 });
 wire_struct!(StatfsOut, 80, { st: Kstatfs });
-wire_struct!(FsyncIn, 16, { fh: u64, fsync_flags: u32, padding: u32 });
+wire_struct!(FsyncIn, 16, { fh: FileHandle, fsync_flags: FsyncFlags, padding: u32 });
 wire_struct!(SetxattrIn, 16, { size: u32, flags: u32, setxattr_flags: u32, padding: u32 });
 wire_struct!(GetxattrIn, 8, { size: u32, padding: u32 });
 wire_struct!(GetxattrOut, 8, { size: u32, padding: u32 });
-wire_struct!(LkIn, 48, { fh: u64, owner: u64, lk: FileLock, lk_flags: u32, padding: u32 });
+wire_struct!(LkIn, 48, { fh: FileHandle, owner: LockOwner, lk: FileLock, lk_flags: LkFlags, padding: u32 });
 wire_struct!(LkOut, 24, { lk: FileLock });
 wire_struct!(AccessIn, 8, { mask: u32, padding: u32 });
 wire_struct!(InitIn, 64, { major: u32, minor: u32, max_readahead: u32, flags: u32, flags2: u32, unused: [u32; 11] });
@@ -277,17 +307,17 @@ wire_struct!(InitOut, 64, {
 wire_struct!(InterruptIn, 8, { unique: u64 });
 wire_struct!(BmapIn, 16, { block: u64, blocksize: u32, padding: u32 });
 wire_struct!(BmapOut, 8, { block: u64 });
-wire_struct!(IoctlIn, 32, { fh: u64, flags: u32, cmd: u32, arg: u64, in_size: u32, out_size: u32 });
+wire_struct!(IoctlIn, 32, { fh: FileHandle, flags: u32, cmd: u32, arg: u64, in_size: u32, out_size: u32 });
 wire_struct!(IoctlOut, 16, { result: i32, flags: u32, in_iovs: u32, out_iovs: u32 });
-wire_struct!(PollIn, 24, { fh: u64, kh: u64, flags: u32, events: u32 });
+wire_struct!(PollIn, 24, { fh: FileHandle, kh: u64, flags: u32, events: u32 });
 wire_struct!(PollOut, 8, { revents: u32, padding: u32 });
-wire_struct!(FallocateIn, 32, { fh: u64, offset: u64, length: u64, mode: u32, padding: u32 });
-wire_struct!(LseekIn, 24, { fh: u64, offset: u64, whence: u32, padding: u32 });
+wire_struct!(FallocateIn, 32, { fh: FileHandle, offset: u64, length: u64, mode: FallocateFlags, padding: u32 });
+wire_struct!(LseekIn, 24, { fh: FileHandle, offset: u64, whence: u32, padding: u32 });
 wire_struct!(LseekOut, 8, { offset: u64 });
-wire_struct!(CopyFileRangeIn, 56, { fh_in: u64, off_in: u64, nodeid_out: u64, fh_out: u64, off_out: u64, len: u64, flags: u64 });
+wire_struct!(CopyFileRangeIn, 56, { fh_in: FileHandle, off_in: u64, nodeid_out: NodeId, fh_out: FileHandle, off_out: u64, len: u64, flags: u64 });
 wire_struct!(CopyFileRangeOut, 8, { bytes_copied: u64 });
 wire_struct!(SyncfsIn, 8, { padding: u64 });
-wire_struct!(StatxIn, 24, { getattr_flags: u32, reserved: u32, fh: u64, sx_flags: u32, sx_mask: u32 });
+wire_struct!(StatxIn, 24, { getattr_flags: GetattrFlags, reserved: u32, fh: FileHandle, sx_flags: u32, sx_mask: u32 });
 wire_struct!(SxTime, 16, { tv_sec: i64, tv_nsec: u32, reserved: i32 });
 wire_struct!(Statx, 256, {
     mask: u32, blksize: u32, attributes: u64, nlink: u32, uid: u32, gid: u32, mode: u16, spare0: u16,
@@ -298,9 +328,9 @@ wire_struct!(Statx, 256, {
 wire_struct!(StatxOut, 288, { attr_valid: u64, attr_valid_nsec: u32, flags: u32, spare: [u64; 2], stat: Statx });
 wire_struct!(Dirent, 24, { ino: u64, off: u64, namelen: u32, typ: u32 });
 wire_struct!(ExtHeader, 8, { size: u32, typ: u32 });
-wire_struct!(NotifyInvalInodeOut, 24, { ino: u64, off: i64, len: i64 });
-wire_struct!(NotifyInvalEntryOut, 16, { parent: u64, namelen: u32, flags: u32 });
-wire_struct!(NotifyDeleteOut, 24, { parent: u64, child: u64, namelen: u32, padding: u32 });
+wire_struct!(NotifyInvalInodeOut, 24, { ino: NodeId, off: i64, len: i64 });
+wire_struct!(NotifyInvalEntryOut, 16, { parent: NodeId, namelen: u32, flags: u32 });
+wire_struct!(NotifyDeleteOut, 24, { parent: NodeId, child: NodeId, namelen: u32, padding: u32 });
 
 /// Round `len` up to the 8-byte alignment of dirent records.
 pub const fn dirent_align(len: usize) -> usize {

@@ -12,6 +12,7 @@ use crate::reply::{
     ReplyWrite, ReplyXattr,
 };
 use crate::request::{Operation, Request};
+use crate::types::GetattrFlags;
 
 /// Calls the method for `req` on `fs`; its reply goes to `channel`.
 pub fn dispatch<F: Filesystem + ?Sized>(
@@ -28,7 +29,10 @@ pub fn dispatch<F: Filesystem + ?Sized>(
         O::Forget { arg } => fs.forget(req, node, arg.nlookup),
         O::BatchForget { nodes } => fs.batch_forget(req, nodes),
         O::Getattr { arg } => {
-            let fh = (arg.getattr_flags & crate::abi::flags::GETATTR_FH != 0).then_some(arg.fh);
+            let fh = arg
+                .getattr_flags
+                .contains(GetattrFlags::FH)
+                .then_some(arg.fh);
             fs.getattr(req, node, fh, ReplyAttr::new(ch(), unique))
         }
         O::Setattr { arg } => fs.setattr(req, node, arg, ReplyAttr::new(ch(), unique)),

@@ -5,6 +5,10 @@
 //! ENOSYS: the kernel remembers ENOSYS for the life of the mount, so a later
 //! generation could never serve that operation. Defaults answer what a
 //! filesystem without the feature would (EOPNOTSUPP, ENOTTY, ...).
+//!
+//! Identifiers come typed ([`NodeId`], [`FileHandle`], and inside the
+//! argument structs [`crate::LockOwner`] and the flag sets), so a node
+//! cannot be passed where a handle, an owner or an offset is meant.
 
 use std::ffi::OsStr;
 
@@ -16,6 +20,7 @@ use crate::reply::{
     ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 use crate::request::Request;
+use crate::types::{FileHandle, FopenFlags, GetattrFlags, NodeId, RenameFlags};
 
 /// `POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM`: what a regular file reports.
 pub const DEFAULT_POLL_MASK: u32 =
@@ -25,10 +30,10 @@ pub const DEFAULT_POLL_MASK: u32 =
 #[allow(unused_variables)]
 pub trait Filesystem: Send + Sync + 'static {
     /// LOOKUP `name` in `parent`.
-    fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry);
+    fn lookup(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEntry);
 
     /// FORGET: the kernel dropped `nlookup` references to `nodeid`.
-    fn forget(&self, req: &Request<'_>, nodeid: u64, nlookup: u64) {}
+    fn forget(&self, req: &Request<'_>, nodeid: NodeId, nlookup: u64) {}
 
     /// BATCH_FORGET; by default one [`Filesystem::forget`] per node.
     fn batch_forget(&self, req: &Request<'_>, nodes: &[abi::ForgetOne]) {
@@ -38,15 +43,15 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// GETATTR; `fh` is set when the kernel asks through an open file.
-    fn getattr(&self, req: &Request<'_>, nodeid: u64, fh: Option<u64>, reply: ReplyAttr);
+    fn getattr(&self, req: &Request<'_>, nodeid: NodeId, fh: Option<FileHandle>, reply: ReplyAttr);
 
     /// SETATTR with the kernel's struct (`valid` says which fields apply).
-    fn setattr(&self, req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+    fn setattr(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::SetattrIn, reply: ReplyAttr) {
         reply.error(Errno::EROFS);
     }
 
     /// READLINK.
-    fn readlink(&self, req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+    fn readlink(&self, req: &Request<'_>, nodeid: NodeId, reply: ReplyData) {
         reply.error(Errno::EINVAL);
     }
 
@@ -54,7 +59,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn symlink(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         target: &OsStr,
         reply: ReplyEntry,
@@ -66,7 +71,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn mknod(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         arg: &abi::MknodIn,
         reply: ReplyEntry,
@@ -78,7 +83,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn mkdir(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         arg: &abi::MkdirIn,
         reply: ReplyEntry,
@@ -87,12 +92,12 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// UNLINK.
-    fn unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::EROFS);
     }
 
     /// RMDIR.
-    fn rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::EROFS);
     }
 
@@ -101,11 +106,11 @@ pub trait Filesystem: Send + Sync + 'static {
     fn rename(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        newparent: u64,
+        newparent: NodeId,
         newname: &OsStr,
-        flags: u32,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
         reply.error(Errno::EROFS);
@@ -115,21 +120,21 @@ pub trait Filesystem: Send + Sync + 'static {
     fn link(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
-        newparent: u64,
+        nodeid: NodeId,
+        newparent: NodeId,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         reply.error(Errno::EROFS);
     }
 
-    /// OPEN; by default a stateless handle 0.
-    fn open(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
-        reply.opened(0, 0);
+    /// OPEN; by default a stateless handle 0 and no FOPEN flags.
+    fn open(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::OpenIn, reply: ReplyOpen) {
+        reply.opened(FileHandle::default(), FopenFlags::empty());
     }
 
     /// READ `arg.size` bytes at `arg.offset`.
-    fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+    fn read(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::ReadIn, reply: ReplyData) {
         reply.error(Errno::EIO);
     }
 
@@ -137,7 +142,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn write(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         arg: &abi::WriteIn,
         data: &[u8],
         reply: ReplyWrite,
@@ -146,7 +151,7 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// STATFS.
-    fn statfs(&self, req: &Request<'_>, nodeid: u64, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request<'_>, nodeid: NodeId, reply: ReplyStatfs) {
         reply.statfs(&abi::Kstatfs {
             bsize: 4096,
             frsize: 4096,
@@ -156,12 +161,12 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// RELEASE: the last close of an open file.
-    fn release(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+    fn release(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
         reply.ok();
     }
 
     /// FSYNC.
-    fn fsync(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FsyncIn, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::FsyncIn, reply: ReplyEmpty) {
         reply.ok();
     }
 
@@ -169,7 +174,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn setxattr(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         name: &OsStr,
         value: &[u8],
         arg: &abi::SetxattrIn,
@@ -179,28 +184,35 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// GETXATTR (`size == 0` asks for the size).
-    fn getxattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        req: &Request<'_>,
+        nodeid: NodeId,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
     /// LISTXATTR (`size == 0` asks for the size).
-    fn listxattr(&self, req: &Request<'_>, nodeid: u64, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request<'_>, nodeid: NodeId, size: u32, reply: ReplyXattr) {
         reply.size(0);
     }
 
     /// REMOVEXATTR.
-    fn removexattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request<'_>, nodeid: NodeId, name: &OsStr, reply: ReplyEmpty) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
     /// FLUSH: a close(2) of a descriptor of an open file.
-    fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::FlushIn, reply: ReplyEmpty) {
         reply.ok();
     }
 
-    /// OPENDIR; by default a stateless handle 0.
-    fn opendir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
-        reply.opened(0, 0);
+    /// OPENDIR; by default a stateless handle 0 and no FOPEN flags.
+    fn opendir(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::OpenIn, reply: ReplyOpen) {
+        reply.opened(FileHandle::default(), FopenFlags::empty());
     }
 
     /// READDIR and READDIRPLUS: fill `entries` from cookie `arg.offset`, then
@@ -208,24 +220,30 @@ pub trait Filesystem: Send + Sync + 'static {
     fn readdir(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         arg: &abi::ReadIn,
         entries: DirentBuf,
         reply: ReplyData,
     );
 
     /// RELEASEDIR.
-    fn releasedir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        req: &Request<'_>,
+        nodeid: NodeId,
+        arg: &abi::ReleaseIn,
+        reply: ReplyEmpty,
+    ) {
         reply.ok();
     }
 
     /// FSYNCDIR.
-    fn fsyncdir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FsyncIn, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::FsyncIn, reply: ReplyEmpty) {
         reply.ok();
     }
 
     /// GETLK (only sent when POSIX_LOCKS was negotiated).
-    fn getlk(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LkIn, reply: ReplyLock) {
+    fn getlk(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::LkIn, reply: ReplyLock) {
         reply.error(Errno::ENOLCK);
     }
 
@@ -233,7 +251,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn setlk(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         arg: &abi::LkIn,
         sleep: bool,
         reply: ReplyEmpty,
@@ -242,7 +260,7 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// ACCESS (only sent without `default_permissions`).
-    fn access(&self, req: &Request<'_>, nodeid: u64, mask: u32, reply: ReplyEmpty) {
+    fn access(&self, req: &Request<'_>, nodeid: NodeId, mask: u32, reply: ReplyEmpty) {
         reply.ok();
     }
 
@@ -250,7 +268,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn create(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         arg: &abi::CreateIn,
         reply: ReplyCreate,
@@ -262,7 +280,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn interrupt(&self, req: &Request<'_>, unique: u64) {}
 
     /// BMAP (block-device filesystems only).
-    fn bmap(&self, req: &Request<'_>, nodeid: u64, arg: &abi::BmapIn, reply: ReplyBmap) {
+    fn bmap(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::BmapIn, reply: ReplyBmap) {
         reply.error(Errno::EINVAL);
     }
 
@@ -273,7 +291,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn ioctl(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         arg: &abi::IoctlIn,
         data: &[u8],
         reply: ReplyIoctl,
@@ -282,17 +300,23 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// POLL: by default always ready, like a regular file.
-    fn poll(&self, req: &Request<'_>, nodeid: u64, arg: &abi::PollIn, reply: ReplyPoll) {
+    fn poll(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::PollIn, reply: ReplyPoll) {
         reply.revents(DEFAULT_POLL_MASK & arg.events);
     }
 
     /// FALLOCATE.
-    fn fallocate(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FallocateIn, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        req: &Request<'_>,
+        nodeid: NodeId,
+        arg: &abi::FallocateIn,
+        reply: ReplyEmpty,
+    ) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
     /// LSEEK with SEEK_DATA or SEEK_HOLE.
-    fn lseek(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LseekIn, reply: ReplyLseek) {
+    fn lseek(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::LseekIn, reply: ReplyLseek) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
@@ -300,7 +324,7 @@ pub trait Filesystem: Send + Sync + 'static {
     fn copy_file_range(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         arg: &abi::CopyFileRangeIn,
         reply: ReplyCopy,
     ) {
@@ -313,15 +337,18 @@ pub trait Filesystem: Send + Sync + 'static {
     }
 
     /// TMPFILE (O_TMPFILE).
-    fn tmpfile(&self, req: &Request<'_>, parent: u64, arg: &abi::CreateIn, reply: ReplyCreate) {
+    fn tmpfile(&self, req: &Request<'_>, parent: NodeId, arg: &abi::CreateIn, reply: ReplyCreate) {
         reply.error(Errno::EOPNOTSUPP);
     }
 
     /// STATX: the kernel asks only when the caller wants more than the basic
     /// stats (e.g. btime). The default answers the basic stats through
     /// [`Filesystem::getattr`]; an error here would fail `stat(1)`.
-    fn statx(&self, req: &Request<'_>, nodeid: u64, arg: &abi::StatxIn, reply: ReplyAttr) {
-        let fh = (arg.getattr_flags & abi::flags::GETATTR_FH != 0).then_some(arg.fh);
+    fn statx(&self, req: &Request<'_>, nodeid: NodeId, arg: &abi::StatxIn, reply: ReplyAttr) {
+        let fh = arg
+            .getattr_flags
+            .contains(GetattrFlags::FH)
+            .then_some(arg.fh);
         self.getattr(req, nodeid, fh, reply);
     }
 }

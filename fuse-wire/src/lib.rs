@@ -4,6 +4,12 @@
 //!
 //! # Brief overview
 //! - [`abi`]: protocol 7.45 structs and constants (incl. RESEND).
+//! - [`NodeId`], [`FileHandle`], [`LockOwner`] and flag sets such as
+//!   [`SetattrValid`] or [`FallocateFlags`]: the typed fields of those
+//!   structs (`#[repr(transparent)]`, same bytes). The request arguments
+//!   and reply payloads a [`Filesystem`] handles are re-exported here
+//!   ([`SetattrIn`], [`EntryOut`], ...), so a filesystem need not reach
+//!   into [`abi`].
 //! - [`Request`] / [`Operation`]: one request decoded, raw bytes and `unique`
 //!   still available (for an in-flight journal).
 //! - [`reply`]: typed replies consumed by value; any unique can be answered.
@@ -50,7 +56,13 @@ pub mod reply;
 mod request;
 mod request_buffer;
 mod session;
+mod types;
 
+pub use abi::{
+    Attr, AttrOut, BmapIn, CopyFileRangeIn, CreateIn, EntryOut, FallocateIn, FileLock, FlushIn,
+    ForgetOne, FsyncIn, IoctlIn, Kstatfs, LkIn, LseekIn, MkdirIn, MknodIn, OpenIn, PollIn, ReadIn,
+    ReleaseIn, SetattrIn, SetxattrIn, StatxIn, WriteIn,
+};
 pub use channel::{Channel, ReadOutcome};
 pub use dispatch::{dispatch, expects_reply};
 pub use error::Error;
@@ -61,9 +73,13 @@ pub use mount::{
     unescape_mountinfo, unmount, MountOptions, READ_AHEAD_KIB,
 };
 pub use nix::errno::Errno;
-pub use request::{DecodeError, DecodeOptions, Operation, Request};
+pub use request::{unique_key, DecodeError, DecodeOptions, Operation, Request};
 pub use request_buffer::RequestBuffer;
 pub use session::{
     adopt, handle_request, ExitReason, IdleWorkers, Session, Stopper, Workers, KICK_SIGNAL,
     WORKERS_MAX,
+};
+pub use types::{
+    FallocateFlags, FileHandle, FopenFlags, FsyncFlags, GetattrFlags, LkFlags, LockOwner, NodeId,
+    OpenInFlags, ReadFlags, ReleaseFlags, RenameFlags, SetattrValid, WriteFlags,
 };

@@ -11,6 +11,7 @@ use zerocopy::IntoBytes;
 
 use crate::abi::{self, notify_code};
 use crate::reply::ReplyChannel;
+use crate::types::NodeId;
 
 /// Encodes a notification message. Pure.
 pub fn encode(code: i32, payload: &[&[u8]]) -> Vec<u8> {
@@ -42,7 +43,7 @@ pub fn resend(channel: &dyn ReplyChannel) -> std::io::Result<()> {
 /// attributes only) and attributes of `nodeid`.
 pub fn inval_inode(
     channel: &dyn ReplyChannel,
-    nodeid: u64,
+    nodeid: NodeId,
     offset: i64,
     len: i64,
 ) -> std::io::Result<()> {
@@ -57,7 +58,7 @@ pub fn inval_inode(
 /// Drops the cached entry `name` in directory `parent`.
 pub fn inval_entry(
     channel: &dyn ReplyChannel,
-    parent: u64,
+    parent: NodeId,
     name: &[u8],
     expire_only: bool,
 ) -> std::io::Result<()> {
@@ -80,8 +81,8 @@ pub fn inval_entry(
 /// Tells the kernel that `name` in `parent` (inode `child`) was deleted.
 pub fn delete(
     channel: &dyn ReplyChannel,
-    parent: u64,
-    child: u64,
+    parent: NodeId,
+    child: NodeId,
     name: &[u8],
 ) -> std::io::Result<()> {
     let out = abi::NotifyDeleteOut {

@@ -15,6 +15,7 @@ use nix::errno::Errno;
 use zerocopy::{Immutable, IntoBytes};
 
 use crate::abi;
+use crate::types::{FileHandle, FopenFlags};
 
 /// Where replies go: the device, or a buffer in tests.
 pub trait ReplyChannel: Send + Sync {
@@ -285,7 +286,7 @@ impl ReplyData {
 
 impl ReplyOpen {
     /// The file handle and FOPEN_* flags.
-    pub fn opened(self, fh: u64, open_flags: u32) {
+    pub fn opened(self, fh: FileHandle, open_flags: FopenFlags) {
         self.ok_struct(&abi::OpenOut {
             fh,
             open_flags,
@@ -310,7 +311,7 @@ impl ReplyStatfs {
 
 impl ReplyCreate {
     /// The created entry and its open file.
-    pub fn created(self, entry: &abi::EntryOut, fh: u64, open_flags: u32) {
+    pub fn created(self, entry: &abi::EntryOut, fh: FileHandle, open_flags: FopenFlags) {
         let open = abi::OpenOut {
             fh,
             open_flags,

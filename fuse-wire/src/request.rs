@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use zerocopy::FromBytes;
 
 use crate::abi::{self, opcode, InHeader};
+use crate::types::{NodeId, RenameFlags};
 
 /// Why a request could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -113,8 +114,8 @@ pub enum Operation<'a> {
         name: &'a OsStr,
     },
     Rename {
-        newdir: u64,
-        flags: u32,
+        newdir: NodeId,
+        flags: RenameFlags,
         name: &'a OsStr,
         newname: &'a OsStr,
     },
@@ -267,7 +268,7 @@ impl<'a> Request<'a> {
 
     /// The unique without the RESEND bit: stable across a resend, for keys.
     pub fn key(&self) -> u64 {
-        self.header.unique & !abi::UNIQUE_RESEND
+        unique_key(self.header.unique)
     }
 
     /// True if the kernel re-queued this request after FUSE_NOTIFY_RESEND.
@@ -281,7 +282,7 @@ impl<'a> Request<'a> {
     }
 
     /// The node the request is about (0 for some opcodes).
-    pub fn nodeid(&self) -> u64 {
+    pub fn nodeid(&self) -> NodeId {
         self.header.nodeid
     }
 
@@ -323,6 +324,13 @@ impl<'a> Request<'a> {
         }
         Vec::new()
     }
+}
+
+/// `unique` without the RESEND bit (bit 63): the same for a request and
+/// its resent copy, so it keys exactly-once records and parked requests.
+/// Pure.
+pub const fn unique_key(unique: u64) -> u64 {
+    unique & !abi::UNIQUE_RESEND
 }
 
 /// A cursor over a request body.
@@ -394,7 +402,7 @@ fn decode_operation<'a>(
             let arg: abi::RenameIn = b.fixed()?;
             O::Rename {
                 newdir: arg.newdir,
-                flags: 0,
+                flags: RenameFlags::empty(),
                 name: b.name()?,
                 newname: b.name()?,
             }

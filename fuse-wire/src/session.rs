@@ -178,7 +178,7 @@ pub fn handle_request<F: Filesystem + ?Sized>(
             tracing::trace!(
                 unique = request.unique(),
                 opcode = request.opcode(),
-                nodeid = request.nodeid(),
+                nodeid = request.nodeid().get(),
                 "request"
             );
             dispatch(fs, &request, channel);

@@ -12,7 +12,10 @@ use fuse_wire::reply::{
     DirentBuf, DirentRecord, ReplyAttr, ReplyChannel, ReplyCreate, ReplyData, ReplyEntry,
     ReplyWrite,
 };
-use fuse_wire::{DecodeError, DecodeOptions, Errno, InitConfig, Operation, Request};
+use fuse_wire::{
+    DecodeError, DecodeOptions, Errno, FileHandle, FopenFlags, InitConfig, NodeId, OpenInFlags,
+    Operation, RenameFlags, Request,
+};
 use zerocopy::IntoBytes;
 
 /// Builds a request: header (with `len` filled in), then the body parts.
@@ -22,7 +25,7 @@ fn request(op: u32, unique: u64, nodeid: u64, parts: &[&[u8]]) -> Vec<u8> {
         len: (40 + body_len) as u32,
         opcode: op,
         unique,
-        nodeid,
+        nodeid: NodeId::new(nodeid),
         uid: 1000,
         gid: 100,
         pid: 42,
@@ -50,7 +53,7 @@ fn lookup_decodes_name_unique_and_caller() {
         }
     );
     assert_eq!(
-        (req.unique(), req.nodeid(), req.caller()),
+        (req.unique(), req.nodeid().get(), req.caller()),
         (7, 1, (1000, 100, 42))
     );
     assert_eq!(req.raw(), &raw[..], "raw bytes are kept for the journal");
@@ -79,7 +82,7 @@ fn resent_unique_keeps_bit_63_and_masks_it_for_keys() {
 #[test]
 fn write_decodes_its_payload() {
     let arg = abi::WriteIn {
-        fh: 3,
+        fh: FileHandle::new(3),
         offset: 4096,
         size: 5,
         ..Default::default()
@@ -87,7 +90,7 @@ fn write_decodes_its_payload() {
     let raw = request(opcode::WRITE, 9, 2, &[arg.as_bytes(), b"hello"]);
     match parse(&raw).expect("decode").operation() {
         Operation::Write { arg: got, data } => {
-            assert_eq!((got.fh, got.offset, *data), (3, 4096, &b"hello"[..]))
+            assert_eq!((got.fh.get(), got.offset, *data), (3, 4096, &b"hello"[..]))
         }
         other => panic!("decoded as {other:?}"),
     }
@@ -96,16 +99,16 @@ fn write_decodes_its_payload() {
 #[test]
 fn rename2_symlink_and_setxattr_decode_both_names() {
     let arg = abi::Rename2In {
-        newdir: 5,
-        flags: libc::RENAME_NOREPLACE,
+        newdir: NodeId::new(5),
+        flags: RenameFlags::from_bits_retain(libc::RENAME_NOREPLACE),
         padding: 0,
     };
     let raw = request(opcode::RENAME2, 1, 2, &[arg.as_bytes(), b"a\0", b"b\0"]);
     assert_eq!(
         parse(&raw).expect("decode").operation(),
         &Operation::Rename {
-            newdir: 5,
-            flags: libc::RENAME_NOREPLACE,
+            newdir: NodeId::new(5),
+            flags: RenameFlags::NOREPLACE,
             name: OsStr::new("a"),
             newname: OsStr::new("b")
         }
@@ -164,11 +167,11 @@ fn setxattr_without_ext_uses_the_8_byte_header() {
 fn batch_forget_decodes_every_node() {
     let head = abi::BatchForgetIn { count: 2, dummy: 0 };
     let a = abi::ForgetOne {
-        nodeid: 5,
+        nodeid: NodeId::new(5),
         nlookup: 1,
     };
     let b = abi::ForgetOne {
-        nodeid: 6,
+        nodeid: NodeId::new(6),
         nlookup: 3,
     };
     let raw = request(
@@ -189,7 +192,7 @@ fn supplementary_groups_come_from_the_extension_area() {
         flags: 0,
         mode: 0o644,
         umask: 0o22,
-        open_flags: 0,
+        open_flags: OpenInFlags::empty(),
     };
     // ext header (8) + nr_groups (4) + 1 group (4) = 16 bytes = 2 units.
     let ext = abi::ExtHeader {
@@ -289,8 +292,8 @@ fn malformed_requests_are_refused_with_the_unique_to_answer() {
 #[test]
 fn every_prefix_of_a_valid_request_decodes_or_errors_without_panicking() {
     let arg = abi::Rename2In {
-        newdir: 5,
-        flags: 0,
+        newdir: NodeId::new(5),
+        flags: RenameFlags::empty(),
         padding: 0,
     };
     let raw = request(
@@ -361,7 +364,7 @@ fn reply_bytes_are_pinned() {
     let channel: Arc<dyn ReplyChannel> = capture.clone();
 
     let entry = abi::EntryOut {
-        nodeid: 2,
+        nodeid: NodeId::new(2),
         generation: 1,
         entry_valid: 1,
         attr_valid: 1,
@@ -377,7 +380,11 @@ fn reply_bytes_are_pinned() {
     ReplyWrite::new(channel.clone(), 0x8000000000000012).written(4096);
     insta::assert_snapshot!("write_reply_to_resent_unique", hex(&capture.take()));
 
-    ReplyCreate::new(channel.clone(), 0x13).created(&entry, 7, abi::fopen::DIRECT_IO);
+    ReplyCreate::new(channel.clone(), 0x13).created(
+        &entry,
+        FileHandle::new(7),
+        FopenFlags::DIRECT_IO,
+    );
     insta::assert_snapshot!("create_reply", hex(&capture.take()));
 
     let mut dir = DirentBuf::new_plus(4096);
@@ -511,7 +518,7 @@ fn notifications_have_unique_zero_and_the_code_in_error() {
     let resend = fuse_wire::notify::encode(abi::notify_code::RESEND, &[]);
     assert_eq!(resend, [16, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     let capture = Arc::new(Capture::default());
-    fuse_wire::notify::inval_entry(&*capture, 1, b"name", false).expect("send");
+    fuse_wire::notify::inval_entry(&*capture, NodeId::ROOT, b"name", false).expect("send");
     let msg = capture.take();
     assert_eq!(msg.len(), 16 + 16 + 5);
     assert_eq!(&msg[4..8], &(abi::notify_code::INVAL_ENTRY).to_le_bytes());
@@ -522,16 +529,22 @@ fn notifications_have_unique_zero_and_the_code_in_error() {
 struct Empty;
 
 impl fuse_wire::Filesystem for Empty {
-    fn lookup(&self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, _req: &Request<'_>, _parent: NodeId, _name: &OsStr, reply: ReplyEntry) {
         reply.error(Errno::ENOENT);
     }
-    fn getattr(&self, _req: &Request<'_>, _nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+    fn getattr(
+        &self,
+        _req: &Request<'_>,
+        _nodeid: NodeId,
+        _fh: Option<FileHandle>,
+        reply: ReplyAttr,
+    ) {
         reply.error(Errno::ENOENT);
     }
     fn readdir(
         &self,
         _req: &Request<'_>,
-        _nodeid: u64,
+        _nodeid: NodeId,
         _arg: &abi::ReadIn,
         _entries: DirentBuf,
         reply: ReplyData,

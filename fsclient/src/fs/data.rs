@@ -20,8 +20,10 @@ use baton_blocks::{BlocksError, ObjectKey, FILE_SIZE_BYTES_MAX};
 use baton_meta::limits::BLOCKS_QUERY_COUNT_MAX;
 use baton_meta::{CreateArgs, FileKind, MetaError, Recorded};
 use bytes::Bytes;
-use fuse_wire::abi::{self, flags};
-use fuse_wire::{Errno, Request};
+use fuse_wire::{
+    CreateIn, EntryOut, Errno, FallocateFlags, FallocateIn, LseekIn, OpenInFlags, ReadIn, Request,
+    WriteFlags, WriteIn,
+};
 
 use super::{lock, BatonFs, READAHEAD_BLOCKS, READAHEAD_ENTRIES_MAX, SCAN_START_BYTES_MIN};
 use crate::error::{Error, Result};
@@ -29,10 +31,6 @@ use crate::handles::Handle;
 
 /// Attempts of a read that raced with a flush deleting a replaced object.
 pub const READ_ATTEMPTS_MAX: u32 = 3;
-/// `FALLOC_FL_KEEP_SIZE`.
-const FALLOC_FL_KEEP_SIZE: u32 = 1;
-/// `FALLOC_FL_PUNCH_HOLE`.
-const FALLOC_FL_PUNCH_HOLE: u32 = 2;
 /// `SEEK_DATA`.
 const SEEK_DATA: u32 = 3;
 /// `SEEK_HOLE`.
@@ -98,9 +96,14 @@ impl BatonFs {
     /// session decision about an orphan sees it (`orphans.rs`); an inode
     /// found at nlink 0 (another host unlinked it) is held by this session.
     /// `fuse_open_flags`: `fuse_open_in.open_flags` (the kill flag).
-    pub(super) fn do_open(&self, ino: u64, open_flags: u32, fuse_open_flags: u32) -> Result<u64> {
+    pub(super) fn do_open(
+        &self,
+        ino: u64,
+        open_flags: u32,
+        fuse_open_flags: OpenInFlags,
+    ) -> Result<u64> {
         let fh = self.register(ino, open_flags, false)?;
-        let kill_suidgid = fuse_open_flags & flags::OPEN_KILL_SUIDGID != 0;
+        let kill_suidgid = fuse_open_flags.contains(OpenInFlags::KILL_SUIDGID);
         match self.check_open(ino, open_flags, kill_suidgid) {
             Ok(()) => Ok(fh),
             Err(e) => {
@@ -162,8 +165,8 @@ impl BatonFs {
         req: &Request<'_>,
         parent: u64,
         name: &OsStr,
-        arg: &abi::CreateIn,
-    ) -> Result<(abi::EntryOut, u64)> {
+        arg: &CreateIn,
+    ) -> Result<(EntryOut, u64)> {
         let (uid, gid, _) = req.caller();
         let args = CreateArgs {
             kind: FileKind::Regular,
@@ -203,7 +206,7 @@ impl BatonFs {
         Ok((self.entry_out(&attr)?, fh))
     }
 
-    pub(super) fn do_read(&self, ino: u64, arg: &abi::ReadIn) -> Result<Vec<u8>> {
+    pub(super) fn do_read(&self, ino: u64, arg: &ReadIn) -> Result<Vec<u8>> {
         let mut attempt = 1;
         loop {
             match self.read_range(ino, arg.offset, u64::from(arg.size)) {
@@ -339,7 +342,7 @@ impl BatonFs {
         Ok(Some(self.cache.read(&key, len, 0, len)?))
     }
 
-    pub(super) fn do_write(&self, ino: u64, arg: &abi::WriteIn, data: &[u8]) -> Result<u32> {
+    pub(super) fn do_write(&self, ino: u64, arg: &WriteIn, data: &[u8]) -> Result<u32> {
         let end = arg.offset.checked_add(data.len() as u64);
         if end.is_none_or(|e| e > FILE_SIZE_BYTES_MAX) {
             return Err(Error::refused(
@@ -378,12 +381,12 @@ impl BatonFs {
                 Err(e) => return Err(e.into()),
             }
         }
-        if arg.write_flags & flags::WRITE_KILL_SUIDGID != 0 {
+        if arg.write_flags.contains(WriteFlags::KILL_SUIDGID) {
             self.kill_suidgid(ino)?;
         }
         tracing::trace!(
             nodeid = ino,
-            fh = arg.fh,
+            fh = arg.fh.get(),
             offset = arg.offset,
             len = data.len(),
             "staged"
@@ -391,7 +394,7 @@ impl BatonFs {
         Ok(data.len() as u32)
     }
 
-    pub(super) fn do_fallocate(&self, ino: u64, arg: &abi::FallocateIn) -> Result<()> {
+    pub(super) fn do_fallocate(&self, ino: u64, arg: &FallocateIn) -> Result<()> {
         let end = arg
             .offset
             .checked_add(arg.length)
@@ -399,8 +402,11 @@ impl BatonFs {
             .ok_or_else(|| {
                 Error::refused(ino, "fallocate past the largest file size", Errno::EFBIG)
             })?;
+        // fallocate(2) takes PUNCH_HOLE only together with KEEP_SIZE.
+        const PUNCH_HOLE_KEEP_SIZE: FallocateFlags =
+            FallocateFlags::PUNCH_HOLE.union(FallocateFlags::KEEP_SIZE);
         match arg.mode {
-            0 => {
+            mode if mode.is_empty() => {
                 let size = self.logical_size(ino)?;
                 if end > size {
                     let _guard = self.staging_lock(ino, "fallocate")?;
@@ -409,9 +415,7 @@ impl BatonFs {
                 }
                 Ok(())
             }
-            m if m == FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE => {
-                self.punch_hole(ino, arg.offset, end)
-            }
+            PUNCH_HOLE_KEEP_SIZE => self.punch_hole(ino, arg.offset, end),
             _ => Err(Error::refused(
                 ino,
                 "unsupported fallocate mode",
@@ -465,7 +469,7 @@ impl BatonFs {
         Ok(staged.map_or(attr.size, |s| s.resolve(attr.size)))
     }
 
-    pub(super) fn do_lseek(&self, ino: u64, arg: &abi::LseekIn) -> Result<u64> {
+    pub(super) fn do_lseek(&self, ino: u64, arg: &LseekIn) -> Result<u64> {
         if arg.whence != SEEK_DATA && arg.whence != SEEK_HOLE {
             return Err(Error::refused(
                 ino,

@@ -9,9 +9,9 @@
 use std::os::unix::ffi::OsStrExt;
 
 use baton_meta::FileKind;
-use fuse_wire::abi;
 use fuse_wire::reply::{DirentBuf, DirentRecord};
 use fuse_wire::Errno;
+use fuse_wire::{EntryOut, FopenFlags, ReadIn};
 
 use super::BatonFs;
 use crate::error::{Error, Result};
@@ -41,11 +41,11 @@ impl BatonFs {
     /// listings (`CACHE_DIR`) across opens (`KEEP_CACHE`), and a directory
     /// listed again unchanged costs no request. Other hosts change a shared
     /// volume unseen: there every listing asks.
-    pub(super) fn dir_open_flags(&self) -> u32 {
+    pub(super) fn dir_open_flags(&self) -> FopenFlags {
         if self.meta.shared_by_hosts() {
-            0
+            FopenFlags::empty()
         } else {
-            abi::fopen::CACHE_DIR | abi::fopen::KEEP_CACHE
+            FopenFlags::CACHE_DIR | FopenFlags::KEEP_CACHE
         }
     }
 
@@ -81,11 +81,11 @@ impl BatonFs {
     pub(super) fn do_readdir(
         &self,
         ino: u64,
-        arg: &abi::ReadIn,
+        arg: &ReadIn,
         mut entries: DirentBuf,
     ) -> Result<DirentBuf> {
         let per_entry = if entries.is_plus() {
-            DIRENT_BYTES_MIN + std::mem::size_of::<abi::EntryOut>() as u32
+            DIRENT_BYTES_MIN + std::mem::size_of::<EntryOut>() as u32
         } else {
             DIRENT_BYTES_MIN
         };

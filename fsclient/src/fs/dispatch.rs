@@ -3,15 +3,23 @@
 //! errno of a failure, logged with `op`, `unique` and `nodeid`). Every
 //! method first starts a `RequestTimer` (`counters.rs`): the request is
 //! counted by opcode, with its latency, when the method returns.
+//!
+//! Nodeids are inode numbers (see `mod.rs`): each method turns the
+//! [`fuse_wire::NodeId`]s it gets into the `u64` inode numbers of
+//! baton-meta first, and handle numbers into [`fuse_wire::FileHandle`]s
+//! in its reply.
 
 use std::ffi::OsStr;
 
-use fuse_wire::abi;
 use fuse_wire::reply::{
     DirentBuf, ReplyAttr, ReplyCopy, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyLock,
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
-use fuse_wire::{Errno, Filesystem, Request};
+use fuse_wire::{
+    CopyFileRangeIn, CreateIn, Errno, FallocateIn, FileHandle, Filesystem, FlushIn, FopenFlags,
+    FsyncIn, LkIn, LseekIn, MkdirIn, MknodIn, NodeId, OpenIn, ReadIn, ReleaseIn, RenameFlags,
+    Request, SetattrIn, SetxattrIn, WriteIn,
+};
 
 use super::{xattr, BatonFs};
 use crate::error::Error;
@@ -43,8 +51,9 @@ macro_rules! answer_once {
 }
 
 impl Filesystem for BatonFs {
-    fn lookup(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEntry) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -57,12 +66,19 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn forget(&self, req: &Request<'_>, _nodeid: u64, _nlookup: u64) {
+    fn forget(&self, req: &Request<'_>, _nodeid: NodeId, _nlookup: u64) {
         let _timer = self.counters.timer(req.opcode());
     }
 
-    fn getattr(&self, req: &Request<'_>, nodeid: u64, _fh: Option<u64>, reply: ReplyAttr) {
+    fn getattr(
+        &self,
+        req: &Request<'_>,
+        nodeid: NodeId,
+        _fh: Option<FileHandle>,
+        reply: ReplyAttr,
+    ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -74,8 +90,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn setattr(&self, req: &Request<'_>, nodeid: u64, arg: &abi::SetattrIn, reply: ReplyAttr) {
+    fn setattr(&self, req: &Request<'_>, nodeid: NodeId, arg: &SetattrIn, reply: ReplyAttr) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         if super::namespace::sets_times_only(arg) {
             // Idempotent: no exactly-once record, so none to delete.
             answer!(
@@ -100,8 +117,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn readlink(&self, req: &Request<'_>, nodeid: u64, reply: ReplyData) {
+    fn readlink(&self, req: &Request<'_>, nodeid: NodeId, reply: ReplyData) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -116,12 +134,13 @@ impl Filesystem for BatonFs {
     fn symlink(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
         target: &OsStr,
         reply: ReplyEntry,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         let r = self.do_symlink(req, parent, name, target);
         answer_once!(self, req, "symlink", parent, r, reply, |e| reply.entry(&e));
     }
@@ -129,12 +148,13 @@ impl Filesystem for BatonFs {
     fn mknod(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::MknodIn,
+        arg: &MknodIn,
         reply: ReplyEntry,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         let r = self.do_mknod(req, parent, name, arg);
         answer_once!(self, req, "mknod", parent, r, reply, |e| reply.entry(&e));
     }
@@ -142,18 +162,20 @@ impl Filesystem for BatonFs {
     fn mkdir(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::MkdirIn,
+        arg: &MkdirIn,
         reply: ReplyEntry,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         let r = self.do_mkdir(req, parent, name, arg);
         answer_once!(self, req, "mkdir", parent, r, reply, |e| reply.entry(&e));
     }
 
-    fn unlink(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         answer_once!(
             self,
             req,
@@ -165,8 +187,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn rmdir(&self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request<'_>, parent: NodeId, name: &OsStr, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         answer_once!(
             self,
             req,
@@ -181,14 +204,16 @@ impl Filesystem for BatonFs {
     fn rename(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        newparent: u64,
+        newparent: NodeId,
         newname: &OsStr,
-        flags: u32,
+        flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
+        let newparent = newparent.get();
         let r = self.do_rename(req, parent, name, newparent, newname, flags);
         answer_once!(self, req, "rename", parent, r, reply, |()| reply.ok());
     }
@@ -196,18 +221,21 @@ impl Filesystem for BatonFs {
     fn link(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
-        newparent: u64,
+        nodeid: NodeId,
+        newparent: NodeId,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
+        let newparent = newparent.get();
         let r = self.do_link(req, nodeid, newparent, newname);
         answer_once!(self, req, "link", nodeid, r, reply, |e| reply.entry(&e));
     }
 
-    fn open(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+    fn open(&self, req: &Request<'_>, nodeid: NodeId, arg: &OpenIn, reply: ReplyOpen) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -218,12 +246,13 @@ impl Filesystem for BatonFs {
             // Keep the page cache across opens: data changes only through
             // this mount, and AUTO_INVAL_DATA drops pages when mtime or size
             // change.
-            |fh| reply.opened(fh, abi::fopen::KEEP_CACHE)
+            |fh| reply.opened(FileHandle::new(fh), FopenFlags::KEEP_CACHE)
         );
     }
 
-    fn read(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReadIn, reply: ReplyData) {
+    fn read(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReadIn, reply: ReplyData) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -242,12 +271,13 @@ impl Filesystem for BatonFs {
     fn write(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
-        arg: &abi::WriteIn,
+        nodeid: NodeId,
+        arg: &WriteIn,
         data: &[u8],
         reply: ReplyWrite,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         let r = self.do_write(nodeid, arg, data);
         answer!(self, req, "write", nodeid, r, reply, |n| {
@@ -256,15 +286,17 @@ impl Filesystem for BatonFs {
         });
     }
 
-    fn statfs(&self, req: &Request<'_>, nodeid: u64, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request<'_>, nodeid: NodeId, reply: ReplyStatfs) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(self, req, "statfs", nodeid, self.do_statfs(), reply, |s| {
             reply.statfs(&s)
         });
     }
 
-    fn release(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+    fn release(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReleaseIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -276,8 +308,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn fsync(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request<'_>, nodeid: NodeId, _arg: &FsyncIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -293,41 +326,53 @@ impl Filesystem for BatonFs {
     fn setxattr(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
+        nodeid: NodeId,
         name: &OsStr,
         value: &[u8],
-        arg: &abi::SetxattrIn,
+        arg: &SetxattrIn,
         reply: ReplyEmpty,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         let r = self.do_setxattr(req, nodeid, name, value, arg.flags);
         answer_once!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
     }
 
-    fn getxattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(
+        &self,
+        req: &Request<'_>,
+        nodeid: NodeId,
+        name: &OsStr,
+        size: u32,
+        reply: ReplyXattr,
+    ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         match self.meta.getxattr(nodeid, name).map_err(Error::from) {
             Ok(value) => xattr::answer(&value, size, reply),
             Err(err) => reply.error(self.fail("getxattr", req, nodeid, &err)),
         }
     }
 
-    fn listxattr(&self, req: &Request<'_>, nodeid: u64, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request<'_>, nodeid: NodeId, size: u32, reply: ReplyXattr) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         match self.do_listxattr(nodeid) {
             Ok(list) => xattr::answer(&list, size, reply),
             Err(err) => reply.error(self.fail("listxattr", req, nodeid, &err)),
         }
     }
 
-    fn removexattr(&self, req: &Request<'_>, nodeid: u64, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request<'_>, nodeid: NodeId, name: &OsStr, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         let r = self.do_removexattr(req, nodeid, name);
         answer_once!(self, req, "removexattr", nodeid, r, reply, |()| reply.ok());
     }
 
-    fn flush(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FlushIn, reply: ReplyEmpty) {
+    fn flush(&self, req: &Request<'_>, nodeid: NodeId, arg: &FlushIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         answer!(
             self,
@@ -340,8 +385,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn opendir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::OpenIn, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request<'_>, nodeid: NodeId, arg: &OpenIn, reply: ReplyOpen) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -349,19 +395,20 @@ impl Filesystem for BatonFs {
             nodeid,
             self.do_opendir(nodeid, arg.flags),
             reply,
-            |fh| reply.opened(fh, self.dir_open_flags())
+            |fh| reply.opened(FileHandle::new(fh), self.dir_open_flags())
         );
     }
 
     fn readdir(
         &self,
         req: &Request<'_>,
-        nodeid: u64,
-        arg: &abi::ReadIn,
+        nodeid: NodeId,
+        arg: &ReadIn,
         entries: DirentBuf,
         reply: ReplyData,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
         match self.do_readdir(nodeid, arg, entries) {
             Ok(buf) => reply.data(buf.as_bytes()),
@@ -369,27 +416,30 @@ impl Filesystem for BatonFs {
         }
     }
 
-    fn releasedir(&self, req: &Request<'_>, nodeid: u64, arg: &abi::ReleaseIn, reply: ReplyEmpty) {
+    fn releasedir(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReleaseIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
             "releasedir",
             nodeid,
-            self.do_releasedir(arg.fh),
+            self.do_releasedir(arg.fh.get()),
             reply,
             |()| reply.ok()
         );
     }
 
-    fn fsyncdir(&self, req: &Request<'_>, nodeid: u64, _arg: &abi::FsyncIn, reply: ReplyEmpty) {
+    fn fsyncdir(&self, req: &Request<'_>, nodeid: NodeId, _arg: &FsyncIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         let r = self.do_fsyncdir();
         answer!(self, req, "fsyncdir", nodeid, r, reply, |()| reply.ok());
     }
 
-    fn getlk(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LkIn, reply: ReplyLock) {
+    fn getlk(&self, req: &Request<'_>, nodeid: NodeId, arg: &LkIn, reply: ReplyLock) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -401,19 +451,13 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn setlk(
-        &self,
-        req: &Request<'_>,
-        nodeid: u64,
-        arg: &abi::LkIn,
-        sleep: bool,
-        reply: ReplyEmpty,
-    ) {
+    fn setlk(&self, req: &Request<'_>, nodeid: NodeId, arg: &LkIn, sleep: bool, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         self.do_setlk(req, nodeid, arg, sleep, reply);
     }
 
-    fn access(&self, req: &Request<'_>, _nodeid: u64, _mask: u32, reply: ReplyEmpty) {
+    fn access(&self, req: &Request<'_>, _nodeid: NodeId, _mask: u32, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
         // default_permissions: the kernel checks modes itself.
         reply.ok();
@@ -422,12 +466,13 @@ impl Filesystem for BatonFs {
     fn create(
         &self,
         req: &Request<'_>,
-        parent: u64,
+        parent: NodeId,
         name: &OsStr,
-        arg: &abi::CreateIn,
+        arg: &CreateIn,
         reply: ReplyCreate,
     ) {
         let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
         answer_once!(
             self,
             req,
@@ -435,7 +480,7 @@ impl Filesystem for BatonFs {
             parent,
             self.do_create(req, parent, name, arg),
             reply,
-            |(entry, fh)| reply.created(&entry, fh, 0)
+            |(entry, fh)| reply.created(&entry, FileHandle::new(fh), FopenFlags::empty())
         );
     }
 
@@ -444,8 +489,9 @@ impl Filesystem for BatonFs {
         self.do_interrupt(unique);
     }
 
-    fn fallocate(&self, req: &Request<'_>, nodeid: u64, arg: &abi::FallocateIn, reply: ReplyEmpty) {
+    fn fallocate(&self, req: &Request<'_>, nodeid: NodeId, arg: &FallocateIn, reply: ReplyEmpty) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -457,8 +503,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn lseek(&self, req: &Request<'_>, nodeid: u64, arg: &abi::LseekIn, reply: ReplyLseek) {
+    fn lseek(&self, req: &Request<'_>, nodeid: NodeId, arg: &LseekIn, reply: ReplyLseek) {
         let _timer = self.counters.timer(req.opcode());
+        let nodeid = nodeid.get();
         answer!(
             self,
             req,
@@ -473,8 +520,8 @@ impl Filesystem for BatonFs {
     fn copy_file_range(
         &self,
         req: &Request<'_>,
-        _nodeid: u64,
-        _arg: &abi::CopyFileRangeIn,
+        _nodeid: NodeId,
+        _arg: &CopyFileRangeIn,
         reply: ReplyCopy,
     ) {
         let _timer = self.counters.timer(req.opcode());

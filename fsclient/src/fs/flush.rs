@@ -55,7 +55,7 @@ use baton_blocks::{ObjectKey, UploadSet};
 use baton_meta::limits::COMMIT_BLOCKS_ROWS_MAX;
 use baton_meta::{BlockRef, CommitBlocks, FileKind, ObjectRef, TimeOrNow};
 use bytes::Bytes;
-use fuse_wire::abi::{self, flags};
+use fuse_wire::{FlushIn, ReleaseFlags, ReleaseIn};
 
 use super::data::Rows;
 use super::BatonFs;
@@ -355,7 +355,7 @@ impl BatonFs {
         }
     }
 
-    pub(super) fn do_flush(&self, ino: u64, arg: &abi::FlushIn) -> Result<()> {
+    pub(super) fn do_flush(&self, ino: u64, arg: &FlushIn) -> Result<()> {
         let granted = self.release_locks(ino, LockKind::Posix, arg.lock_owner);
         granted.into_iter().for_each(|w| w.ok());
         if self.handles.is_open_orphan(ino) {
@@ -385,12 +385,12 @@ impl BatonFs {
         Ok(self.meta.sync()?)
     }
 
-    pub(super) fn do_release(&self, ino: u64, arg: &abi::ReleaseIn) -> Result<()> {
-        if arg.release_flags & flags::RELEASE_FLOCK_UNLOCK != 0 {
+    pub(super) fn do_release(&self, ino: u64, arg: &ReleaseIn) -> Result<()> {
+        if arg.release_flags.contains(ReleaseFlags::FLOCK_UNLOCK) {
             let granted = self.release_locks(ino, LockKind::Flock, arg.lock_owner);
             granted.into_iter().for_each(|w| w.ok());
         }
-        let released = self.handles.release(arg.fh);
+        let released = self.handles.release(arg.fh.get());
         if released.reclaim {
             return self.settle_orphan(ino);
         }

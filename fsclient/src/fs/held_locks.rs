@@ -47,10 +47,11 @@ impl HeldLocksFile {
         &self.path
     }
 
-    /// Replaces the file with the held locks of `table` on `connection`.
-    pub fn write<W>(&self, connection: u64, table: &LockTable<W>) -> std::io::Result<()> {
+    /// Replaces the file with the held locks of `table` on the connection
+    /// whose random identity is `connection_identity`.
+    pub fn write<W>(&self, connection_identity: u64, table: &LockTable<W>) -> std::io::Result<()> {
         let record = HeldLocks {
-            connection,
+            connection: connection_identity,
             locks: lock_states(table),
         };
         let bytes = record.encode().map_err(std::io::Error::other)?;
@@ -63,10 +64,11 @@ impl HeldLocksFile {
         std::fs::rename(&temp, &self.path)
     }
 
-    /// The locks held on `connection`: none when the file is missing or
-    /// was left by another connection. A damaged file is an error (the
-    /// caller logs it: nothing better than no locks can be done).
-    pub fn read(&self, connection: u64) -> Result<Vec<LockState>, String> {
+    /// The locks held on the connection `connection_identity`: none when
+    /// the file is missing or was left by another connection. A damaged
+    /// file is an error (the caller logs it: nothing better than no locks
+    /// can be done).
+    pub fn read(&self, connection_identity: u64) -> Result<Vec<LockState>, String> {
         let bytes = match std::fs::read(&self.path) {
             Ok(bytes) => bytes,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -74,7 +76,7 @@ impl HeldLocksFile {
         };
         let record =
             HeldLocks::decode(&bytes).map_err(|err| format!("{}: {err}", self.path.display()))?;
-        if record.connection != connection {
+        if record.connection != connection_identity {
             return Ok(Vec::new());
         }
         Ok(record.locks)

@@ -19,9 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton_meta::{LockSpace, MetaStore, RangeLock};
-use fuse_wire::abi::{self, flags};
 use fuse_wire::reply::ReplyEmpty;
-use fuse_wire::{Errno, Request};
+use fuse_wire::{Errno, FileLock, LkFlags, LkIn, LockOwner, Request};
 
 use super::{lock, BatonFs};
 use crate::error::{Error, Result};
@@ -144,14 +143,14 @@ impl ParkedLock {
 }
 
 /// Converts the kernel's lock argument.
-fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
+fn request(ino: u64, arg: &LkIn) -> Result<LockRequest> {
     let typ = match arg.lk.typ as i32 {
         libc::F_RDLCK => Some(LockType::Read),
         libc::F_WRLCK => Some(LockType::Write),
         libc::F_UNLCK => None,
         _ => return Err(Error::refused(ino, "unknown lock type", Errno::EINVAL)),
     };
-    let flock = arg.lk_flags & flags::LK_FLOCK != 0;
+    let flock = arg.lk_flags.contains(LkFlags::FLOCK);
     let (start, end) = if flock {
         (0, OFFSET_MAX)
     } else {
@@ -170,7 +169,7 @@ fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
         } else {
             LockKind::Posix
         },
-        owner: arg.owner,
+        owner: arg.owner.get(),
         start,
         end,
         typ,
@@ -179,11 +178,11 @@ fn request(ino: u64, arg: &abi::LkIn) -> Result<LockRequest> {
 }
 
 impl BatonFs {
-    pub(super) fn do_getlk(&self, ino: u64, arg: &abi::LkIn) -> Result<abi::FileLock> {
+    pub(super) fn do_getlk(&self, ino: u64, arg: &LkIn) -> Result<FileLock> {
         let req = request(ino, arg)?;
         let found = lock(&self.locks).conflict_anywhere(ino, &req)?;
         Ok(match found {
-            Some(held) => abi::FileLock {
+            Some(held) => FileLock {
                 start: held.start,
                 end: held.end,
                 typ: match held.typ {
@@ -192,7 +191,7 @@ impl BatonFs {
                 },
                 pid: held.pid,
             },
-            None => abi::FileLock {
+            None => FileLock {
                 typ: libc::F_UNLCK as u32,
                 ..arg.lk
             },
@@ -203,7 +202,7 @@ impl BatonFs {
         &self,
         r: &Request<'_>,
         ino: u64,
-        arg: &abi::LkIn,
+        arg: &LkIn,
         sleep: bool,
         reply: ReplyEmpty,
     ) {
@@ -290,15 +289,20 @@ impl BatonFs {
 
     /// Drops `owner`'s locks of `kind` on `ino` (close); returns the
     /// parked requests this grants.
-    pub(super) fn release_locks(&self, ino: u64, kind: LockKind, owner: u64) -> Vec<ParkedLock> {
+    pub(super) fn release_locks(
+        &self,
+        ino: u64,
+        kind: LockKind,
+        owner: LockOwner,
+    ) -> Vec<ParkedLock> {
         let mut table = lock(&self.locks);
-        let granted = table.release_owner(ino, kind, owner);
+        let granted = table.release_owner(ino, kind, owner.get());
         self.save_held_locks(&table);
         granted
     }
 
     pub(super) fn do_interrupt(&self, unique: u64) {
-        let key = unique & !abi::UNIQUE_RESEND;
+        let key = fuse_wire::unique_key(unique);
         if let Some(waiter) = lock(&self.locks).interrupt(key) {
             tracing::debug!(unique, "parked lock request interrupted");
             waiter.error(Errno::EINTR);

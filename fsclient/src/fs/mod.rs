@@ -42,7 +42,7 @@ use std::time::Duration;
 
 use baton_blocks::{BlockCache, BlockStore, Staging};
 use baton_meta::{Attr, FileKind, MetaStore};
-use fuse_wire::abi;
+use fuse_wire::{abi, AttrOut, EntryOut, Kstatfs, NodeId};
 use fuse_wire::{Errno, InitParams, Request};
 
 use crate::error::{Error, Result};
@@ -116,8 +116,9 @@ pub struct BatonFs {
     /// Set when a write-through upload failed (`write_through.rs`).
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
-    /// Identity of the FUSE connection served (exactly-once keys).
-    connection: AtomicU64,
+    /// The random identity of the FUSE connection served (exactly-once
+    /// keys, the metadata session); not the kernel's fusectl number.
+    connection_identity: AtomicU64,
     /// Handing over: no more staging writes (metadata is fenced too).
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
@@ -167,7 +168,7 @@ impl BatonFs {
             committed_bytes: committed_bytes::CommittedBytes::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
-            connection: AtomicU64::new(0),
+            connection_identity: AtomicU64::new(0),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
@@ -219,15 +220,16 @@ impl BatonFs {
     /// (before serving). `inherited`: an earlier generation served this
     /// connection and its handle table was lost with it, so the kernel may
     /// hold handles this process never issued.
-    pub fn set_connection(&self, connection: u64, generation: u64, inherited: bool) {
-        self.connection.store(connection, Ordering::Relaxed);
+    pub fn set_connection(&self, connection_identity: u64, generation: u64, inherited: bool) {
+        self.connection_identity
+            .store(connection_identity, Ordering::Relaxed);
         self.handles.start_generation(generation, inherited);
         // A SQLite volume has one mount at a time: no other mount to ask,
         // and a lock costs no metadata transaction.
         if self.meta.shared_by_hosts() {
             lock(&self.locks).set_registry(Box::new(lock::VolumeLocks::new(
                 Arc::clone(&self.meta),
-                connection,
+                connection_identity,
             )));
         }
     }
@@ -290,8 +292,8 @@ impl BatonFs {
         let Some(file) = &self.held_locks_file else {
             return;
         };
-        let connection = self.connection.load(Ordering::Relaxed);
-        match file.read(connection) {
+        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
+        match file.read(connection_identity) {
             Ok(held) if held.is_empty() => {}
             Ok(held) => {
                 tracing::info!(locks = held.len(), file = %file.path().display(), "held locks restored after a crash");
@@ -312,8 +314,8 @@ impl BatonFs {
         if table.changes() == self.held_locks_saved.load(Ordering::Relaxed) {
             return;
         }
-        let connection = self.connection.load(Ordering::Relaxed);
-        match file.write(connection, table) {
+        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
+        match file.write(connection_identity, table) {
             Ok(()) => self
                 .held_locks_saved
                 .store(table.changes(), Ordering::Relaxed),
@@ -390,7 +392,7 @@ impl BatonFs {
     /// Kernel attributes: the staged size over the committed one;
     /// `committed_bytes` of `a` when the caller read them with it (else
     /// looked up).
-    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::Attr> {
+    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<fuse_wire::Attr> {
         let (size, blocks) = if a.kind == FileKind::Regular {
             let staged = self.staging.staged_size(a.ino)?;
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
@@ -406,7 +408,7 @@ impl BatonFs {
         } else {
             (a.size, a.size.div_ceil(512))
         };
-        Ok(abi::Attr {
+        Ok(fuse_wire::Attr {
             ino: a.ino,
             size,
             blocks,
@@ -426,14 +428,14 @@ impl BatonFs {
         })
     }
 
-    fn attr_out(&self, a: &Attr) -> Result<abi::AttrOut> {
+    fn attr_out(&self, a: &Attr) -> Result<AttrOut> {
         self.attr_out_with(a, None)
     }
 
     /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr`].
-    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::AttrOut> {
+    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<AttrOut> {
         let (secs, nanos) = self.ttl();
-        Ok(abi::AttrOut {
+        Ok(AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nanos,
             dummy: 0,
@@ -441,15 +443,15 @@ impl BatonFs {
         })
     }
 
-    fn entry_out(&self, a: &Attr) -> Result<abi::EntryOut> {
+    fn entry_out(&self, a: &Attr) -> Result<EntryOut> {
         self.entry_out_with(a, None)
     }
 
     /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr`].
-    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<abi::EntryOut> {
+    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<EntryOut> {
         let (secs, nanos) = self.ttl();
-        Ok(abi::EntryOut {
-            nodeid: a.ino,
+        Ok(EntryOut {
+            nodeid: NodeId::new(a.ino),
             generation: a.generation,
             entry_valid: secs,
             attr_valid: secs,
@@ -477,14 +479,14 @@ impl BatonFs {
 
     /// Volume usage. Object storage has no fixed capacity: report a large
     /// constant capacity (1 PiB, 2^40 inodes) minus what is used.
-    fn do_statfs(&self) -> Result<abi::Kstatfs> {
+    fn do_statfs(&self) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
         const CAPACITY_BYTES: u64 = 1 << 50;
         const INODES_MAX: u64 = 1 << 40;
         let usage = self.meta.statfs()?;
         let blocks = CAPACITY_BYTES / FRAGMENT_BYTES;
         let used = usage.bytes_used.div_ceil(FRAGMENT_BYTES).min(blocks);
-        Ok(abi::Kstatfs {
+        Ok(Kstatfs {
             blocks,
             bfree: blocks - used,
             bavail: blocks - used,

@@ -13,22 +13,17 @@ use baton_meta::{
     CreateArgs, FileKind, Recorded, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked, S_ISGID,
     S_ISUID, S_IXGRP,
 };
-use fuse_wire::abi::{self, fattr};
-use fuse_wire::{Errno, Request};
+use fuse_wire::abi::opcode;
+use fuse_wire::{AttrOut, EntryOut, Errno, MkdirIn, MknodIn, Request, SetattrIn, SetattrValid};
 
 use super::once::mismatched;
 use super::BatonFs;
 use crate::error::{Error, Result};
 
-/// `RENAME_NOREPLACE`.
-const RENAME_NOREPLACE: u32 = 1;
-/// `RENAME_EXCHANGE`.
-const RENAME_EXCHANGE: u32 = 2;
-
 impl BatonFs {
     /// LOOKUP reads the committed bytes (`st_blocks`) with the attributes:
     /// one statement instead of two after each commit.
-    pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> Result<abi::EntryOut> {
+    pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> Result<EntryOut> {
         let token = self.committed_bytes.token();
         let (attr, committed_bytes) = self.meta.lookup_plus(parent, name)?;
         if attr.kind == FileKind::Regular {
@@ -40,7 +35,7 @@ impl BatonFs {
 
     /// GETATTR: as LOOKUP, unless the committed bytes are remembered (a
     /// large file's sum over its block rows is then not repeated).
-    pub(super) fn do_getattr(&self, ino: u64) -> Result<abi::AttrOut> {
+    pub(super) fn do_getattr(&self, ino: u64) -> Result<AttrOut> {
         if self.committed_bytes.get(ino).is_some() {
             let attr = self.meta.getattr(ino)?;
             return self.attr_out(&attr);
@@ -57,8 +52,8 @@ impl BatonFs {
         &self,
         req: &Request<'_>,
         ino: u64,
-        arg: &abi::SetattrIn,
-    ) -> Result<abi::AttrOut> {
+        arg: &SetattrIn,
+    ) -> Result<AttrOut> {
         self.once(
             req,
             |recorded| match recorded {
@@ -83,8 +78,8 @@ impl BatonFs {
     /// this table, and the table is not inherited), nobody can see its
     /// times again before it is reclaimed: that one is answered from a
     /// read, without a metadata transaction.
-    pub(super) fn do_setattr_times(&self, ino: u64, arg: &abi::SetattrIn) -> Result<abi::AttrOut> {
-        crate::fault::hit(crate::fault::Point::AfterRead, abi::opcode::SETATTR);
+    pub(super) fn do_setattr_times(&self, ino: u64, arg: &SetattrIn) -> Result<AttrOut> {
+        crate::fault::hit(crate::fault::Point::AfterRead, opcode::SETATTR);
         if self.handles.open_count(ino) == 0 && !self.handles.inherited() {
             let attr = self.meta.getattr(ino)?;
             if attr.nlink == 0 {
@@ -97,45 +92,45 @@ impl BatonFs {
     fn setattr_once(
         &self,
         ino: u64,
-        arg: &abi::SetattrIn,
+        arg: &SetattrIn,
         key: Option<baton_meta::RequestKey>,
-    ) -> Result<abi::AttrOut> {
+    ) -> Result<AttrOut> {
         let valid = arg.valid;
         let mut set = SetAttr::default();
-        if valid & fattr::MODE != 0 {
+        if valid.contains(SetattrValid::MODE) {
             set.mode = Some(arg.mode);
         }
-        if valid & fattr::UID != 0 {
+        if valid.contains(SetattrValid::UID) {
             set.uid = Some(arg.uid);
         }
-        if valid & fattr::GID != 0 {
+        if valid.contains(SetattrValid::GID) {
             set.gid = Some(arg.gid);
         }
         set.atime = time_arg(
             valid,
-            fattr::ATIME,
-            fattr::ATIME_NOW,
+            SetattrValid::ATIME,
+            SetattrValid::ATIME_NOW,
             arg.atime,
             arg.atimensec,
         );
         set.mtime = time_arg(
             valid,
-            fattr::MTIME,
-            fattr::MTIME_NOW,
+            SetattrValid::MTIME,
+            SetattrValid::MTIME_NOW,
             arg.mtime,
             arg.mtimensec,
         );
-        if valid & fattr::CTIME != 0 {
+        if valid.contains(SetattrValid::CTIME) {
             set.ctime = Some(Timespec {
                 sec: arg.ctime as i64,
                 nsec: arg.ctimensec,
             });
         }
-        if valid & fattr::KILL_SUIDGID != 0 && set.mode.is_none() {
+        if valid.contains(SetattrValid::KILL_SUIDGID) && set.mode.is_none() {
             let a = self.meta.getattr(ino)?;
             set.mode = Some(killed_suidgid(a.mode));
         }
-        if valid & fattr::SIZE != 0 {
+        if valid.contains(SetattrValid::SIZE) {
             self.truncate(ino, arg.size)?;
             if set.mtime.is_none() {
                 set.mtime = Some(TimeOrNow::Now);
@@ -204,7 +199,7 @@ impl BatonFs {
         parent: u64,
         name: &OsStr,
         mut args: CreateArgs,
-    ) -> Result<abi::EntryOut> {
+    ) -> Result<EntryOut> {
         let (uid, gid, _) = req.caller();
         args.mode &= 0o7777;
         args.uid = uid;
@@ -220,7 +215,7 @@ impl BatonFs {
     }
 
     /// The entry a replayed create, mknod, mkdir, symlink or link answers.
-    fn entry_from_record(&self, nodeid: u64, recorded: Recorded) -> Result<abi::EntryOut> {
+    fn entry_from_record(&self, nodeid: u64, recorded: Recorded) -> Result<EntryOut> {
         match recorded {
             Recorded::Attr(attr) => self.entry_out(&attr),
             _ => Err(mismatched(
@@ -236,7 +231,7 @@ impl BatonFs {
         parent: u64,
         name: &OsStr,
         target: &OsStr,
-    ) -> Result<abi::EntryOut> {
+    ) -> Result<EntryOut> {
         let mut args = CreateArgs::new(FileKind::Symlink, 0o777);
         args.symlink_target = Some(target.to_owned());
         self.create_node(req, parent, name, args)
@@ -247,8 +242,8 @@ impl BatonFs {
         req: &Request<'_>,
         parent: u64,
         name: &OsStr,
-        arg: &abi::MknodIn,
-    ) -> Result<abi::EntryOut> {
+        arg: &MknodIn,
+    ) -> Result<EntryOut> {
         let kind = match arg.mode & libc::S_IFMT {
             libc::S_IFREG | 0 => FileKind::Regular,
             libc::S_IFIFO => FileKind::Fifo,
@@ -277,8 +272,8 @@ impl BatonFs {
         req: &Request<'_>,
         parent: u64,
         name: &OsStr,
-        arg: &abi::MkdirIn,
-    ) -> Result<abi::EntryOut> {
+        arg: &MkdirIn,
+    ) -> Result<EntryOut> {
         self.create_node(
             req,
             parent,
@@ -312,11 +307,10 @@ impl BatonFs {
         name: &OsStr,
         newparent: u64,
         newname: &OsStr,
-        flags: u32,
+        flags: fuse_wire::RenameFlags,
     ) -> Result<()> {
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
-        {
+        let supported = fuse_wire::RenameFlags::NOREPLACE | fuse_wire::RenameFlags::EXCHANGE;
+        if !supported.contains(flags) || flags == supported {
             return Err(Error::refused(
                 parent,
                 "unsupported rename flags",
@@ -324,8 +318,8 @@ impl BatonFs {
             ));
         }
         let flags = RenameFlags {
-            noreplace: flags & RENAME_NOREPLACE != 0,
-            exchange: flags & RENAME_EXCHANGE != 0,
+            noreplace: flags.contains(fuse_wire::RenameFlags::NOREPLACE),
+            exchange: flags.contains(fuse_wire::RenameFlags::EXCHANGE),
         };
         let renamed = self.once(
             req,
@@ -354,7 +348,7 @@ impl BatonFs {
         ino: u64,
         newparent: u64,
         newname: &OsStr,
-    ) -> Result<abi::EntryOut> {
+    ) -> Result<EntryOut> {
         self.once(
             req,
             |recorded| self.entry_from_record(ino, recorded),
@@ -413,21 +407,27 @@ fn killed_suidgid(mode: u32) -> u32 {
 
 /// A time from SETATTR: explicit (ns precision), now, or unchanged.
 /// Whether a SETATTR sets nothing but times (see `do_setattr_times`).
-pub(super) fn sets_times_only(arg: &abi::SetattrIn) -> bool {
-    const TIMES: u32 = fattr::ATIME
-        | fattr::MTIME
-        | fattr::CTIME
-        | fattr::ATIME_NOW
-        | fattr::MTIME_NOW
-        | fattr::FH
-        | fattr::LOCKOWNER;
-    arg.valid & !TIMES == 0
+pub(super) fn sets_times_only(arg: &SetattrIn) -> bool {
+    const TIMES: SetattrValid = SetattrValid::ATIME
+        .union(SetattrValid::MTIME)
+        .union(SetattrValid::CTIME)
+        .union(SetattrValid::ATIME_NOW)
+        .union(SetattrValid::MTIME_NOW)
+        .union(SetattrValid::FH)
+        .union(SetattrValid::LOCKOWNER);
+    TIMES.contains(arg.valid)
 }
 
-fn time_arg(valid: u32, set: u32, now: u32, sec: u64, nsec: u32) -> Option<TimeOrNow> {
-    if valid & now != 0 {
+fn time_arg(
+    valid: SetattrValid,
+    set: SetattrValid,
+    now: SetattrValid,
+    sec: u64,
+    nsec: u32,
+) -> Option<TimeOrNow> {
+    if valid.intersects(now) {
         Some(TimeOrNow::Now)
-    } else if valid & set != 0 {
+    } else if valid.intersects(set) {
         Some(TimeOrNow::At(Timespec {
             sec: sec as i64,
             nsec,
@@ -452,22 +452,27 @@ mod tests {
     /// could undo a later change or run twice.
     #[test]
     fn only_time_setattrs_go_without_a_record() {
-        let with = |valid| abi::SetattrIn {
+        let with = |valid| SetattrIn {
             valid,
             ..Default::default()
         };
-        assert!(sets_times_only(&with(fattr::MTIME | fattr::CTIME)));
         assert!(sets_times_only(&with(
-            fattr::ATIME_NOW | fattr::MTIME_NOW | fattr::FH
+            SetattrValid::MTIME | SetattrValid::CTIME
+        )));
+        assert!(sets_times_only(&with(
+            SetattrValid::ATIME_NOW | SetattrValid::MTIME_NOW | SetattrValid::FH
         )));
         for other in [
-            fattr::MODE,
-            fattr::UID,
-            fattr::GID,
-            fattr::SIZE,
-            fattr::KILL_SUIDGID,
+            SetattrValid::MODE,
+            SetattrValid::UID,
+            SetattrValid::GID,
+            SetattrValid::SIZE,
+            SetattrValid::KILL_SUIDGID,
         ] {
-            assert!(!sets_times_only(&with(fattr::MTIME | other)), "{other:#x}");
+            assert!(
+                !sets_times_only(&with(SetattrValid::MTIME | other)),
+                "{other:?}"
+            );
         }
     }
 
@@ -475,18 +480,33 @@ mod tests {
     fn setattr_times_prefer_now_over_explicit() {
         assert_eq!(
             time_arg(
-                fattr::ATIME | fattr::ATIME_NOW,
-                fattr::ATIME,
-                fattr::ATIME_NOW,
+                SetattrValid::ATIME | SetattrValid::ATIME_NOW,
+                SetattrValid::ATIME,
+                SetattrValid::ATIME_NOW,
                 5,
                 6
             ),
             Some(TimeOrNow::Now)
         );
         assert_eq!(
-            time_arg(fattr::ATIME, fattr::ATIME, fattr::ATIME_NOW, 5, 6),
+            time_arg(
+                SetattrValid::ATIME,
+                SetattrValid::ATIME,
+                SetattrValid::ATIME_NOW,
+                5,
+                6
+            ),
             Some(TimeOrNow::At(Timespec { sec: 5, nsec: 6 }))
         );
-        assert_eq!(time_arg(0, fattr::ATIME, fattr::ATIME_NOW, 5, 6), None);
+        assert_eq!(
+            time_arg(
+                SetattrValid::empty(),
+                SetattrValid::ATIME,
+                SetattrValid::ATIME_NOW,
+                5,
+                6
+            ),
+            None
+        );
     }
 }

@@ -55,7 +55,7 @@ pub(super) struct OrphanQueue {
 
 impl BatonFs {
     fn session_id(&self) -> u64 {
-        self.connection.load(Ordering::Relaxed)
+        self.connection_identity.load(Ordering::Relaxed)
     }
 
     /// Registers this mount's session (or takes over the row a dead
