@@ -2266,7 +2266,7 @@ fn every_generation_log_line_names_the_mount_and_the_generation() {
         .lines()
         .skip(1)
         .filter(|l| l.contains(" INFO ") || l.contains(" WARN ") || l.contains(" ERROR "))
-        .filter(|l| !l.contains("fsclient::volume:"))
+        .filter(|l| !l.contains("baton_volume::open:"))
     {
         assert!(
             line.contains(&format!("mount={mount_id}")) && line.contains("generation="),

@@ -78,7 +78,7 @@ pub fn receive_adopt(socket: &OwnedFd, path: &Path) -> Result<(Adoption, OwnedFd
     let (message, mut fds) = recv_message(socket.as_fd())?;
     let Message::Adopt {
         generation,
-        connection: connection_identity,
+        connection_identity,
         init,
         unanswered,
         handover,
@@ -153,7 +153,7 @@ impl Generation {
             // issued here. Broken, this generation dies before it reads; the
             // supervisor rolls the upgrade back and the old one serves on.
             assert_eq!(
-                state.connection,
+                state.connection_identity,
                 adoption.connection_identity,
                 "handover state {} is of another connection",
                 path.display()
@@ -438,7 +438,7 @@ impl Generation {
         let (handles, next_fh, open_orphans) = self.fs.export_handles();
         let state = HandoverState {
             generation: self.adoption.generation,
-            connection: self.adoption.connection_identity,
+            connection_identity: self.adoption.connection_identity,
             init: self.adoption.init,
             handles: handles
                 .into_iter()

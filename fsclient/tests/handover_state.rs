@@ -54,7 +54,7 @@ fn adopt_with(
     let stream = accept_seqpacket(listener.as_fd()).unwrap();
     let adopt = Message::Adopt {
         generation: number,
-        connection: 5,
+        connection_identity: 5,
         init,
         unanswered: upgrade_protocol::Unanswered::Leave,
         handover: handover.map(Path::to_path_buf),
@@ -85,7 +85,7 @@ fn state(
 ) -> HandoverState {
     HandoverState {
         generation: 1,
-        connection: 5,
+        connection_identity: 5,
         init,
         handles: Vec::new(),
         next_fh: 1,

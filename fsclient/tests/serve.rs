@@ -97,7 +97,7 @@ impl Holder {
         let stream = accept_seqpacket(generation.listener.as_fd()).unwrap();
         let adopt = Message::Adopt {
             generation: generation.number,
-            connection: 7,
+            connection_identity: 7,
             init: upgrade_protocol::NegotiatedInit::from(&self.params),
             unanswered,
             handover: None,

@@ -96,7 +96,7 @@ pub struct Mount {
     /// The fusectl connection number.
     pub connection_id: u32,
     /// The connection's random identity (exactly-once keys).
-    pub connection: u64,
+    pub connection_identity: u64,
     /// Counters over the mount's life (generation reports, upgrades,
     /// incidents).
     pub tally: MountTally,
@@ -170,7 +170,7 @@ pub struct NewMount {
     /// fusectl number.
     pub connection_id: u32,
     /// Random identity of the connection.
-    pub connection: u64,
+    pub connection_identity: u64,
     /// The fsclient binary.
     pub client_binary: PathBuf,
     /// Generation socket.
@@ -195,7 +195,7 @@ impl Mount {
             channel: Some(parts.channel),
             init: parts.init,
             connection_id: parts.connection_id,
-            connection: parts.connection,
+            connection_identity: parts.connection_identity,
             tally: MountTally::default(),
             listener: parts.listener,
             socket_path: parts.socket_path,
@@ -489,7 +489,7 @@ impl Mount {
         process.raise_priority();
         let message = Message::Adopt {
             generation: process.generation,
-            connection: self.connection,
+            connection_identity: self.connection_identity,
             init: self.init,
             unanswered,
             handover,
@@ -781,7 +781,7 @@ impl Mount {
             base_dir: self.base_dir.clone(),
             options: self.options.clone(),
             connection_id: self.connection_id,
-            connection: self.connection,
+            connection_identity: self.connection_identity,
             client_binary: Some(self.client_binary.clone()),
             init: self.init,
             has_resend: self.init.flags & fuse_wire::abi::init_flags::HAS_RESEND != 0,

@@ -155,7 +155,7 @@ mod tests {
             base_dir: "/b".into(),
             options: ClientOptions::default(),
             connection_id: 40,
-            connection: 9,
+            connection_identity: 9,
             client_binary: None,
             init: NegotiatedInit {
                 major: 7,

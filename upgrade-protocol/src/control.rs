@@ -301,8 +301,8 @@ pub struct MountRecord {
     /// The fusectl connection number.
     pub connection_id: u32,
     /// The random identity of the connection (see `Message::Adopt`).
-    #[serde(default)]
-    pub connection: u64,
+    #[serde(default, rename = "connection")]
+    pub connection_identity: u64,
     /// The fsclient binary its generations run (changed by upgrades).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_binary: Option<PathBuf>,

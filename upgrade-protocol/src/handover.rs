@@ -83,7 +83,8 @@ pub struct HandoverState {
     /// The generation handing over.
     pub generation: u64,
     /// The connection's random identity.
-    pub connection: u64,
+    #[serde(rename = "connection")]
+    pub connection_identity: u64,
     /// The connection's INIT result.
     pub init: NegotiatedInit,
     /// Open handles.
@@ -127,7 +128,8 @@ pub fn decode_state(bytes: &[u8]) -> Result<HandoverState, ProtocolError> {
 pub struct HeldLocks {
     /// The connection they are held on: a file left by another
     /// connection (an earlier mount) holds nothing for this one.
-    pub connection: u64,
+    #[serde(rename = "connection")]
+    pub connection_identity: u64,
     /// Held locks.
     pub locks: Vec<LockState>,
 }

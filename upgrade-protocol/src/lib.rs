@@ -37,7 +37,7 @@
 //! use upgrade_protocol::{send_message, Message, Unanswered};
 //! let adopt = Message::Adopt {
 //!     generation: 2,
-//!     connection: 7,
+//!     connection_identity: 7,
 //!     init,
 //!     unanswered: Unanswered::Resend,
 //!     handover: None,

@@ -137,8 +137,8 @@ pub enum Message {
         /// A random identity of the FUSE connection, chosen at mount: FUSE
         /// uniques restart with every connection, so exactly-once records
         /// are keyed by (connection, unique). 0 from holders predating it.
-        #[serde(default)]
-        connection: u64,
+        #[serde(default, rename = "connection")]
+        connection_identity: u64,
         /// The connection's INIT result.
         init: NegotiatedInit,
         /// Re-queue a dead reader's requests, or read the queue as it is.

@@ -12,7 +12,7 @@ use upgrade_protocol::{
 fn state() -> HandoverState {
     HandoverState {
         generation: 4,
-        connection: 0xfeed,
+        connection_identity: 0xfeed,
         init: NegotiatedInit {
             major: 7,
             minor: 45,
@@ -144,7 +144,7 @@ fn the_first_state_format_still_loads() {
 #[test]
 fn held_locks_round_trip_and_damage_is_refused() {
     let held = upgrade_protocol::HeldLocks {
-        connection: 0xfeed,
+        connection_identity: 0xfeed,
         locks: vec![upgrade_protocol::LockState {
             ino: 9,
             owner: 77,

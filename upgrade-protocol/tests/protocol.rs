@@ -42,7 +42,7 @@ fn init() -> NegotiatedInit {
 fn adopt_frame_is_pinned() {
     let frame = encode(&Message::Adopt {
         generation: 3,
-        connection: 0xfeed,
+        connection_identity: 0xfeed,
         init: init(),
         unanswered: Unanswered::Resend,
         handover: None,
@@ -62,7 +62,7 @@ fn adopt_frame_is_pinned() {
         decode(&frame).unwrap(),
         Message::Adopt {
             generation: 3,
-            connection: 0xfeed,
+            connection_identity: 0xfeed,
             init: init(),
             unanswered: Unanswered::Resend,
             handover: None,
@@ -80,14 +80,14 @@ fn an_adopt_from_a_holder_predating_connection_and_handover_still_decodes() {
     frame.extend_from_slice(&(old.len() as u32).to_le_bytes());
     frame.extend_from_slice(old);
     let Message::Adopt {
-        connection,
+        connection_identity,
         handover,
         ..
     } = decode(&frame).unwrap()
     else {
         panic!("not an adopt");
     };
-    assert_eq!((connection, handover), (0, None));
+    assert_eq!((connection_identity, handover), (0, None));
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn fds_arrive_close_on_exec_and_counts_are_checked() {
     let file = tempfile::tempfile().unwrap();
     let message = Message::Adopt {
         generation: 2,
-        connection: 1,
+        connection_identity: 1,
         init: init(),
         unanswered: Unanswered::Leave,
         handover: None,
@@ -179,7 +179,7 @@ fn record() -> MountRecord {
         base_dir: "/var/lib/baton".into(),
         options: ClientOptions::default(),
         connection_id: 43,
-        connection: 0xfeed,
+        connection_identity: 0xfeed,
         client_binary: Some("/usr/local/bin/fsclient".into()),
         init: init(),
         has_resend: true,

@@ -272,7 +272,7 @@ fn hand_off(
     stopper.stop();
     let message = Message::Adopt {
         generation: 2,
-        connection: 0,
+        connection_identity: 0,
         handover: None,
         init: NegotiatedInit::from(params),
         unanswered: Unanswered::Leave,
@@ -295,7 +295,7 @@ fn hold(
         while let Ok(stream) = accept_seqpacket(listener.as_fd()) {
             let message = Message::Adopt {
                 generation: generation.fetch_add(1, Ordering::SeqCst),
-                connection: 0,
+                connection_identity: 0,
                 handover: None,
                 init: NegotiatedInit::from(&params),
                 unanswered,

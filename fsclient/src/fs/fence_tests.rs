@@ -53,7 +53,7 @@ fn a_fenced_generation_changes_nothing_in_staging() {
     assert!(fs.staging.staged_inodes().unwrap().is_empty());
 
     fs.fence();
-    let write = abi::WriteIn {
+    let write = fuse_wire::WriteIn {
         offset: 0,
         size: 5,
         ..Default::default()

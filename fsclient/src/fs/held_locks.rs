@@ -51,7 +51,7 @@ impl HeldLocksFile {
     /// whose random identity is `connection_identity`.
     pub fn write<W>(&self, connection_identity: u64, table: &LockTable<W>) -> std::io::Result<()> {
         let record = HeldLocks {
-            connection: connection_identity,
+            connection_identity,
             locks: lock_states(table),
         };
         let bytes = record.encode().map_err(std::io::Error::other)?;
@@ -76,7 +76,7 @@ impl HeldLocksFile {
         };
         let record =
             HeldLocks::decode(&bytes).map_err(|err| format!("{}: {err}", self.path.display()))?;
-        if record.connection != connection_identity {
+        if record.connection_identity != connection_identity {
             return Ok(Vec::new());
         }
         Ok(record.locks)

@@ -953,7 +953,7 @@ impl Daemon {
             "mounted and initialized"
         );
         let parts = NewMount {
-            connection: upgrade_protocol::connection_identity(),
+            connection_identity: upgrade_protocol::connection_identity(),
             client_binary: self.env.client_binary.clone(),
             log_path: self.env.state.log_path(&id),
             id,

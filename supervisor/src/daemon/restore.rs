@@ -344,7 +344,7 @@ impl Daemon {
         let parts = NewMount {
             // The same identity: exactly-once records of requests the dead
             // generation committed are keyed by it.
-            connection: match record.connection {
+            connection_identity: match record.connection_identity {
                 0 => upgrade_protocol::connection_identity(),
                 known => known,
             },
@@ -394,7 +394,7 @@ mod tests {
             base_dir: "/b".into(),
             options: ClientOptions::default(),
             connection_id: 40,
-            connection: 0,
+            connection_identity: 0,
             client_binary: None,
             init: NegotiatedInit {
                 major: 7,
