@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use baton_volume::{
     collectable, format, CheckReport, CheckedVolume, FormatRequest, VolumePaths, DEFAULT_BASE_DIR,
-    DEFAULT_BLOCK_SIZE_BYTES, GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
+    GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
 };
 use clap::{Parser, Subcommand};
 use upgrade_protocol::client::{self, command_timeout, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
@@ -801,18 +801,7 @@ fn up(
 ) -> anyhow::Result<ExitCode> {
     let paths = VolumePaths::named(name, &base_dir)?;
     if !paths.dir.join("meta.db").exists() {
-        let request = FormatRequest {
-            name: name.to_string(),
-            base_dir: base_dir.clone(),
-            meta_url: None,
-            storage_url: None,
-            s3_endpoint: None,
-            s3_region: None,
-            block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
-            compression: false,
-            key_file: None,
-            passphrase_file: None,
-        };
+        let request = FormatRequest::new(name, &base_dir);
         let formatted = format(&request)?;
         println!("formatted volume {name} ({})", formatted.meta_url);
     }

@@ -36,6 +36,26 @@ pub struct FormatRequest {
     pub passphrase_file: Option<PathBuf>,
 }
 
+impl FormatRequest {
+    /// Volume `name` under `base_dir` with every default: metadata in
+    /// SQLite and data in a local directory there, blocks of
+    /// [`DEFAULT_BLOCK_SIZE_BYTES`], no compression, no encryption.
+    pub fn new(name: &str, base_dir: &Path) -> FormatRequest {
+        FormatRequest {
+            name: name.to_string(),
+            base_dir: base_dir.to_path_buf(),
+            meta_url: None,
+            storage_url: None,
+            s3_endpoint: None,
+            s3_region: None,
+            block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
+            compression: false,
+            key_file: None,
+            passphrase_file: None,
+        }
+    }
+}
+
 /// What was created.
 #[derive(Debug, Clone)]
 pub struct Formatted {

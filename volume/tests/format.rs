@@ -4,18 +4,7 @@
 use baton_volume::{format, FormatRequest, VolumeError, DEFAULT_BLOCK_SIZE_BYTES};
 
 fn request(base: &std::path::Path, name: &str) -> FormatRequest {
-    FormatRequest {
-        name: name.into(),
-        base_dir: base.into(),
-        meta_url: None,
-        storage_url: None,
-        s3_endpoint: None,
-        s3_region: None,
-        block_size_bytes: DEFAULT_BLOCK_SIZE_BYTES,
-        compression: false,
-        key_file: None,
-        passphrase_file: None,
-    }
+    FormatRequest::new(name, base)
 }
 
 #[test]

@@ -14,19 +14,9 @@ use super::*;
 
 /// A filesystem on a fresh volume under `base`, with one empty file.
 fn fs_with_a_file(base: &std::path::Path) -> (BatonFs, nix::fcntl::Flock<std::fs::File>, u64) {
-    format(&FormatRequest {
-        name: "v".into(),
-        base_dir: base.into(),
-        meta_url: None,
-        storage_url: None,
-        s3_endpoint: None,
-        s3_region: None,
-        block_size_bytes: 1 << 16,
-        compression: false,
-        key_file: None,
-        passphrase_file: None,
-    })
-    .unwrap();
+    let mut request = FormatRequest::new("v", base);
+    request.block_size_bytes = 1 << 16;
+    format(&request).unwrap();
     let paths = VolumePaths::named("v", base).unwrap();
     let volume = Volume::open(&paths, &VolumeOptions::default(), LockMode::Exclusive).unwrap();
     let (fs, lock) = BatonFs::from_volume(volume, FsConfig::default());

@@ -52,20 +52,6 @@ pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
-/// The database a `postgres://` URL names (`postgres://u@h:p/DB?opts`),
-/// if it is a plain name (letters, digits, `_`, `-`, `.`). Pure.
-pub fn database_name(url: &str) -> Option<&str> {
-    let path = url.split('?').next().unwrap_or(url);
-    let (_, rest) = path.split_once("://")?;
-    let (_, db) = rest.split_once('/')?;
-    let plain = !db.is_empty()
-        && !db.starts_with('.')
-        && db
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-    plain.then_some(db)
-}
-
 /// `url` without its password, for messages. Pure.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -415,12 +401,5 @@ mod tests {
         );
         assert_eq!(redact_url("postgresql://h"), "postgresql://h");
         assert!(is_postgres_url("postgresql://h/db") && !is_postgres_url("sqlite:///x"));
-        assert_eq!(
-            database_name("postgres://u:p@h:1/vol_1?sslmode=disable"),
-            Some("vol_1")
-        );
-        assert_eq!(database_name("postgres://h"), None);
-        assert_eq!(database_name("postgres://h/"), None);
-        assert_eq!(database_name("postgres://h/a/b"), None);
     }
 }
