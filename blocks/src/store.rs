@@ -458,18 +458,7 @@ impl BlockStore {
     /// Lists every block object key currently in the store (for garbage
     /// collection by the caller and for tests).
     pub fn list_keys(&self) -> Result<Vec<ObjectKey>> {
-        let store = self.store.clone();
-        let url = self.url.clone();
-        let metas: Vec<object_store::ObjectMeta> = self
-            .block_on(async move {
-                let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
-                store.list(Some(&prefix)).try_collect().await
-            })?
-            .map_err(|source| BlocksError::unreachable(&url, source))?;
-        Ok(metas
-            .iter()
-            .filter_map(|m| ObjectKey::parse(m.location.as_ref()).ok())
-            .collect())
+        Ok(self.list_objects()?.into_iter().map(|o| o.key).collect())
     }
 }
 

@@ -27,7 +27,7 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn fsctl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(env!("CARGO_BIN_EXE_fsctl"))
+        Command::new(built("fsctl"))
             .args(args)
             .args(["--socket", s(&self.socket)])
             .output()
@@ -86,21 +86,24 @@ impl Drop for Supervisor {
     }
 }
 
-pub fn start_supervisor(dir: &Path, kubeconfig: &Path) -> Supervisor {
-    let fsclient = {
-        let mut d = PathBuf::from(env!("CARGO_BIN_EXE_fsctl"));
-        d.pop();
-        d.join("fsclient")
-    };
+/// A binary of another crate of the workspace, built beside fs-supervisor
+/// (`cargo test --workspace` builds them all).
+fn built(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_fs-supervisor")).with_file_name(name);
     assert!(
-        fsclient.exists(),
-        "{} is missing: run `cargo build -p fsclient` first",
-        fsclient.display()
+        path.exists(),
+        "{} is missing: run `cargo build -p fsctl -p fsclient` first",
+        path.display()
     );
+    path
+}
+
+pub fn start_supervisor(dir: &Path, kubeconfig: &Path) -> Supervisor {
+    let fsclient = built("fsclient");
     let base = dir.join("base");
     let mnt = dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
-    run(Command::new(env!("CARGO_BIN_EXE_fsctl")).args(["format", "vol", "--base-dir", s(&base)]));
+    run(Command::new(built("fsctl")).args(["format", "vol", "--base-dir", s(&base)]));
     let socket = dir.join("supervisor.sock");
     let cgroup_parent = format!("baton-test-kube-{}", std::process::id());
     let log = std::fs::File::create(dir.join("supervisor.log")).unwrap();
