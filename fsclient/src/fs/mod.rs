@@ -37,7 +37,7 @@ mod fence_tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use baton_blocks::{BlockCache, BlockStore, Staging};
@@ -117,8 +117,9 @@ pub struct BatonFs {
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
     /// The random identity of the FUSE connection served (exactly-once
-    /// keys, the metadata session); not the kernel's fusectl number.
-    connection_identity: AtomicU64,
+    /// keys, the metadata session); not the kernel's fusectl number. Set
+    /// once, before serving ([`BatonFs::set_connection`]).
+    connection_identity: OnceLock<u64>,
     /// Handing over: no more staging writes (metadata is fenced too).
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
@@ -168,7 +169,7 @@ impl BatonFs {
             committed_bytes: committed_bytes::CommittedBytes::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
-            connection_identity: AtomicU64::new(0),
+            connection_identity: OnceLock::new(),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
@@ -221,8 +222,12 @@ impl BatonFs {
     /// connection and its handle table was lost with it, so the kernel may
     /// hold handles this process never issued.
     pub fn set_connection(&self, connection_identity: u64, generation: u64, inherited: bool) {
-        self.connection_identity
-            .store(connection_identity, Ordering::Relaxed);
+        // Invariant: one process serves one connection: a second identity
+        // would split its exactly-once records and its session in two.
+        assert!(
+            self.connection_identity.set(connection_identity).is_ok(),
+            "the connection was set twice"
+        );
         self.handles.start_generation(generation, inherited);
         // A SQLite volume has one mount at a time: no other mount to ask,
         // and a lock costs no metadata transaction.
@@ -231,6 +236,18 @@ impl BatonFs {
                 Arc::clone(&self.meta),
                 connection_identity,
             )));
+        }
+    }
+
+    /// The connection's random identity.
+    fn connection_identity(&self) -> u64 {
+        // Invariant: set before serving (`fsclient mount` sets it before
+        // mount(2), a generation when it adopts): a request keyed without
+        // it would record its exactly-once result under no connection.
+        // Broken, this generation dies; the next one answers the request.
+        match self.connection_identity.get() {
+            Some(identity) => *identity,
+            None => panic!("a request was served before the connection was set"),
         }
     }
 
@@ -292,8 +309,7 @@ impl BatonFs {
         let Some(file) = &self.held_locks_file else {
             return;
         };
-        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
-        match file.read(connection_identity) {
+        match file.read(self.connection_identity()) {
             Ok(held) if held.is_empty() => {}
             Ok(held) => {
                 tracing::info!(locks = held.len(), file = %file.path().display(), "held locks restored after a crash");
@@ -314,8 +330,7 @@ impl BatonFs {
         if table.changes() == self.held_locks_saved.load(Ordering::Relaxed) {
             return;
         }
-        let connection_identity = self.connection_identity.load(Ordering::Relaxed);
-        match file.write(connection_identity, table) {
+        match file.write(self.connection_identity(), table) {
             Ok(()) => self
                 .held_locks_saved
                 .store(table.changes(), Ordering::Relaxed),

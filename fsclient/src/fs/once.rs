@@ -55,7 +55,7 @@ fn replayed(req: &Request<'_>) -> bool {
 impl BatonFs {
     /// The exactly-once key of `req` on this connection.
     fn request_key(&self, req: &Request<'_>) -> RequestKey {
-        RequestKey::new(self.connection_identity.load(Ordering::Relaxed), req.key())
+        RequestKey::new(self.connection_identity(), req.key())
     }
 
     /// Runs the mutation `run` (given the key to record its result under)

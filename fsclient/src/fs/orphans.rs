@@ -27,7 +27,6 @@
 //! unlinked them), and reclaims orphans nobody holds.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use baton_meta::{MetaError, SessionInfo};
@@ -55,7 +54,7 @@ pub(super) struct OrphanQueue {
 
 impl BatonFs {
     fn session_id(&self) -> u64 {
-        self.connection_identity.load(Ordering::Relaxed)
+        self.connection_identity()
     }
 
     /// Registers this mount's session (or takes over the row a dead
