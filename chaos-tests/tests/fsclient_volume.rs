@@ -64,14 +64,28 @@ impl Volume {
     }
 }
 
+/// How long an unmount may find the mount busy. Another test of this
+/// binary forking a process (`cp -a`) copies this one's open files into the
+/// child until it execs, which on a loaded machine can take a while: busy
+/// for that long is setup, not the behaviour under test.
+const UNMOUNT_BUSY_MS_MAX: u64 = 10_000;
+
 /// Unmounts and waits for fsclient to exit (it flushes first).
 fn unmount(mnt: &Path, mut child: ChildGuard, guard: MountGuard) -> Result<(), String> {
-    let status = Command::new("umount")
-        .arg(mnt)
-        .status()
-        .map_err(|e| e.to_string())?;
-    if !status.success() {
-        return Err(format!("umount {} failed", mnt.display()));
+    let deadline = std::time::Instant::now() + Duration::from_millis(UNMOUNT_BUSY_MS_MAX);
+    loop {
+        let out = Command::new("umount")
+            .arg(mnt)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            break;
+        }
+        let said = String::from_utf8_lossy(&out.stderr);
+        if !said.contains("busy") || std::time::Instant::now() > deadline {
+            return Err(format!("umount {} failed: {}", mnt.display(), said.trim()));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     let exit = child
         .wait_timeout(Duration::from_secs(30))
