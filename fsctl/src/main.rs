@@ -12,7 +12,7 @@
 //! - 4: fs-supervisor refused this user (only root may control it).
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -800,9 +800,9 @@ fn up(
     socket: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let paths = VolumePaths::named(name, &base_dir)?;
-    if !paths.dir.join("meta.db").exists() {
-        let request = FormatRequest::new(name, &base_dir);
-        let formatted = format(&request)?;
+    let formatted_before = paths.sqlite_path.as_deref().is_some_and(Path::exists);
+    if !formatted_before {
+        let formatted = format(&FormatRequest::new(name, &base_dir))?;
         println!("formatted volume {name} ({})", formatted.meta_url);
     }
     std::fs::create_dir_all(mountpoint)
