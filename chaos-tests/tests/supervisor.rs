@@ -211,32 +211,64 @@ impl Fixture {
         }
     }
 
-    /// Requests queued or in flight on the connection (fusectl `waiting`).
-    fn waiting(&self, connection_id: u64) -> u64 {
-        std::fs::read_to_string(format!("/sys/fs/fuse/connections/{connection_id}/waiting"))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
+    /// Whether the standby has connected to the supervisor (it connects
+    /// once it is ready to take over: what makes a takeover warm), seen
+    /// from both ends: the standby's own SEQPACKET socket is connected, and
+    /// the supervisor has accepted it (the mount's socket has a connection
+    /// beside the serving generation's).
+    fn standby_connected(&self) -> bool {
+        let status = self.status();
+        let (Some(standby), Some(mount_id)) =
+            (status["standby_pid"].as_i64(), status["mount_id"].as_str())
+        else {
+            return false;
+        };
+        let sockets = unix_sockets();
+        let own = socket_inodes(standby as u32);
+        let connected = sockets
+            .iter()
+            .any(|u| own.contains(&u.inode) && u.seqpacket && u.connected);
+        let listener = self.path("state/run").join(format!("{mount_id}.sock"));
+        let accepted = sockets
+            .iter()
+            .filter(|u| u.connected && u.path.as_deref() == Some(listener.as_path()))
+            .count();
+        connected && accepted >= 2
     }
 
-    /// Kills the serving generation once a request is waiting on the
-    /// connection (so one is queued or in flight), or after 2 s anyway.
-    /// Returns whether a request was waiting.
-    fn kill_generation_during_request(&self) -> bool {
-        let status = self.status();
-        let pid = status["pid"].as_i64().expect("pid") as i32;
-        let connection = status["connection_id"].as_u64().expect("connection id");
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let mut busy = false;
-        while Instant::now() < deadline {
-            if self.waiting(connection) > 0 {
-                busy = true;
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the generation");
-        busy
+    /// Asserts that generation 1 was the one killed, by its fault hook.
+    fn assert_killed_by_fault_hook(&self) {
+        let status = self.wait_serving(2);
+        assert_eq!(
+            status["last_recovery"]["died_generation"],
+            1,
+            "{status}\n{}",
+            self.logs()
+        );
+        let generation_logs = std::fs::read_dir(self.path("state/logs"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                    .collect::<String>()
+            })
+            .unwrap_or_default();
+        assert!(
+            generation_logs.contains("fault hook: killing this generation"),
+            "generation 1 did not die at its fault point: {status}\n{}",
+            self.logs()
+        );
+    }
+
+    /// Waits until a standby is ready to take over (connected, not just
+    /// started); returns its pid.
+    fn wait_until_standby_ready(&self) -> i64 {
+        assert!(
+            wait_until(DEADLINE, || self.standby_connected()),
+            "no standby became ready: {}\n{}",
+            self.status(),
+            self.logs()
+        );
+        self.wait_until_standby()
     }
 
     fn logs(&self) -> String {
@@ -380,10 +412,6 @@ impl App {
         }
     }
 
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
     fn running(&mut self) -> bool {
         self.child
             .as_mut()
@@ -434,17 +462,58 @@ impl Drop for App {
     }
 }
 
-/// Bytes written (syscalls) by a process so far.
-fn written_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()
-        .and_then(|t| {
-            t.lines().find_map(|l| {
-                l.strip_prefix("wchar: ")
-                    .and_then(|v| v.trim().parse().ok())
+/// The environment that kills generation 1 (only) by SIGKILL at `fault`
+/// (`BATON_FAULT`, e.g. `after-read@write#17`): the request is certainly in
+/// flight at the kill, read by the generation and unanswered.
+fn killed_at(fault: &str) -> [(&'static str, &str); 2] {
+    [("BATON_FAULT", fault), ("BATON_FAULT_GENERATION", "1")]
+}
+
+/// One row of `/proc/net/unix`.
+struct UnixSocket {
+    inode: u64,
+    seqpacket: bool,
+    /// `SS_CONNECTED`: a connected client, or a connection accept(2)ed.
+    connected: bool,
+    path: Option<PathBuf>,
+}
+
+/// The Unix sockets of the test's network namespace.
+fn unix_sockets() -> Vec<UnixSocket> {
+    // Num RefCount Protocol Flags Type St Inode [Path]
+    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            Some(UnixSocket {
+                inode: f.get(6)?.parse().ok()?,
+                seqpacket: *f.get(4)? == "0005",
+                connected: *f.get(5)? == "03",
+                path: f.get(7).map(PathBuf::from),
             })
         })
-        .unwrap_or(0)
+        .collect()
+}
+
+/// The inodes of the sockets `pid` has open.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let target = std::fs::read_link(e.path()).ok()?;
+                    let target = target.to_str()?;
+                    target
+                        .strip_prefix("socket:[")?
+                        .strip_suffix(']')?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn random_file(path: &Path, mib: u32) {
@@ -574,17 +643,21 @@ impl Fixture {
 
 #[test]
 fn generation_killed_while_an_application_reads_is_replaced_and_the_read_completes() {
-    let mut fx = Fixture::start(&[]);
+    // Generation 1 dies by SIGKILL right after it reads dd's 9th READ
+    // (fault hook): 8 MiB are read, one READ is in flight. (Killing from
+    // the harness "once a request is waiting" missed on a busy machine.)
+    let mut fx = Fixture::start_with_env(&[], &killed_at(&format!("after-read@read#{}", 8 + 1)));
     fx.mount();
     let src = fx.path("src");
     random_file(&src, 96);
     let big = fx.mnt.join("big");
     let (ok, _, err) = App::sh(&fx.mnt, &format!("cp {} {}", s(&src), s(&big))).finish();
     assert!(ok, "cp: {err}");
-    fx.wait_until_standby();
+    // Ready, not just started: the takeover must be warm.
+    fx.wait_until_standby_ready();
 
     let out = fx.path("out");
-    let mut app = App::spawn(
+    let app = App::spawn(
         &fx.mnt,
         Command::new("dd").args([
             &format!("if={}", s(&big)),
@@ -593,21 +666,9 @@ fn generation_killed_while_an_application_reads_is_replaced_and_the_read_complet
             "iflag=direct",
         ]),
     );
-    assert!(
-        wait_until(DEADLINE, || written_bytes(app.pid()) >= 8 << 20),
-        "dd made no progress"
-    );
-    assert!(
-        app.running(),
-        "dd finished before the kill; make the file larger"
-    );
-    let busy = fx.kill_generation_during_request();
-    assert!(
-        busy,
-        "no request was waiting when the generation was killed"
-    );
-    let (ok, _, err) = app.finish();
+    let (ok, _, err) = app.finish_or(|| fx.logs());
     assert!(ok, "dd failed across the kill: {err}");
+    fx.assert_killed_by_fault_hook();
     assert!(same_files(&src, &out), "the read returned wrong bytes");
 
     let status = fx.wait_serving(2);
@@ -639,12 +700,20 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
     // Cold restarts: a warm standby opening the volume while the active
     // generation writes deletes its staging temp files (an fsclient bug,
     // see the report), which this test would catch as a failed write.
-    let mut fx = Fixture::start(&["--no-standby"]);
+    // Generation 1 dies by SIGKILL right after it reads dd's 17th WRITE
+    // (fault hook): 16 MiB are acknowledged and staged, one WRITE is in
+    // flight, the fsync is still to come. (Killing from the harness "once a
+    // request is waiting" missed on a busy machine: dd had finished or
+    // was not in a call when it looked.)
+    let mut fx = Fixture::start_with_env(
+        &["--no-standby"],
+        &killed_at(&format!("after-read@write#{}", 16 + 1)),
+    );
     fx.mount();
     let src = fx.path("src");
     random_file(&src, 64);
     let dst = fx.mnt.join("written");
-    let mut app = App::spawn(
+    let app = App::spawn(
         &fx.mnt,
         Command::new("dd").args([
             &format!("if={}", s(&src)),
@@ -654,21 +723,9 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
             "conv=fsync",
         ]),
     );
-    assert!(
-        wait_until(DEADLINE, || written_bytes(app.pid()) >= 16 << 20),
-        "dd made no progress"
-    );
-    assert!(
-        app.running(),
-        "dd finished before the kill; make the file larger"
-    );
-    let busy = fx.kill_generation_during_request();
-    assert!(
-        busy,
-        "no request was waiting when the generation was killed"
-    );
     let (ok, _, err) = app.finish_or(|| fx.logs());
     assert!(ok, "dd (write + fsync) failed across the kill: {err}");
+    fx.assert_killed_by_fault_hook();
     let status = fx.wait_serving(2);
     assert_eq!(status["restarts"]["signal"], 1);
     assert_eq!(status["last_recovery"]["warm"], false);
@@ -687,7 +744,12 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
 
 #[test]
 fn generation_killed_while_an_application_lists_a_directory_is_replaced() {
-    let mut fx = Fixture::start(&[]);
+    // Generation 1 dies by SIGKILL right after it reads the second
+    // READDIRPLUS of the first listing (fault hook; 300 entries take
+    // several): the listing is half read, its directory handle unknown to
+    // the next generation. (Killing from the harness "once a request is
+    // waiting" missed on a busy machine.)
+    let mut fx = Fixture::start_with_env(&[], &killed_at("after-read@readdir#2"));
     fx.mount();
     let dir = fx.mnt.join("many");
     let files = 300;
@@ -702,7 +764,7 @@ fn generation_killed_while_an_application_lists_a_directory_is_replaced() {
     assert!(ok, "creating files: {err}");
     fx.wait_until_standby();
     let expected = files + 2; // with . and ..
-    let mut app = App::sh(
+    let app = App::sh(
         &fx.mnt,
         &format!(
             "i=0; while [ $i -lt 400 ]; do n=$(ls -f {d} | wc -l) || exit 1; \
@@ -710,15 +772,9 @@ fn generation_killed_while_an_application_lists_a_directory_is_replaced() {
             d = s(&dir)
         ),
     );
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(app.running(), "the listing loop ended before the kill");
-    let busy = fx.kill_generation_during_request();
-    assert!(
-        busy,
-        "no request was waiting when the generation was killed"
-    );
-    let (ok, out, err) = app.finish();
+    let (ok, out, err) = app.finish_or(|| fx.logs());
     assert!(ok, "readdir loop failed across the kill: {out} {err}");
+    fx.assert_killed_by_fault_hook();
     assert_eq!(out.trim(), "done 400");
     let status = fx.wait_serving(2);
     assert_eq!(status["restarts"]["signal"], 1);
