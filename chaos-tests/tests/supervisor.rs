@@ -236,6 +236,17 @@ impl Fixture {
         connected && accepted >= 2
     }
 
+    /// Waits until a worker of the serving generation holds a request in
+    /// its `BATON_DELAY` hook (read, unanswered, still running).
+    fn wait_until_request_held(&self) {
+        let pid = self.active_pid() as u32;
+        assert!(
+            wait_until(DEADLINE, || worker_holds_delayed_request(pid)),
+            "no worker of the serving generation (pid {pid}) holds the delayed request\n{}",
+            self.logs()
+        );
+    }
+
     /// Asserts that generation 1 was the one killed, by its fault hook.
     fn assert_killed_by_fault_hook(&self) {
         let status = self.wait_serving(2);
@@ -514,6 +525,23 @@ fn socket_inodes(pid: u32) -> Vec<u64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether one of `pid`'s FUSE workers is asleep in the `BATON_DELAY`
+/// hook: it has read a delayed request and holds it unanswered. (An idle
+/// worker waits in read(2) on /dev/fuse; only the hook sleeps.)
+fn worker_holds_delayed_request(pid: u32) -> bool {
+    const NANOSLEEP: &str = "35";
+    const CLOCK_NANOSLEEP: &str = "230";
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    tasks.iter().any(|task| {
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        let syscall = std::fs::read_to_string(task.join("syscall")).unwrap_or_default();
+        let number = syscall.split_whitespace().next().unwrap_or("");
+        comm.starts_with("fuse-worker") && (number == NANOSLEEP || number == CLOCK_NANOSLEEP)
+    })
 }
 
 fn random_file(path: &Path, mib: u32) {
@@ -1455,6 +1483,18 @@ fn fsclient_wrapper(fx: &Fixture, name: &str, env: &str) -> PathBuf {
     path
 }
 
+/// The `--timeout` (s) of the upgrades that must find a held request
+/// running.
+const HELD_UPGRADE_TIMEOUT_S: u64 = 30;
+
+/// `BATON_DELAY` for `opcode`: each such request is held twice the
+/// upgrade's timeout, so one held when an upgrade starts is still running
+/// at its handover, however slowly the incoming generation starts (an
+/// upgrade that takes longer fails on its own).
+fn held_delay(opcode: &str) -> String {
+    format!("{opcode}:{}", 2 * HELD_UPGRADE_TIMEOUT_S * 1000)
+}
+
 /// Upgrades in the default run; `BATON_UPGRADES` changes it.
 fn upgrades_from_env() -> usize {
     std::env::var("BATON_UPGRADES")
@@ -1539,20 +1579,21 @@ fn planned_upgrades_under_a_checksummed_workload_lose_nothing() {
 
 #[test]
 fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor() {
-    // Generation 1 sleeps 1.5 s in every mkdir: the upgrade finds one
-    // running and must journal it rather than wait or lose it.
+    // Generation 1 holds every mkdir longer than an upgrade may take; the
+    // upgrade starts once a worker holds the mkdir, so it finds it running
+    // and must journal it rather than wait or lose it. (A 1.5 s hold and a
+    // 300 ms head start missed on a busy machine: the mkdir had not
+    // arrived, or the incoming generation took longer than the hold.)
+    let delay = held_delay("mkdir");
     let mut fx = Fixture::start_with_env(
         &[],
-        &[
-            ("BATON_DELAY", "mkdir:1500"),
-            ("BATON_FAULT_GENERATION", "1"),
-        ],
+        &[("BATON_DELAY", &delay), ("BATON_FAULT_GENERATION", "1")],
     );
     fx.mount();
     let new = fsclient_copy(&fx, "fsclient-new");
     let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
-    std::thread::sleep(Duration::from_millis(300));
-    let (code, report) = upgrade(&fx, &new, "30s");
+    fx.wait_until_request_held();
+    let (code, report) = upgrade(&fx, &new, &format!("{HELD_UPGRADE_TIMEOUT_S}s"));
     assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
     assert_eq!(report["journaled"], 1, "{report}");
     let (ok, out, err) = app.finish_or(|| fx.logs());
@@ -1633,13 +1674,13 @@ fn a_rollback_with_a_journaled_request_still_answers_it_once() {
     // binary dies at its first lookup (the probe), after it may already
     // have answered the journal. The old generation cannot resume with a
     // worker still running that mkdir, so it exits and a clean generation
-    // recovers: the mkdir succeeds exactly once, no call fails.
+    // recovers: the mkdir succeeds exactly once, no call fails. The mkdir
+    // is held longer than the upgrade may take, and the upgrade starts
+    // once a worker holds it (see the test above).
+    let delay = held_delay("mkdir");
     let mut fx = Fixture::start_with_env(
         &[],
-        &[
-            ("BATON_DELAY", "mkdir:1500"),
-            ("BATON_FAULT_GENERATION", "1"),
-        ],
+        &[("BATON_DELAY", &delay), ("BATON_FAULT_GENERATION", "1")],
     );
     fx.mount();
     let crashing = fsclient_wrapper(
@@ -1648,8 +1689,8 @@ fn a_rollback_with_a_journaled_request_still_answers_it_once() {
         "BATON_FAULT_GENERATION= BATON_DELAY= BATON_FAULT=after-read@lookup",
     );
     let app = App::sh(&fx.mnt, &format!("mkdir {}/d && echo made", s(&fx.mnt)));
-    std::thread::sleep(Duration::from_millis(300));
-    let (code, report) = upgrade(&fx, &crashing, "30s");
+    fx.wait_until_request_held();
+    let (code, report) = upgrade(&fx, &crashing, &format!("{HELD_UPGRADE_TIMEOUT_S}s"));
     assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
     assert_eq!(report["journaled"], 1, "{report}");
     assert!(
