@@ -228,10 +228,18 @@ impl Fixture {
         let connected = sockets
             .iter()
             .any(|u| own.contains(&u.inode) && u.seqpacket && u.connected);
-        let listener = self.path("state/run").join(format!("{mount_id}.sock"));
+        // Bound as `<id>.sock.<pid>` and renamed: accepted connections
+        // carry the name it was bound under.
+        let listener = format!("{}/{mount_id}.sock", s(&self.path("state/run")));
         let accepted = sockets
             .iter()
-            .filter(|u| u.connected && u.path.as_deref() == Some(listener.as_path()))
+            .filter(|u| {
+                u.connected
+                    && u.path
+                        .as_deref()
+                        .and_then(Path::to_str)
+                        .is_some_and(|p| p == listener || p.starts_with(&format!("{listener}.")))
+            })
             .count();
         connected && accepted >= 2
     }
