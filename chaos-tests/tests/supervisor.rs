@@ -244,6 +244,21 @@ impl Fixture {
         connected && accepted >= 2
     }
 
+    /// Requests of `opcode` the mount's generations have handled (their
+    /// `Stats` reports, about once a second).
+    fn requests_counted(&self, opcode: u32) -> u64 {
+        let status = self.status();
+        status["counters"]["io"]["requests"]
+            .as_array()
+            .and_then(|requests| {
+                requests
+                    .iter()
+                    .find(|r| r["opcode"].as_u64() == Some(u64::from(opcode)))
+            })
+            .and_then(|r| r["count"].as_u64())
+            .unwrap_or(0)
+    }
+
     /// Waits until a worker of the serving generation holds a request in
     /// its `BATON_DELAY` hook (read, unanswered, still running).
     fn wait_until_request_held(&self) {
@@ -1732,14 +1747,22 @@ fn held_and_awaited_locks_cross_a_planned_upgrade() {
     let m = s(&fx.mnt).to_string();
     let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/lock")).finish();
     assert!(ok, "{err}");
-    // A holds the flock for 2 s; B waits for it (a parked SETLKW).
-    let holder = App::sh(
-        &fx.mnt,
-        &format!("flock {m}/lock -c 'sleep 2; echo released'"),
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    // A holds the flock until told to let go; B waits for it (a parked
+    // SETLKW). Each step waits for the state it needs rather than a fixed
+    // time (A held the lock for 2 s and B started 300 ms after A: on a
+    // busy machine B could come first, or A let go before the handover):
+    // A has the lock once it says so, B's request is parked once
+    // generation 1 has counted a second SETLKW (A's was the first).
+    let release = fx.path("a.release");
+    let holder = hold_flock(&fx, &format!("{m}/lock"), &release);
     let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/lock -c 'echo got'"));
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        wait_until(DEADLINE, || fx
+            .requests_counted(fuse_wire::abi::opcode::SETLKW)
+            >= 2),
+        "B's lock request never reached generation 1: {}",
+        fx.status()
+    );
     assert!(waiter.running(), "B got a lock A holds");
     let (code, report) = upgrade(&fx, &new, "30s");
     assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
@@ -1752,6 +1775,7 @@ fn held_and_awaited_locks_cross_a_planned_upgrade() {
         waiter.running(),
         "the held lock was lost in the upgrade: B got it while A holds it"
     );
+    std::fs::write(&release, b"").expect("release A");
     let (ok, out, err) = holder.finish_or(|| fx.logs());
     assert!(ok && out == "released\n", "A: {out}{err}");
     let (ok, out, err) = waiter.finish_or(|| fx.logs());
@@ -1759,6 +1783,27 @@ fn held_and_awaited_locks_cross_a_planned_upgrade() {
         ok && out == "got\n",
         "B never got the lock after A released it: {out}{err}"
     );
+}
+
+/// A process that takes the flock on `file` (on the mount), says so, and
+/// holds it until `release` exists (outside the mount); then prints
+/// "released". Returns once it holds the lock.
+fn hold_flock(fx: &Fixture, file: &str, release: &Path) -> App {
+    let held = PathBuf::from(format!("{}.held", s(release)));
+    let holder = App::sh(
+        &fx.mnt,
+        &format!(
+            "flock {file} -c ': > {held}; while [ ! -e {release} ]; do sleep 0.05; done; echo released'",
+            held = s(&held),
+            release = s(release)
+        ),
+    );
+    assert!(
+        wait_until(DEADLINE, || held.exists()),
+        "the flock on {file} was never taken\n{}",
+        fx.logs()
+    );
+    holder
 }
 
 /// The kernel stacks of `pid` and its descendants (what a stuck
@@ -2188,20 +2233,35 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
     assert!(ok, "{err}");
     // A holds a flock; C holds a POSIX write lock (python's fcntl.lockf)
     // on the whole of another file; B waits for the flock (a parked
-    // SETLKW, re-queued by RESEND after the kill).
-    let holder = App::sh(
-        &fx.mnt,
-        &format!("flock {m}/flock -c 'sleep 3; echo released'"),
-    );
+    // SETLKW, re-queued by RESEND after the kill). A and C hold until told
+    // to let go, and each step waits for the state it needs (A and C held
+    // for 3 s, B started 400 ms after them: on a busy machine B could come
+    // first, or the locks end before the checks after the kill).
+    let release = fx.path("locks.release");
+    let holder = hold_flock(&fx, &format!("{m}/flock"), &release);
+    let c_held = fx.path("c.held");
     let posix = App::sh(
         &fx.mnt,
         &format!(
-            "python3 -c 'import fcntl,time; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX); print(\"held\", flush=True); time.sleep(3)'"
+            "python3 -c 'import fcntl,os,time; f=open(\"{m}/posix\",\"r+\"); fcntl.lockf(f, fcntl.LOCK_EX); print(\"held\", flush=True); open(\"{c_held}\",\"w\").close()\nwhile not os.path.exists(\"{release}\"): time.sleep(0.05)'",
+            c_held = s(&c_held),
+            release = s(&release)
         ),
     );
-    std::thread::sleep(Duration::from_millis(400));
+    assert!(
+        wait_until(DEADLINE, || c_held.exists()),
+        "C never got its lock\n{}",
+        fx.logs()
+    );
     let mut waiter = App::sh(&fx.mnt, &format!("flock {m}/flock -c 'echo got'"));
-    std::thread::sleep(Duration::from_millis(300));
+    // A's and C's lock requests were two; B's is parked at the third.
+    assert!(
+        wait_until(DEADLINE, || {
+            fx.requests_counted(fuse_wire::abi::opcode::SETLKW) >= 3
+        }),
+        "B's lock request never reached generation 1: {}",
+        fx.status()
+    );
     assert!(waiter.running(), "B got a lock A holds");
 
     let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
@@ -2226,6 +2286,7 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
         "a POSIX lock held before the crash was granted again: {out}{err}"
     );
     assert!(waiter.running(), "B got the flock while A still holds it");
+    std::fs::write(&release, b"").expect("release A and C");
     let (ok, out, err) = holder.finish_or(|| fx.logs());
     assert!(ok && out == "released\n", "A: {out}{err}");
     let (ok, out, err) = waiter.finish_or(|| fx.logs());
