@@ -43,8 +43,9 @@ fn s(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
-/// One datagram as systemd reads it: the text and the passed fds.
-fn receive(socket: &UnixDatagram) -> (String, Vec<OwnedFd>) {
+/// One datagram as systemd reads it: the text and the passed fds; None
+/// when none came within the socket's read timeout.
+fn receive(socket: &UnixDatagram) -> Option<(String, Vec<OwnedFd>)> {
     let mut buf = [0u8; 4096];
     let mut iov = [IoSliceMut::new(&mut buf)];
     let mut space = nix::cmsg_space!([RawFd; 4]);
@@ -54,7 +55,7 @@ fn receive(socket: &UnixDatagram) -> (String, Vec<OwnedFd>) {
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
-    .expect("a notification from fs-supervisor within the deadline");
+    .ok()?;
     let mut fds = Vec::new();
     for cmsg in msg.cmsgs().unwrap() {
         if let ControlMessageOwned::ScmRights(raw) = cmsg {
@@ -62,7 +63,54 @@ fn receive(socket: &UnixDatagram) -> (String, Vec<OwnedFd>) {
         }
     }
     let len = msg.bytes;
-    (String::from_utf8_lossy(&buf[..len]).into_owned(), fds)
+    Some((String::from_utf8_lossy(&buf[..len]).into_owned(), fds))
+}
+
+/// The notify socket, read as systemd reads it: all the time, by a thread
+/// of its own. The kernel queues few datagrams on a Unix socket
+/// (net.unix.max_dgram_qlen, 10 by default) and fs-supervisor pings the
+/// watchdog every 100 ms with a blocking send: read only when a test
+/// looked for a notification, the queue filled in a second and the
+/// supervisor's loop blocked in that send, leaving an `fsctl umount`
+/// unanswered for 90 s on a busy machine.
+struct Notify {
+    received: std::sync::mpsc::Receiver<(String, Vec<OwnedFd>)>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Notify {
+    fn bind(path: &Path) -> Notify {
+        let socket = UnixDatagram::bind(path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let (sender, received) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(notification) = receive(&socket) {
+                    if sender.send(notification).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Notify { received, stop }
+    }
+
+    /// The next notification, waiting at most the deadline.
+    fn next(&self) -> (String, Vec<OwnedFd>) {
+        self.received
+            .recv_timeout(DEADLINE)
+            .expect("a notification from fs-supervisor within the deadline")
+    }
+}
+
+impl Drop for Notify {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Notifications received and not consumed yet, in order.
@@ -70,11 +118,7 @@ type Pending = Vec<(String, Vec<OwnedFd>)>;
 
 /// The first notification starting with `prefix` (earlier ones received
 /// but not matching stay pending for later calls).
-fn receive_until(
-    socket: &UnixDatagram,
-    prefix: &str,
-    pending: &mut Pending,
-) -> (String, Vec<OwnedFd>) {
+fn receive_until(notify: &Notify, prefix: &str, pending: &mut Pending) -> (String, Vec<OwnedFd>) {
     let deadline = Instant::now() + DEADLINE;
     let mut scanned = 0;
     loop {
@@ -87,7 +131,7 @@ fn receive_until(
         scanned = pending.len();
         let texts: Vec<&String> = pending.iter().map(|(t, _)| t).collect();
         assert!(Instant::now() < deadline, "no {prefix:?} among {texts:?}");
-        pending.push(receive(socket));
+        pending.push(notify.next());
     }
 }
 
@@ -99,7 +143,7 @@ struct Fixture {
     cgroup_parent: String,
     /// Distinct per fixture (tests run in parallel).
     index: u32,
-    systemd: UnixDatagram,
+    systemd: Notify,
     supervisor: Option<ChildGuard>,
     guard: Option<MountGuard>,
 }
@@ -120,8 +164,7 @@ impl Fixture {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let systemd = UnixDatagram::bind(dir.path().join("notify")).unwrap();
-        systemd.set_read_timeout(Some(DEADLINE)).unwrap();
+        let systemd = Notify::bind(&dir.path().join("notify"));
         Fixture {
             socket: dir.path().join("supervisor.sock"),
             index,
