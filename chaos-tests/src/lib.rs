@@ -13,6 +13,8 @@
 //!   upgrade-protocol record.
 //! - [`staged`] and [`stored`]: a volume's staging area and local object
 //!   store, as tests look at them from outside.
+//! - [`standby`]: whether a mount's standby generation is ready, from
+//!   outside the supervisor.
 
 pub mod bench;
 pub mod chaos;
@@ -23,5 +25,6 @@ pub mod mount_guard;
 pub mod rw_workload;
 pub mod s3_server;
 pub mod staged;
+pub mod standby;
 pub mod stored;
 pub mod workload;

@@ -211,37 +211,9 @@ impl Fixture {
         }
     }
 
-    /// Whether the standby has connected to the supervisor (it connects
-    /// once it is ready to take over: what makes a takeover warm), seen
-    /// from both ends: the standby's own SEQPACKET socket is connected, and
-    /// the supervisor has accepted it (the mount's socket has a connection
-    /// beside the serving generation's).
+    /// Whether the standby is ready (connected to the supervisor).
     fn standby_connected(&self) -> bool {
-        let status = self.status();
-        let (Some(standby), Some(mount_id)) =
-            (status["standby_pid"].as_i64(), status["mount_id"].as_str())
-        else {
-            return false;
-        };
-        let sockets = unix_sockets();
-        let own = socket_inodes(standby as u32);
-        let connected = sockets
-            .iter()
-            .any(|u| own.contains(&u.inode) && u.seqpacket && u.connected);
-        // Bound as `<id>.sock.<pid>` and renamed: accepted connections
-        // carry the name it was bound under.
-        let listener = format!("{}/{mount_id}.sock", s(&self.path("state/run")));
-        let accepted = sockets
-            .iter()
-            .filter(|u| {
-                u.connected
-                    && u.path
-                        .as_deref()
-                        .and_then(Path::to_str)
-                        .is_some_and(|p| p == listener || p.starts_with(&format!("{listener}.")))
-            })
-            .count();
-        connected && accepted >= 2
+        chaos_tests::standby::standby_connected(&self.status(), &self.path("state"))
     }
 
     /// Requests of `opcode` the mount's generations have handled (their
@@ -501,53 +473,6 @@ impl Drop for App {
 /// flight at the kill, read by the generation and unanswered.
 fn killed_at(fault: &str) -> [(&'static str, &str); 2] {
     [("BATON_FAULT", fault), ("BATON_FAULT_GENERATION", "1")]
-}
-
-/// One row of `/proc/net/unix`.
-struct UnixSocket {
-    inode: u64,
-    seqpacket: bool,
-    /// `SS_CONNECTED`: a connected client, or a connection accept(2)ed.
-    connected: bool,
-    path: Option<PathBuf>,
-}
-
-/// The Unix sockets of the test's network namespace.
-fn unix_sockets() -> Vec<UnixSocket> {
-    // Num RefCount Protocol Flags Type St Inode [Path]
-    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            Some(UnixSocket {
-                inode: f.get(6)?.parse().ok()?,
-                seqpacket: *f.get(4)? == "0005",
-                connected: *f.get(5)? == "03",
-                path: f.get(7).map(PathBuf::from),
-            })
-        })
-        .collect()
-}
-
-/// The inodes of the sockets `pid` has open.
-fn socket_inodes(pid: u32) -> Vec<u64> {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| {
-                    let target = std::fs::read_link(e.path()).ok()?;
-                    let target = target.to_str()?;
-                    target
-                        .strip_prefix("socket:[")?
-                        .strip_suffix(']')?
-                        .parse()
-                        .ok()
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Whether one of `pid`'s FUSE workers is asleep in the `BATON_DELAY`

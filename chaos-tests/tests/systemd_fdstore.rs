@@ -278,6 +278,29 @@ impl Fixture {
         report["mounts"][0].clone()
     }
 
+    /// Waits until every mount's standby is ready (connected): then the
+    /// supervisor is not spawning one. A supervisor killed while it
+    /// spawns a generation leaves the child (between fork and exec, under
+    /// SCHED_IDLE, starved on a busy machine) holding its state-directory
+    /// lock and control socket, and the restarted one refuses to start
+    /// ("state directory ... is in use"): a supervisor race of its own
+    /// (reported with issue 32), not what these tests check.
+    fn wait_until_standbys_ready(&self) {
+        let state = self.path("state");
+        assert!(
+            wait_until(DEADLINE, || {
+                let mounts = all_mounts(self);
+                !mounts.is_empty()
+                    && mounts
+                        .iter()
+                        .all(|m| chaos_tests::standby::standby_connected(m, &state))
+            }),
+            "no standby became ready: {:?}\n{}",
+            all_mounts(self),
+            self.logs()
+        );
+    }
+
     fn wait_serving(&self, generation_min: u64) -> Value {
         let deadline = Instant::now() + DEADLINE;
         loop {
@@ -450,6 +473,7 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     std::thread::sleep(Duration::from_millis(300));
 
     let old_pid = status["pid"].as_i64().unwrap();
+    fx.wait_until_standbys_ready();
     let mut supervisor = fx.supervisor.take().unwrap();
     kill(supervisor.pid(), Signal::SIGKILL).unwrap();
     supervisor.wait_timeout(DEADLINE).unwrap();
@@ -525,6 +549,7 @@ fn without_the_fd_store_a_restarted_supervisor_copies_the_fd_from_the_live_gener
     let mut reader = fx.start_reader();
     std::thread::sleep(Duration::from_millis(300));
 
+    fx.wait_until_standbys_ready();
     let mut supervisor = fx.supervisor.take().unwrap();
     kill(supervisor.pid(), Signal::SIGKILL).unwrap();
     supervisor.wait_timeout(DEADLINE).unwrap();
@@ -620,6 +645,7 @@ fn after_a_reboot_persistent_mounts_are_mounted_again_and_the_others_dropped() {
 
     // "Reboot": the supervisor, its generations and both mounts are gone;
     // only the state directory (and the volumes) remain.
+    fx.wait_until_standbys_ready();
     let mut supervisor = fx.supervisor.take().unwrap();
     kill(supervisor.pid(), Signal::SIGKILL).unwrap();
     supervisor.wait_timeout(DEADLINE).unwrap();
