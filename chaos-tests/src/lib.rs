@@ -11,6 +11,8 @@
 //! - [`s3_server`]: a real S3-compatible server (moto) for tests and benches.
 //! - [`staged`] and [`stored`]: a volume's staging area and local object
 //!   store, as tests look at them from outside.
+//! - [`standby`]: whether a mount's standby generation is ready, from
+//!   outside the supervisor.
 
 pub mod bench;
 pub mod chaos;
@@ -20,5 +22,6 @@ pub mod mount_guard;
 pub mod rw_workload;
 pub mod s3_server;
 pub mod staged;
+pub mod standby;
 pub mod stored;
 pub mod workload;

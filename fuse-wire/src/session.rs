@@ -16,10 +16,13 @@
 //! kernel for the next reader, in this process or the next generation.
 //!
 //! Handover ([`Stopper::stop_within`], [`Stopper::inflight`]): each worker
-//! publishes the request it is handling in its slot (pointer and length,
-//! under the slot's mutex) and withdraws it before touching its buffer
-//! again, so another thread can copy the raw bytes of requests that did not
-//! finish within a bound, for the in-flight journal.
+//! publishes the request it read in its slot (pointer and length, under the
+//! slot's mutex) before it marks itself handling, and withdraws it before
+//! touching its buffer again, so another thread can copy the raw bytes of
+//! requests that did not finish within a bound, for the in-flight journal.
+//! `stop_within` returns only once no worker is reading: a kicked worker
+//! that has not run yet (a busy CPU) can still dequeue a request, which
+//! would be neither journaled nor answered (its reply is sealed off).
 //!
 //! A filesystem method that panics aborts the process: its reply is gone, so
 //! the only way to get the caller an answer is a new generation and RESEND.
@@ -50,6 +53,10 @@ pub const WORKERS_MAX: usize = 64;
 const KICK_INTERVAL: Duration = Duration::from_millis(1);
 /// The same during a handover, where every microsecond is stall.
 const HANDOVER_KICK_INTERVAL: Duration = Duration::from_micros(50);
+/// How long [`Stopper::stop_within`] waits, past its bound, for workers
+/// that may still read (kicked, but not yet run: a busy CPU) to leave
+/// `read()` or publish what they read.
+pub const READERS_STOP_MAX: Duration = Duration::from_secs(10);
 
 /// The signal that kicks a worker out of a blocking `read()`.
 pub const KICK_SIGNAL: Signal = Signal::SIGUSR2;
@@ -273,6 +280,15 @@ impl Shared {
             .all(|w| w.state.load(Ordering::SeqCst) == STATE_EXITED)
     }
 
+    /// Whether a worker may still dequeue a request: one in (or about to
+    /// enter) `read()`. A starting worker checks the stop flag before its
+    /// first read; a handling one has published its request.
+    fn any_reading(&self) -> bool {
+        self.workers
+            .iter()
+            .any(|w| w.state.load(Ordering::SeqCst) == STATE_READING)
+    }
+
     /// Kicks workers blocked in (or about to enter) `read()`. Workers that
     /// are handling a request are left alone; they see the flag next.
     fn kick_readers(&self) {
@@ -317,14 +333,27 @@ impl Stopper {
     /// Stops reading (as [`Stopper::stop`]) but waits at most `bound` for
     /// requests being handled to finish. Returns true if every worker left;
     /// otherwise [`Stopper::inflight`] has the requests still running.
+    ///
+    /// Past `bound` it still waits (up to [`READERS_STOP_MAX`]) until no
+    /// worker is reading: one kicked but not yet run can still dequeue a
+    /// request, and it must be published before the caller copies them.
     pub fn stop_within(&self, bound: Duration) -> bool {
-        let deadline = std::time::Instant::now() + bound;
+        let start = std::time::Instant::now();
+        let deadline = start + bound;
         self.shared.request_stop();
         loop {
             if self.shared.all_exited() {
                 return true;
             }
-            if std::time::Instant::now() >= deadline {
+            let now = std::time::Instant::now();
+            if now >= deadline && !self.shared.any_reading() {
+                return false;
+            }
+            if now >= start + bound + READERS_STOP_MAX {
+                tracing::error!(
+                    waited_ms = now.duration_since(start).as_millis() as u64,
+                    "FUSE workers still reading after a stop; a request they read now is not journaled"
+                );
                 return false;
             }
             self.shared.kick_readers();
@@ -488,8 +517,8 @@ impl<F: Filesystem> Worker<F> {
         let replies: Arc<dyn ReplyChannel> = self.channel.clone();
         let options = self.params.decode_options();
         while let Some(len) = self.next_request(slot, buf) {
+            // Published by `next_request`.
             let request = &buf[..len];
-            slot.publish(request);
             let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 handle_request(&*self.fs, &replies, options, request)
             }));
@@ -517,6 +546,12 @@ impl<F: Filesystem> Worker<F> {
                 return None;
             }
             let outcome = self.channel.receive(buf);
+            // Invariant: a request is published before the worker stops
+            // counting as a reader, so a handover that waited for no
+            // reader to remain has it in `inflight` (or it was answered).
+            if let ReadOutcome::Request(len) = outcome {
+                slot.publish(&buf[..len]);
+            }
             slot.state.store(STATE_HANDLING, Ordering::SeqCst);
             match outcome {
                 ReadOutcome::Request(len) => return Some(len),
@@ -558,4 +593,70 @@ fn install_kick_handler() -> Result<(), Error> {
 /// Wraps a received fd in a channel; a convenience for adopters.
 pub fn adopt(fd: OwnedFd) -> Arc<Channel> {
     Arc::new(Channel::new(fd))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn stopper_with(workers: usize) -> Stopper {
+        Stopper {
+            shared: Arc::new(Shared {
+                stop: AtomicBool::new(false),
+                workers: (0..workers).map(|_| WorkerSlot::default()).collect(),
+                end: Mutex::new(None),
+                exited: Condvar::new(),
+                exit_lock: Mutex::new(()),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_handover_stop_waits_for_a_reader_that_has_not_run_yet_and_journals_what_it_read() {
+        // Worker 0 is still handling a request past the bound; worker 1 was
+        // kicked while blocked in read() but has not run yet (a busy CPU)
+        // and dequeues a request when it does, 100 ms later. The stop must
+        // not return before that request is published, or it would be
+        // neither journaled nor answered.
+        let stopper = stopper_with(2);
+        let shared = Arc::clone(&stopper.shared);
+        let running = b"running request".to_vec();
+        shared.workers[0].publish(&running);
+        shared.workers[0]
+            .state
+            .store(STATE_HANDLING, Ordering::SeqCst);
+        shared.workers[1]
+            .state
+            .store(STATE_READING, Ordering::SeqCst);
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            // What `next_request` does once `read()` returned a request.
+            let read: &'static [u8] = b"read after the stop";
+            shared.workers[1].publish(read);
+            shared.workers[1]
+                .state
+                .store(STATE_HANDLING, Ordering::SeqCst);
+        });
+        let all_done = stopper.stop_within(Duration::from_millis(1));
+        assert!(!all_done);
+        let mut journal = stopper.inflight();
+        journal.sort();
+        assert_eq!(
+            journal,
+            vec![b"read after the stop".to_vec(), running.clone()],
+            "every request read is journaled"
+        );
+        late.join().unwrap();
+    }
+
+    #[test]
+    fn a_handover_stop_returns_at_once_when_every_worker_left() {
+        let stopper = stopper_with(2);
+        for slot in &stopper.shared.workers {
+            slot.state.store(STATE_EXITED, Ordering::SeqCst);
+        }
+        assert!(stopper.stop_within(Duration::from_secs(60)));
+        assert!(stopper.inflight().is_empty());
+    }
 }
