@@ -1004,24 +1004,27 @@ fn unlinked_files_free_their_objects_and_directories_in_batches() {
     for i in 0..count {
         fs::remove_file(m.p(&format!("f{i}"))).unwrap();
     }
+    // Objects are deleted, and then their directories, after the release
+    // transactions: wait for both (checking the directories the moment
+    // the last object was gone failed on a busy machine, between the two).
+    let object_dirs = || -> Vec<_> {
+        fs::read_dir(&vol.data)
+            .unwrap()
+            .flat_map(|e| {
+                let path = e.unwrap().path();
+                fs::read_dir(&path)
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e.unwrap().path())
+            })
+            .collect()
+    };
     assert!(
-        wait_until(DEADLINE, || files_under(&vol.data) == 0),
-        "{} objects left after unlinking every file",
-        files_under(&vol.data)
-    );
-    let leftovers: Vec<_> = fs::read_dir(&vol.data)
-        .unwrap()
-        .flat_map(|e| {
-            let path = e.unwrap().path();
-            fs::read_dir(&path)
-                .into_iter()
-                .flatten()
-                .map(|e| e.unwrap().path())
-        })
-        .collect();
-    assert!(
-        leftovers.is_empty(),
-        "object directories left: {leftovers:?}"
+        wait_until(DEADLINE, || files_under(&vol.data) == 0
+            && object_dirs().is_empty()),
+        "{} objects and object directories {:?} left after unlinking every file",
+        files_under(&vol.data),
+        object_dirs()
     );
     m.stop();
 }
