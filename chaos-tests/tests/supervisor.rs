@@ -1140,22 +1140,6 @@ fn a_first_generation_that_cannot_start_fails_the_mount_and_leaves_nothing() {
 }
 
 #[test]
-fn fsctl_without_a_supervisor_says_how_to_start_one() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let socket = dir.path().join("none.sock");
-    let out = Command::new(binary("fsctl"))
-        .args(["status", "--socket", s(&socket)])
-        .output()
-        .expect("fsctl");
-    assert_eq!(out.status.code(), Some(3));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("cannot reach fs-supervisor") && err.contains("start it with `fs-supervisor`"),
-        "{err}"
-    );
-}
-
-#[test]
 fn an_unmount_behind_the_supervisors_back_is_cleaned_up() {
     let mut fx = Fixture::start(&[]);
     fx.mount();
