@@ -35,6 +35,7 @@ use bytes::Bytes;
 use crate::error::{BlocksError, Result};
 use crate::in_place::InPlaceReader;
 use crate::key::ObjectKey;
+use crate::private_fs;
 use crate::store::BlockStore;
 
 /// Maximum prefetch requests waiting for a worker; further hints are dropped.
@@ -327,7 +328,8 @@ impl std::fmt::Debug for DiskCache {
 
 impl DiskCache {
     fn open(dir: &Path, capacity_bytes: u64, store: Arc<BlockStore>) -> Result<Self> {
-        fs::create_dir_all(dir).map_err(|e| BlocksError::cache("create cache dir", dir, e))?;
+        private_fs::create_dir_all(dir)
+            .map_err(|e| BlocksError::cache("create cache dir", dir, e))?;
         let mut lru = Lru::new(capacity_bytes, CACHE_ENTRY_COUNT_MAX);
         for (key, len, _) in scan_dir(dir)? {
             for old in lru.insert(key, len) {
@@ -487,7 +489,7 @@ impl Inner {
         let tmp = self
             .dir
             .join(format!("{TMP_PREFIX}{:016x}", rand::random::<u64>()));
-        let written = File::create(&tmp).and_then(|mut f| f.write_all(data));
+        let written = private_fs::create_new(&tmp).and_then(|mut f| f.write_all(data));
         if let Err(e) = written {
             remove_quietly(&tmp);
             return Err(BlocksError::cache("write cache temp file", &tmp, e));

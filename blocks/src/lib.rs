@@ -80,6 +80,7 @@ mod in_place;
 mod key;
 mod local_put;
 mod passphrase;
+pub mod private_fs;
 mod s3;
 mod staging;
 mod store;

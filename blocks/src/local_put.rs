@@ -11,12 +11,13 @@
 //! it does not fsync: the contract in `fsclient`'s flush module says why.
 
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{BlocksError, Result};
 use crate::key::ObjectKey;
+use crate::private_fs;
 
 /// Writes `data` as object `key` under `root`.
 pub(crate) fn put_file(root: &Path, key: &ObjectKey, data: &[u8]) -> Result<()> {
@@ -35,13 +36,12 @@ pub(crate) fn put_file(root: &Path, key: &ObjectKey, data: &[u8]) -> Result<()> 
 
 /// Creates `path` (which must not exist), and its directory if missing.
 fn create_new(path: &Path) -> io::Result<File> {
-    let open = || OpenOptions::new().write(true).create_new(true).open(path);
-    match open() {
+    match private_fs::create_new(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             if let Some(dir) = path.parent() {
-                fs::create_dir_all(dir)?;
+                private_fs::create_dir_all(dir)?;
             }
-            open()
+            private_fs::create_new(path)
         }
         other => other,
     }

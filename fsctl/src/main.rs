@@ -323,6 +323,7 @@ fn parse_block_size(text: &str) -> Result<u32, String> {
 }
 
 fn main() -> ExitCode {
+    baton_volume::private_fs::set_private_umask();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -720,6 +721,22 @@ fn call(socket: &std::path::Path, request: &Request) -> anyhow::Result<Reply> {
     Ok(client::request(socket, request, command_timeout(request))?)
 }
 
+/// Creates `mountpoint` and any missing parent with mode 0755 (fsctl runs
+/// with umask 077): users must be able to reach the mount.
+fn create_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let missing: Vec<&Path> = mountpoint
+        .ancestors()
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .collect();
+    for dir in missing.into_iter().rev() {
+        std::fs::create_dir(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)))
+            .with_context(|| format!("creating mountpoint directory {}", dir.display()))?;
+    }
+    Ok(())
+}
+
 /// Prints an error reply and picks the exit code.
 fn refused(reply: Reply) -> anyhow::Result<ExitCode> {
     match reply {
@@ -805,8 +822,7 @@ fn up(
         let formatted = format(&FormatRequest::new(name, &base_dir))?;
         println!("formatted volume {name} ({})", formatted.meta_url);
     }
-    std::fs::create_dir_all(mountpoint)
-        .with_context(|| format!("creating mountpoint {}", mountpoint.display()))?;
+    create_mountpoint(mountpoint)?;
     ensure_supervisor(socket)?;
     let request = Request::Mount {
         volume: paths.meta_url.clone(),

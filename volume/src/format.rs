@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use baton_blocks::private_fs;
 use baton_meta::VolumeConfig;
 
 use crate::{VolumeError, VolumePaths};
@@ -145,7 +146,7 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
 }
 
 fn create_dir(path: &Path) -> Result<(), VolumeError> {
-    std::fs::create_dir_all(path).map_err(|cause| VolumeError::CreateDir {
+    private_fs::create_dir_all(path).map_err(|cause| VolumeError::CreateDir {
         path: path.to_path_buf(),
         cause,
     })

@@ -34,6 +34,8 @@ mod lock;
 mod open;
 mod paths;
 
+/// Owner-only files and directories, and the umask that makes them.
+pub use baton_blocks::private_fs;
 pub use check::{
     collectable, BadBlock, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT,
     REPORT_PROBLEMS_LISTED_MAX, SCAN_PAGE_ROWS_MAX,

@@ -4,7 +4,9 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
 
+use baton_blocks::private_fs;
 use nix::fcntl::{Flock, FlockArg};
 
 use crate::{VolumeError, VolumePaths};
@@ -33,6 +35,7 @@ pub(crate) fn take_lock(paths: &VolumePaths, mode: LockMode) -> Result<Flock<Fil
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(private_fs::PRIVATE_FILE_MODE)
         .open(&path)
         .map_err(io_err)?;
     let arg = match mode {

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use baton_blocks::{BlockCache, BlockStore, BlocksError, KeyLayout, Staging};
+use baton_blocks::{private_fs, BlockCache, BlockStore, BlocksError, KeyLayout, Staging};
 use baton_meta::{MetaError, MetaStore, VolumeRecord};
 use nix::fcntl::Flock;
 
@@ -73,7 +73,7 @@ impl Volume {
     pub fn open(paths: &VolumePaths, options: &VolumeOptions, mode: LockMode) -> Result<Volume> {
         let display = paths.display.clone();
         match &paths.sqlite_path {
-            None => std::fs::create_dir_all(&paths.dir).map_err(|cause| VolumeError::Lock {
+            None => private_fs::create_dir_all(&paths.dir).map_err(|cause| VolumeError::Lock {
                 volume: display.clone(),
                 path: paths.dir.clone(),
                 cause,
@@ -110,6 +110,7 @@ impl Volume {
         let store = open_store(&display, &storage_url, options, key_layout(&record))?;
         // Read-only checks passed; from here on we write, so take the lock.
         let lock = take_lock(paths, mode)?;
+        warn_if_shared(&display, &paths.dir);
         let block_size_bytes = u64::from(record.block_size_bytes);
         let staging_dir = options
             .staging_dir
@@ -210,15 +211,35 @@ fn key_layout(volume: &VolumeRecord) -> KeyLayout {
     }
 }
 
+/// Volumes made before Baton created everything owner-only have a 0755
+/// directory with 0644 files in it: say so once per open, with the fix. The
+/// mode is left alone (the operator may share it on purpose).
+fn warn_if_shared(volume: &str, dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(metadata) = std::fs::metadata(dir) else {
+        return;
+    };
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        tracing::warn!(
+            volume,
+            dir = %dir.display(),
+            mode = format_args!("{mode:o}"),
+            "the volume's directory is open to other users, who may read its metadata, staging and cache: `chmod 700 {}` unless that is intended",
+            dir.display()
+        );
+    }
+}
+
 /// Creates `dir` if needed and proves a file can be written in it.
 fn check_writable(dir: &Path) -> Result<()> {
     let fail = |cause| VolumeError::StagingNotWritable {
         path: dir.to_path_buf(),
         cause,
     };
-    std::fs::create_dir_all(dir).map_err(fail)?;
+    private_fs::create_dir_all(dir).map_err(fail)?;
     let probe = dir.join(format!(".probe-{}", std::process::id()));
-    let written = File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
+    let written = private_fs::create_new(&probe).and_then(|mut f| f.write_all(b"probe"));
     let _ = std::fs::remove_file(&probe);
     written.map_err(fail)
 }

@@ -8,6 +8,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::private_fs;
+
 /// Reserves disk space for `len` bytes at `offset` without changing the file
 /// size, so that the following `pwrite` cannot fail half way with ENOSPC.
 /// Filesystems without `fallocate` are accepted as they are.
@@ -68,7 +70,7 @@ pub(crate) fn read_padded(file: &File, offset: u64, len: usize) -> io::Result<Ve
 /// Replaces `path` with `data` atomically (write `tmp`, rename). No fsync:
 /// the page cache survives process death; `Staging::sync` adds durability.
 pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
-    let res = File::create(tmp)
+    let res = private_fs::create(tmp)
         .and_then(|mut f| f.write_all(data))
         .and_then(|()| fs::rename(tmp, path));
     if res.is_err() {

@@ -74,6 +74,7 @@ use std::sync::{Mutex, MutexGuard};
 use bytes::Bytes;
 
 use crate::error::{BlocksError, Result};
+use crate::private_fs;
 pub use record::StagedSize;
 use record::{SizeRecord, RECORD_BYTES};
 

@@ -31,7 +31,7 @@ impl Staging {
                 ),
             });
         }
-        fs::create_dir_all(dir)
+        private_fs::create_dir_all(dir)
             .map_err(|e| BlocksError::staging(dir, "create staging dir", dir, e))?;
         let staging = Staging {
             dir: dir.to_path_buf(),
@@ -202,7 +202,7 @@ impl Staging {
         }
         let path = self.block_path(ino, span.index);
         let tmp = path.with_extension(&TMP_SUFFIX[1..]);
-        let res = fs::File::create(&tmp).and_then(|f| {
+        let res = private_fs::create(&tmp).and_then(|f| {
             if let Some(b) = &committed {
                 write_at_reserved(&f, 0, b)?;
             }
@@ -548,7 +548,7 @@ impl Staging {
 
     fn ensure_inode_dir(&self, ino: u64) -> Result<()> {
         let dir = self.inode_dir(ino);
-        fs::create_dir_all(&dir).map_err(|e| self.err("create inode dir", &dir, e))
+        private_fs::create_dir_all(&dir).map_err(|e| self.err("create inode dir", &dir, e))
     }
 
     fn record(&self, ino: u64) -> Result<Option<SizeRecord>> {

@@ -91,7 +91,7 @@ impl Staging {
         let from = self.inode_dir(ino);
         let moved = match fs::rename(&from, &to) {
             Err(e) if e.kind() == io::ErrorKind::NotFound && !retired.exists() => {
-                fs::create_dir_all(&retired)
+                private_fs::create_dir_all(&retired)
                     .map_err(|e| self.err("create retired dir", &retired, e))?;
                 fs::rename(&from, &to)
             }

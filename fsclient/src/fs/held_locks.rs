@@ -58,7 +58,7 @@ impl HeldLocksFile {
         let mut temp = self.path.as_os_str().to_owned();
         temp.push(".tmp");
         let temp = PathBuf::from(temp);
-        let mut file = std::fs::File::create(&temp)?;
+        let mut file = baton_blocks::private_fs::create(&temp)?;
         file.write_all(&bytes)?;
         drop(file);
         std::fs::rename(&temp, &self.path)

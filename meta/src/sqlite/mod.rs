@@ -35,6 +35,7 @@ mod schema;
 
 use std::fs::OpenOptions;
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -82,7 +83,14 @@ impl SqliteMeta {
             path: path.clone(),
             source,
         };
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
+        // 0600: metadata names every file and its owner (WAL and shm files
+        // get the database file's mode from SQLite).
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+        {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(MetaError::AlreadyFormatted { path });
