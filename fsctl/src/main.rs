@@ -334,13 +334,15 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             eprintln!("fsctl: {err:#}");
-            let unreachable = err.chain().any(|cause| {
-                matches!(
-                    cause.downcast_ref::<ProtocolError>(),
-                    Some(ProtocolError::Unreachable { .. } | ProtocolError::NoAnswer { .. })
-                )
-            });
-            ExitCode::from(if unreachable { 3 } else { 1 })
+            let code = err
+                .chain()
+                .find_map(|cause| match cause.downcast_ref::<ProtocolError>()? {
+                    ProtocolError::Unreachable { .. } | ProtocolError::NoAnswer { .. } => Some(3),
+                    ProtocolError::NotAllowed { .. } => Some(4),
+                    _ => None,
+                })
+                .unwrap_or(1);
+            ExitCode::from(code)
         }
     }
 }

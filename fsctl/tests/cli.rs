@@ -114,3 +114,26 @@ fn fsctl_without_a_supervisor_says_how_to_start_one() {
         );
     }
 }
+
+#[test]
+fn a_non_root_fsctl_on_roots_socket_is_told_to_run_as_root_with_exit_code_4() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let socket = dir.path().join("supervisor.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fsctl"))
+        .args(["status", "--socket", s(&socket)])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.contains("is root's") && err.contains("run fsctl as root"),
+        "{err}"
+    );
+}

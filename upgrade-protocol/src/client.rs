@@ -51,6 +51,13 @@ pub fn request(
         source: Box::new(source),
     };
     let conn = connect_seqpacket(socket).map_err(|err| match err {
+        ProtocolError::Socket {
+            errno: errno @ (Errno::EACCES | Errno::EPERM),
+            ..
+        } => ProtocolError::NotAllowed {
+            path: socket.to_path_buf(),
+            errno,
+        },
         ProtocolError::Socket { errno, .. } => ProtocolError::Unreachable {
             path: socket.to_path_buf(),
             errno,

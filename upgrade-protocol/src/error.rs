@@ -67,6 +67,15 @@ pub enum ProtocolError {
         /// Why.
         errno: Errno,
     },
+    /// The control socket is there but this user may not connect to it
+    /// (it is 0600, root's).
+    #[error("fs-supervisor's control socket {path} is root's ({errno}): run fsctl as root")]
+    NotAllowed {
+        /// The socket.
+        path: PathBuf,
+        /// Why (EACCES or EPERM).
+        errno: Errno,
+    },
     /// fs-supervisor did not answer in time.
     #[error(
         "fs-supervisor at {path} did not answer `{command}` within {timeout_s} s; check its log"
