@@ -80,6 +80,10 @@ enum Command {
         /// Base directory for defaults.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
+        /// Create missing parent directories of a --meta file or a
+        /// file:// --storage directory (the defaults are always created).
+        #[arg(long)]
+        create_dirs: bool,
     },
     /// The main job on the embedded default: format volume NAME if it does
     /// not exist, start fs-supervisor if none is running, and mount the
@@ -360,6 +364,7 @@ fn run() -> anyhow::Result<ExitCode> {
             passphrase_file,
             block_size,
             base_dir,
+            create_dirs,
         } => {
             let formatted = format(&FormatRequest {
                 name: name.clone(),
@@ -372,6 +377,7 @@ fn run() -> anyhow::Result<ExitCode> {
                 compression: compression == "lz4",
                 key_file: encryption_key_file,
                 passphrase_file,
+                create_dirs,
             })?;
             let meta_url = &formatted.meta_display;
             println!(

@@ -137,3 +137,40 @@ fn a_non_root_fsctl_on_roots_socket_is_told_to_run_as_root_with_exit_code_4() {
         "{err}"
     );
 }
+
+#[test]
+fn a_metadata_or_data_path_in_a_missing_directory_is_refused_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base");
+    let missing = dir.path().join("typo");
+    let meta = format!("sqlite://{}/x/meta.db", s(&missing));
+    let data = format!("file://{}/x/data", s(&missing));
+    for (flag, url) in [("--meta", &meta), ("--storage", &data)] {
+        let out = fsctl(&["format", "vol", flag, url, "--base-dir", s(&base)]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {err}");
+        assert!(
+            err.contains("does not exist") && err.contains("--create-dirs"),
+            "{flag}: {err}"
+        );
+        assert!(
+            !missing.exists(),
+            "{flag}: format created {}",
+            missing.display()
+        );
+    }
+    let out = fsctl(&[
+        "format",
+        "vol",
+        "--meta",
+        &meta,
+        "--storage",
+        &data,
+        "--create-dirs",
+        "--base-dir",
+        s(&base),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(missing.join("x/meta.db").is_file());
+    assert!(missing.join("x/data").is_dir());
+}

@@ -131,6 +131,14 @@ pub enum VolumeError {
         /// The cause.
         cause: std::io::Error,
     },
+    /// A path the user gave lies in a directory that does not exist.
+    #[error("directory {path} for {what} does not exist: check the path, create it, or pass --create-dirs")]
+    MissingDir {
+        /// The missing directory.
+        path: PathBuf,
+        /// What was to go in it.
+        what: &'static str,
+    },
     /// Both a key file and a passphrase were given.
     #[error("give either an encryption key file or a passphrase file, not both")]
     TwoKeys,

@@ -35,6 +35,10 @@ pub struct FormatRequest {
     /// Encrypt objects with a key derived (Argon2id, random salt recorded
     /// in the volume) from the passphrase in this file. Not with `key_file`.
     pub passphrase_file: Option<PathBuf>,
+    /// Create missing parent directories of a metadata path or data
+    /// directory the user named (the defaults under the base directory are
+    /// always created).
+    pub create_dirs: bool,
 }
 
 impl FormatRequest {
@@ -53,6 +57,7 @@ impl FormatRequest {
             compression: false,
             key_file: None,
             passphrase_file: None,
+            create_dirs: false,
         }
     }
 }
@@ -94,10 +99,21 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
     )
     .map_err(storage_err)?;
     if let Some(meta_path) = meta_url.strip_prefix("sqlite://") {
-        create_dir(Path::new(meta_path).parent().unwrap_or(Path::new("/")))?;
+        let meta_dir = Path::new(meta_path).parent().unwrap_or(Path::new("/"));
+        if request.meta_url.is_some() && !request.create_dirs {
+            require_dir(meta_dir, "the metadata file")?;
+        }
+        create_dir(meta_dir)?;
     }
     if let Some(data_dir) = storage_url.strip_prefix("file://") {
-        create_dir(Path::new(data_dir))?;
+        let data_dir = Path::new(data_dir);
+        if request.storage_url.is_some() && !request.create_dirs {
+            require_dir(
+                data_dir.parent().unwrap_or(Path::new("/")),
+                "the data directory",
+            )?;
+        }
+        create_dir(data_dir)?;
     }
     let (key, kdf_salt) = match (&request.key_file, &request.passphrase_file) {
         (Some(file), None) => (
@@ -142,6 +158,18 @@ pub fn format(request: &FormatRequest) -> Result<Formatted, VolumeError> {
         meta_url,
         meta_display,
         storage_url,
+    })
+}
+
+/// A directory the user's path needs but did not name is not created
+/// unless asked: a typo must not leave directories behind.
+fn require_dir(dir: &Path, what: &'static str) -> Result<(), VolumeError> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    Err(VolumeError::MissingDir {
+        path: dir.to_path_buf(),
+        what,
     })
 }
 
