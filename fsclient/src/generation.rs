@@ -190,6 +190,7 @@ impl Generation {
         let channel = Arc::new(Channel::new(fd));
         let params = fuse_wire::InitParams::from(&adoption.init);
         fs.set_init(&params);
+        fs.set_kernel_channel(channel.clone());
         let session = Session::new(Arc::clone(&channel), params, Arc::clone(&fs));
         let generation = Arc::new(Generation {
             fs,

@@ -194,6 +194,7 @@ fn serve_until_signal(
     signals: &SigSet,
 ) -> Result<(ExitReason, Result<()>)> {
     fs.set_init(&params);
+    fs.set_kernel_channel(channel.clone());
     let session = Session::new(channel, params, Arc::clone(fs));
     let workers = session.start(threads)?;
     let stopper = workers.stopper();

@@ -120,6 +120,9 @@ pub struct BatonFs {
     /// keys, the metadata session); not the kernel's fusectl number. Set
     /// once, before serving ([`BatonFs::set_connection`]).
     connection_identity: OnceLock<u64>,
+    /// The FUSE connection, for notifications the kernel did not ask for
+    /// ([`BatonFs::invalidate_kernel_attrs`]). Set once, before serving.
+    kernel: OnceLock<Arc<dyn fuse_wire::reply::ReplyChannel>>,
     /// Handing over: no more staging writes (metadata is fenced too).
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
@@ -170,6 +173,7 @@ impl BatonFs {
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
             connection_identity: OnceLock::new(),
+            kernel: OnceLock::new(),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
@@ -485,6 +489,30 @@ impl BatonFs {
         let (_, bytes) = self.meta.getattr_plus(ino)?;
         self.committed_bytes.remember(ino, bytes, token);
         Ok(bytes)
+    }
+
+    /// Lets the filesystem notify the kernel on `channel` (the connection it
+    /// serves). Called once, before serving.
+    pub fn set_kernel_channel(&self, channel: Arc<dyn fuse_wire::reply::ReplyChannel>) {
+        let _ = self.kernel.set(channel);
+    }
+
+    /// Has the kernel drop its cached attributes of `ino` after a change
+    /// the request's reply does not carry (set-ID bits a WRITE or OPEN
+    /// cleared): otherwise `stat` shows the old mode until the attribute
+    /// TTL passes. Attributes only (offset -1), so it never waits on the
+    /// page cache and is safe inside a request.
+    fn invalidate_kernel_attrs(&self, ino: u64) {
+        let Some(channel) = self.kernel.get() else {
+            return;
+        };
+        // ENOENT: the kernel has no such inode cached; nothing to drop.
+        if let Err(err) = fuse_wire::notify::inval_inode(channel.as_ref(), NodeId::from(ino), -1, 0)
+        {
+            if err.raw_os_error() != Some(libc::ENOENT) {
+                tracing::warn!(ino, %err, "could not invalidate the kernel's attributes");
+            }
+        }
     }
 
     /// Forgets cached per-inode facts after its block map changed.

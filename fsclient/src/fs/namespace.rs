@@ -379,6 +379,7 @@ impl BatonFs {
                 ..SetAttr::default()
             };
             self.meta.setattr(ino, &set, None)?;
+            self.invalidate_kernel_attrs(ino);
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ impl Volume {
         let dir = tempfile::tempdir().expect("temp dir");
         let base = dir.path().join("base");
         let data = dir.path().join("data");
-        std::fs::create_dir_all(base.join(VOLUME)).expect("volume dir");
+        baton_blocks::private_fs::create_dir_all(&base.join(VOLUME)).expect("volume dir");
         std::fs::create_dir_all(&data).expect("data dir");
         let config = VolumeConfig {
             name: VOLUME.into(),
