@@ -98,6 +98,36 @@ fn unformatted_corrupt_and_unreachable_volumes_are_refused() {
 }
 
 #[test]
+fn a_truncated_metadata_file_is_refused_before_mounting() {
+    let vol = Volume::new();
+    let base = s(&vol.base).to_string();
+    let mnt = vol.mountpoint("mnt");
+    // Enough entries that the lost half holds namespace pages, not the
+    // volume record SQLite reads first (that case fails on its own).
+    let m = vol.mount(&mnt);
+    std::fs::create_dir(m.p("d")).unwrap();
+    for i in 0..2000 {
+        std::fs::write(m.p(&format!("d/file-with-a-long-name-{i:05}")), b"x").unwrap();
+    }
+    // Killed: the newest pages stay in the WAL, as after a crash.
+    m.kill9();
+    let meta_db = std::fs::OpenOptions::new()
+        .write(true)
+        .open(vol.meta_path())
+        .unwrap();
+    let full_bytes = meta_db.metadata().unwrap().len();
+    meta_db.set_len(full_bytes / 2).unwrap();
+    let err = refused(&vol, &["mount", VOLUME, s(&mnt), "--base-dir", &base]);
+    assert!(
+        err.contains("metadata corrupt")
+            && err.contains("is truncated")
+            && err.contains("restore from backup"),
+        "{err}"
+    );
+    assert_unmounted(&mnt);
+}
+
+#[test]
 fn a_second_mount_of_a_volume_names_the_first() {
     let vol = Volume::new();
     let base = s(&vol.base).to_string();

@@ -348,19 +348,49 @@ fn check_header(path: &Path) -> Result<()> {
         path: path.to_owned(),
         source,
     };
-    let mut head = Vec::with_capacity(16);
-    std::fs::File::open(path)
-        .map_err(io)?
-        .take(16)
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let file_bytes = file.metadata().map_err(io)?.len();
+    let mut head = Vec::with_capacity(HEADER_BYTES);
+    (&mut file)
+        .take(HEADER_BYTES as u64)
         .read_to_end(&mut head)
         .map_err(io)?;
-    if head.as_slice() != SQLITE_HEADER {
+    if !head.starts_with(SQLITE_HEADER) {
         return Err(MetaError::Foreign {
             path: path.to_owned(),
             reason: "not a SQLite database file".to_owned(),
         });
     }
+    if let Some(expected) = header_file_bytes(&head) {
+        // The header's page count is the file's size at the last checkpoint
+        // (later pages live in the WAL): a shorter file lost pages, and
+        // SQLite would only find out when a query touched them (EIO on rm).
+        if file_bytes < expected {
+            return Err(MetaError::corrupt(format!(
+                "{} is truncated: {file_bytes} bytes where its header says {expected}",
+                path.display()
+            )));
+        }
+    }
     Ok(())
+}
+
+/// Bytes of the database file header SQLite documents.
+const HEADER_BYTES: usize = 100;
+
+/// The database size the header records (page count times page size), if
+/// the header says that count is valid (written by SQLite 3.7.0 or later:
+/// its version-valid-for number equals the change counter).
+fn header_file_bytes(head: &[u8]) -> Option<u64> {
+    let be32 = |at: usize| -> Option<u32> {
+        Some(u32::from_be_bytes(head.get(at..at + 4)?.try_into().ok()?))
+    };
+    let page_size = match u16::from_be_bytes(head.get(16..18)?.try_into().ok()?) {
+        1 => 65536,
+        n => u64::from(n),
+    };
+    let page_count = u64::from(be32(28)?);
+    (page_count > 0 && be32(24)? == be32(92)?).then_some(page_count * page_size)
 }
 
 fn read_volume(conn: &Connection) -> Result<VolumeRecord> {
