@@ -1567,6 +1567,13 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     let (code, report) = upgrade(&fx, &crashing, "30s");
     assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
     assert_eq!(report["ok"], false, "{report}");
+    assert!(
+        !report["outcome"]
+            .as_str()
+            .unwrap_or("")
+            .contains("deadline"),
+        "a crash is not blamed on the deadline: {report}"
+    );
     let status = fx.wait_serving(0);
     assert_eq!(
         status["pid"], before["pid"],
@@ -1579,6 +1586,12 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     let (code, report) = upgrade(&fx, &slow, "500ms");
     assert_eq!(code, Some(1), "{report}");
     assert_eq!(report["ok"], false, "{report}");
+    let said = report["outcome"].as_str().unwrap_or("");
+    assert!(
+        said.contains("did not serve within the upgrade's deadline (500 ms")
+            && !said.contains("ended before serving"),
+        "the deadline, not a crash, is named: {report}"
+    );
 
     let (ok, out, err) = App::sh(
         &fx.mnt,

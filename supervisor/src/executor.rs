@@ -75,6 +75,11 @@ pub struct UpgradeInProgress {
     pub reading_ns: u64,
     /// Why it was refused or failed, if known.
     pub detail: Option<String>,
+    /// The upgrade's deadline (`fsctl upgrade --timeout`).
+    timeout_ms: u64,
+    /// The deadline passed and the new generation was killed for it: its
+    /// death is the deadline's doing, not its own failure.
+    deadline_passed: bool,
 }
 
 /// One supervised mount.
@@ -272,6 +277,11 @@ impl Mount {
                 "mount {}: event chain longer than {EVENTS_PER_DISPATCH_MAX} at {event:?}",
                 self.id
             );
+            if event == Event::Timer(Timer::UpgradeDeadline) {
+                if let Some(upgrade) = &mut self.upgrade {
+                    upgrade.deadline_passed = true;
+                }
+            }
             let (next, actions) = mount::step(self.state, event, &env.policy);
             if next == self.state && actions.is_empty() {
                 tracing::debug!(mount = %self.id, state = self.state.name(), ?event, "event ignored");
@@ -567,10 +577,17 @@ impl Mount {
                 )
             })
         });
+        let outcome_text = match outcome {
+            Outcome::IncomingDied | Outcome::ProbeFailed if upgrade.deadline_passed => format!(
+                "rolled back: the new generation did not serve within the upgrade's deadline ({} ms; `fsctl upgrade --timeout`) and was stopped",
+                upgrade.timeout_ms
+            ),
+            _ => describe_outcome(outcome).to_string(),
+        };
         let report = UpgradeReport {
             mountpoint: self.mountpoint.clone(),
             ok,
-            outcome: describe_outcome(outcome).to_string(),
+            outcome: outcome_text,
             from_generation: upgrade.from_generation,
             generation: self.active_generation(),
             binary: self.client_binary.clone(),
@@ -633,6 +650,8 @@ impl Mount {
             stopped_reading_ns: 0,
             reading_ns: 0,
             detail: None,
+            timeout_ms,
+            deadline_passed: false,
         });
         self.handle(env, Event::UpgradeRequested { timeout_ms }, start_job);
     }
