@@ -50,6 +50,9 @@ fn s(path: &Path) -> &str {
 }
 
 /// One supervisor with one formatted volume and an empty mountpoint.
+/// A `Fixture::start` argument: no `--client-binary` for fs-supervisor.
+const DEFAULT_CLIENT: &str = "(default client binary)";
+
 struct Fixture {
     dir: tempfile::TempDir,
     base: PathBuf,
@@ -60,6 +63,9 @@ struct Fixture {
     guard: Option<MountGuard>,
     /// Environment for the supervisor (and so its generations).
     env: Vec<(String, String)>,
+    /// Start fs-supervisor without `--client-binary` (it then runs the
+    /// fsclient next to its own executable).
+    default_client: bool,
 }
 
 impl Fixture {
@@ -99,8 +105,14 @@ impl Fixture {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            default_client: extra.contains(&DEFAULT_CLIENT),
         };
-        fixture.spawn_supervisor(extra);
+        let extra: Vec<&str> = extra
+            .iter()
+            .copied()
+            .filter(|a| *a != DEFAULT_CLIENT)
+            .collect();
+        fixture.spawn_supervisor(&extra);
         fixture
     }
 
@@ -125,7 +137,7 @@ impl Fixture {
             }
             None => Command::new(binary("fs-supervisor")),
         };
-        if !extra.contains(&"--client-binary") {
+        if !self.default_client && !extra.contains(&"--client-binary") {
             command.args(["--client-binary", s(&binary("fsclient"))]);
         }
         let child = command
@@ -2368,4 +2380,52 @@ fn every_generation_log_line_names_the_mount_and_the_generation() {
             "a generation line without its mount and generation: {line}"
         );
     }
+}
+
+#[test]
+fn after_a_supervisor_upgrade_to_another_directory_generations_still_start() {
+    // Started without --client-binary: fsclient is found next to the
+    // executable. The new fs-supervisor lives where there is no fsclient;
+    // the client binary the old image ran must stay.
+    let mut fx = Fixture::start(&[DEFAULT_CLIENT]);
+    fx.mount();
+    fx.wait_serving(1);
+    let elsewhere = fx.path("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("mkdir");
+    let new_binary = elsewhere.join("fs-supervisor");
+    std::fs::copy(binary("fs-supervisor"), &new_binary).expect("copy fs-supervisor");
+    let out = fx.fsctl(&["upgrade-supervisor", "--binary", s(&new_binary)]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = wait_supervisor_serving(&fx);
+    assert_eq!(report["supervisor"]["binary"], s(&new_binary), "{report}");
+
+    // A new mount after the upgrade starts its generation with the fsclient
+    // the old image ran.
+    let out = Command::new(binary("fsctl"))
+        .args(["format", "vol2", "--base-dir", s(&fx.base)])
+        .output()
+        .expect("fsctl format");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mnt2 = fx.path("mnt2");
+    std::fs::create_dir(&mnt2).expect("mountpoint");
+    let out = fx.fsctl(&["mount", "vol2", s(&mnt2), "--base-dir", s(&fx.base)]);
+    let _guard = MountGuard::new(&mnt2);
+    assert!(
+        out.status.success(),
+        "a mount after the supervisor upgrade failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        fx.logs()
+    );
+    let (ok, out, err) =
+        App::sh(&mnt2, &format!("echo still > {0}/f && cat {0}/f", s(&mnt2))).finish();
+    assert!(ok && out == "still\n", "{out}{err}");
 }

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
@@ -465,6 +466,14 @@ impl Mount {
             }
             Err(err) => {
                 tracing::error!(mount = %self.id, generation, ?role, %err, "cannot start a generation");
+                // The generation's log is what fsctl shows of a failed
+                // mount or upgrade: the cause belongs there, not only in
+                // the supervisor's own log.
+                let _ = writeln!(
+                    &self.log,
+                    "fs-supervisor: cannot start generation {generation} from {}: {err}",
+                    binary.display()
+                );
                 let death = Death {
                     generation,
                     pid: 0,

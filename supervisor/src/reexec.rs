@@ -74,11 +74,15 @@ pub fn preflight(binary: &Path) -> Result<String, String> {
 }
 
 /// Re-executes `binary` with this process's arguments, handing `mounts`
-/// (name, fd) over as LISTEN_FDS and setting `env`. Returns only on
+/// (name, fd) over as LISTEN_FDS and setting `env`. The fsclient binary
+/// this image runs, `client_binary`, is passed on as `--client-binary`
+/// when the arguments do not name one: its default is next to the
+/// executable, and the new binary may live elsewhere. Returns only on
 /// failure, and then this process has lost its own fds 3.. (they were
 /// overwritten): the caller must exit. Call [`preflight`] first.
 pub fn exec(
     binary: &Path,
+    client_binary: &Path,
     mounts: &[(String, BorrowedFd<'_>)],
     env: &[(&str, OsString)],
 ) -> std::io::Error {
@@ -115,8 +119,13 @@ pub fn exec(
         Ok(path) => path,
         Err(_) => return std::io::Error::other("the binary path contains a NUL byte"),
     };
+    let mut args_os: Vec<OsString> = std::env::args_os().collect();
+    if !names_client_binary(&args_os) {
+        args_os.push("--client-binary".into());
+        args_os.push(client_binary.as_os_str().to_owned());
+    }
     let mut args: Vec<CString> = Vec::new();
-    for arg in std::env::args_os() {
+    for arg in args_os {
         match CString::new(arg.as_bytes()) {
             Ok(arg) => args.push(arg),
             Err(_) => return std::io::Error::other("an argument contains a NUL byte"),
@@ -129,6 +138,14 @@ pub fn exec(
         Ok(never) => match never {},
         Err(errno) => std::io::Error::from(errno),
     }
+}
+
+/// Whether fs-supervisor's arguments name its fsclient binary.
+fn names_client_binary(args: &[OsString]) -> bool {
+    args.iter().skip(1).any(|arg| {
+        let arg = arg.as_bytes();
+        arg == b"--client-binary" || arg.starts_with(b"--client-binary=")
+    })
 }
 
 /// Reaps the children an earlier image of this process left (after `fsctl
@@ -157,5 +174,31 @@ pub fn reap_inherited_children() {
         std::thread::spawn(move || {
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_binary_is_named_by_the_flag_with_or_without_an_equals_sign() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        assert!(names_client_binary(&args(&[
+            "fs-supervisor",
+            "--client-binary",
+            "/x"
+        ])));
+        assert!(names_client_binary(&args(&[
+            "fs-supervisor",
+            "--client-binary=/x"
+        ])));
+        assert!(!names_client_binary(&args(&[
+            "fs-supervisor",
+            "--socket",
+            "/s"
+        ])));
+        // The program name is not an argument.
+        assert!(!names_client_binary(&args(&["--client-binary"])));
     }
 }

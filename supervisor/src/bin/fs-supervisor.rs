@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::Parser;
 use supervisor::control::DEFAULT_SOCKET;
 use supervisor::daemon::{default_client_binary, Config, DEFAULT_STATE_DIR};
@@ -86,10 +87,17 @@ fn main() -> ExitCode {
 
 fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    // Absolute once, here: the daemon may change directory, and a
+    // re-executed image passes it on (`reexec.rs`).
+    let client_binary = match cli.client_binary {
+        Some(path) => std::path::absolute(&path)
+            .with_context(|| format!("resolving --client-binary {}", path.display()))?,
+        None => default_client_binary(),
+    };
     let config = Config {
         state_dir: cli.state_dir,
         socket: cli.socket,
-        client_binary: cli.client_binary.unwrap_or_else(default_client_binary),
+        client_binary,
         standby: cli.standby || !cli.no_standby,
         memory_max_bytes: cli.memory_max,
         give_up_after: cli.give_up_after,

@@ -868,7 +868,12 @@ impl Daemon {
         // Let the control thread write that answer before the image goes.
         std::thread::sleep(Duration::from_millis(100));
         tracing::info!(binary = %binary.display(), version, mounts = fds.len(), "re-executing as a new fs-supervisor");
-        let err = reexec::exec(binary, &fds, self.systemd.inherited_env());
+        let err = reexec::exec(
+            binary,
+            &self.env.client_binary,
+            &fds,
+            self.systemd.inherited_env(),
+        );
         tracing::error!(binary = %binary.display(), %err, "re-executing failed after the fds were moved; exiting so a restart restores the mounts from the generations");
         std::process::exit(1);
     }
