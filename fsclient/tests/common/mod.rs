@@ -137,6 +137,13 @@ impl Volume {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
+                let _ = child.wait();
+                // It mounted where it should have refused: leave no mount.
+                for arg in args {
+                    if fuse_wire::connection_id(Path::new(arg)).is_ok() {
+                        drop(MountGuard::new(Path::new(arg)));
+                    }
+                }
                 panic!("fsclient {args:?} did not exit");
             }
             std::thread::sleep(Duration::from_millis(10));
