@@ -2429,3 +2429,83 @@ fn after_a_supervisor_upgrade_to_another_directory_generations_still_start() {
         App::sh(&mnt2, &format!("echo still > {0}/f && cat {0}/f", s(&mnt2))).finish();
     assert!(ok && out == "still\n", "{out}{err}");
 }
+
+/// Asserts that `after` (a mount's status entry) carries on the totals of
+/// `before`: bytes, restarts, incidents, the last recovery, the uptime.
+fn assert_totals_carried_on(before: &Value, after: &Value, when: &str) {
+    let written = |st: &Value| st["counters"]["io"]["written_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        written(after) >= written(before),
+        "written bytes went from {} to {} {when}",
+        written(before),
+        written(after)
+    );
+    assert_eq!(after["restarts"], before["restarts"], "restarts {when}");
+    let incidents = |st: &Value| st["incidents"].as_array().map_or(0, Vec::len);
+    assert!(
+        incidents(after) >= incidents(before) && incidents(before) > 0,
+        "incidents {when}: {} then {}",
+        before["incidents"],
+        after["incidents"]
+    );
+    assert_eq!(
+        after["last_recovery"]["died_generation"], before["last_recovery"]["died_generation"],
+        "last recovery {when}"
+    );
+    assert!(
+        after["uptime_s"].as_u64() >= before["uptime_s"].as_u64(),
+        "uptime {when}: {} then {}",
+        before["uptime_s"],
+        after["uptime_s"]
+    );
+}
+
+#[test]
+fn a_mounts_totals_survive_a_supervisor_kill_9_and_a_supervisor_upgrade() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(
+        &fx.mnt,
+        &format!("dd if=/dev/zero of={m}/a bs=64k count=32 conv=fsync 2>/dev/null"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    // Counted (generations report about once a second); then a kill -9 of
+    // the generation: a restart and an incident.
+    assert!(
+        wait_until(DEADLINE, || {
+            fx.status()["counters"]["io"]["written_bytes"].as_u64() >= Some(2 << 20)
+        }),
+        "2 MiB written were not counted: {}",
+        fx.status()
+    );
+    let generation = fx.status()["generation"].as_u64().expect("generation");
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
+    fx.wait_serving(generation + 1);
+    let before = fx.status();
+    assert_eq!(before["restarts"]["signal"], 1, "{before}");
+
+    // kill -9 of the supervisor, once no generation is being spawned (see
+    // supervisor_kill_9_and_supervisor_upgrades_under_a_workload_lose_nothing).
+    fx.wait_until_standby_ready();
+    let mut old = fx.supervisor.take().expect("supervisor");
+    old.0.kill().expect("kill -9 the supervisor");
+    old.0.wait().expect("reap it");
+    fx.spawn_supervisor(&[]);
+    let report = wait_supervisor_serving(&fx);
+    assert_totals_carried_on(&before, &report["mounts"][0], "across a supervisor kill -9");
+
+    let new_binary = fx.path("fs-supervisor-next");
+    std::fs::copy(binary("fs-supervisor"), &new_binary).expect("copy fs-supervisor");
+    let before = fx.status();
+    let out = fx.fsctl(&["upgrade-supervisor", "--binary", s(&new_binary)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = wait_supervisor_serving(&fx);
+    assert_eq!(report["supervisor"]["binary"], s(&new_binary), "{report}");
+    assert_totals_carried_on(&before, &report["mounts"][0], "across upgrade-supervisor");
+}

@@ -15,8 +15,9 @@ use std::time::{Duration, Instant, SystemTime};
 use fuse_wire::Channel;
 use nix::sys::signal::Signal;
 use upgrade_protocol::{
-    log_tail, send_message, ClientOptions, ErrorKind, Message, MountRecord, MountStatus,
-    NegotiatedInit, Recovery, Reply, Restarts, Unanswered, UpgradeReport, RECORD_FORMAT_VERSION,
+    log_tail, send_message, ClientOptions, ErrorKind, Message, MountHistory, MountRecord,
+    MountStatus, NegotiatedInit, Recovery, Reply, Restarts, Unanswered, UpgradeReport,
+    RECORD_FORMAT_VERSION,
 };
 
 use crate::cgroup;
@@ -136,7 +137,6 @@ pub struct Mount {
     last_recovery: Option<Recovery>,
     recovery_started: Option<Instant>,
     promoted_warm: bool,
-    created: Instant,
     created_unix_ms: u64,
     /// `fsctl mount` callers waiting for the first serve.
     pub mount_waiters: Vec<Sender<Reply>>,
@@ -149,7 +149,12 @@ pub struct Mount {
     /// The state record changed and is not written yet
     /// ([`Mount::write_changed_record`]).
     record_changed: bool,
+    /// When the record was last written ([`Mount::counters_changed`]).
+    history_written: Instant,
 }
+
+/// How far behind the live counters the state record's totals may fall.
+pub const HISTORY_WRITE_INTERVAL: Duration = Duration::from_secs(5);
 
 fn unix_ms(time: SystemTime) -> u64 {
     time.duration_since(SystemTime::UNIX_EPOCH)
@@ -223,7 +228,7 @@ impl Mount {
             recovery_started: None,
             promoted_warm: false,
             record_changed: false,
-            created: Instant::now(),
+            history_written: Instant::now(),
             created_unix_ms: unix_ms(SystemTime::now()),
             mount_waiters: vec![waiter],
             umount_waiters: Vec::new(),
@@ -240,6 +245,12 @@ impl Mount {
         let last_generation = record.generation;
         self.created_unix_ms = record.created_unix_ms;
         self.persistent = record.persistent;
+        if let Some(history) = &record.history {
+            self.tally = MountTally::from_history(history);
+            self.restarts = history.restarts;
+            self.last_recovery = history.last_recovery.clone();
+            self.last_upgrade = history.last_upgrade.clone();
+        }
         self.last_generation = last_generation;
         self.next_generation = last_generation + 1;
         let (state, actions) = mount::resume();
@@ -793,7 +804,8 @@ impl Mount {
     }
 
     /// Writes the state record (logged on failure: the mount keeps running).
-    pub fn write_record(&self, env: &Env) {
+    pub fn write_record(&mut self, env: &Env) {
+        self.history_written = Instant::now();
         if let Err(err) = env.state.write_record(&self.record()) {
             tracing::warn!(mount = %self.id, %err, "cannot write the mount's state record");
         }
@@ -818,6 +830,21 @@ impl Mount {
             pid: self.active.as_ref().filter(|p| p.adopted).map(|p| p.pid),
             created_unix_ms: self.created_unix_ms,
             persistent: self.persistent,
+            history: Some(Box::new(MountHistory {
+                last_recovery: self.last_recovery.clone(),
+                last_upgrade: self.last_upgrade.clone(),
+                ..self.tally.to_history(self.restarts)
+            })),
+        }
+    }
+
+    /// A generation reported its counters: the record (which keeps the
+    /// totals) is written again once [`HISTORY_WRITE_INTERVAL`] passed since
+    /// it last was, so a supervisor killed without warning loses at most
+    /// that much of them.
+    pub fn counters_changed(&mut self) {
+        if self.history_written.elapsed() >= HISTORY_WRITE_INTERVAL {
+            self.record_changed = true;
         }
     }
 
@@ -834,7 +861,10 @@ impl Mount {
             pid: active.map(|p| p.pid),
             standby_pid: self.standby.as_ref().map(|p| p.pid),
             restarts: self.restarts,
-            uptime_s: now.duration_since(self.created).as_secs(),
+            // From the record's creation time: the mount's life, across
+            // supervisor restarts (the monotonic clock is per boot, and
+            // this process may be younger than the mount).
+            uptime_s: unix_ms(SystemTime::now()).saturating_sub(self.created_unix_ms) / 1000,
             generation_uptime_s: active
                 .and_then(|p| p.serving_since)
                 .map(|t| now.duration_since(t).as_secs())

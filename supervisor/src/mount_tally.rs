@@ -7,7 +7,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use upgrade_protocol::{GenerationCounters, Incident, MountCounters};
+use upgrade_protocol::{
+    GenerationCounters, GenerationReport, Incident, MountCounters, MountHistory, Restarts,
+};
 
 /// Incidents kept per mount (the oldest is dropped).
 pub const INCIDENTS_MAX: usize = 16;
@@ -117,6 +119,63 @@ impl MountTally {
     pub fn incidents(&self) -> Vec<Incident> {
         self.incidents.iter().cloned().collect()
     }
+
+    /// The tally as the state record keeps it (with the executor's own
+    /// `restarts`; recovery and upgrade left for it to fill in).
+    pub fn to_history(&self, restarts: Restarts) -> MountHistory {
+        MountHistory {
+            counters_before: self.before.clone(),
+            recovered_before: self.recovered_before,
+            recent: self
+                .recent
+                .iter()
+                .map(|(generation, (recovered, counters))| GenerationReport {
+                    generation: *generation,
+                    requests_recovered: *recovered,
+                    counters: counters.clone(),
+                })
+                .collect(),
+            generations_started: self.generations_started,
+            upgrades: self.upgrades,
+            rollbacks: self.rollbacks,
+            requests_journaled: self.requests_journaled,
+            restarts,
+            incidents: self.incidents(),
+            last_recovery: None,
+            last_upgrade: None,
+        }
+    }
+
+    /// The tally a record's history describes: no generation serves yet
+    /// (the first report says which one does).
+    pub fn from_history(history: &MountHistory) -> MountTally {
+        let mut tally = MountTally {
+            before: history.counters_before.clone(),
+            recovered_before: history.recovered_before,
+            recent: history
+                .recent
+                .iter()
+                .map(|r| (r.generation, (r.requests_recovered, r.counters.clone())))
+                .collect(),
+            serving: None,
+            generations_started: history.generations_started,
+            upgrades: history.upgrades,
+            rollbacks: history.rollbacks,
+            requests_journaled: history.requests_journaled,
+            incidents: history.incidents.iter().cloned().collect(),
+        };
+        // A hand-edited record cannot make the tally break its bounds.
+        while tally.incidents.len() > INCIDENTS_MAX {
+            tally.incidents.pop_front();
+        }
+        while tally.recent.len() > RECENT_GENERATIONS_MAX {
+            if let Some((_, (recovered, counters))) = tally.recent.pop_first() {
+                tally.recovered_before += recovered;
+                tally.before.add(&counters);
+            }
+        }
+        tally
+    }
 }
 
 /// The last non-empty line of a generation's log tail: what it said
@@ -176,6 +235,34 @@ mod tests {
         }
         assert_eq!(tally.counters().io.request_count(), 12 + 16);
         assert_eq!(tally.requests_recovered(), 3);
+    }
+
+    #[test]
+    fn a_tally_read_back_from_its_history_counts_on_without_double_counting() {
+        let mut tally = MountTally::default();
+        tally.generation_started();
+        tally.report(1, 2, writes(5, 500));
+        tally.serving_ended();
+        tally.report(2, 0, writes(3, 300));
+        tally.incident(7, 1, "signal", "signal 9 (SIGKILL)");
+        tally.upgrade_ended(true, false, 4);
+        let restarts = Restarts {
+            signal: 1,
+            ..Restarts::default()
+        };
+        let history = tally.to_history(restarts);
+        assert_eq!(history.restarts, restarts);
+        let mut back = MountTally::from_history(&history);
+        assert_eq!(back.counters().io.written_bytes, 800);
+        assert_eq!(back.requests_recovered(), 2);
+        assert_eq!(back.incidents(), tally.incidents());
+        assert_eq!(back.counters().upgrades, 1);
+        assert_eq!(back.counters().io.uploads_pending, 0, "nothing serves yet");
+        // Generation 2 outlived the old supervisor and reports its running
+        // total again: it replaces its entry.
+        back.report(2, 0, writes(4, 400));
+        assert_eq!(back.counters().io.written_bytes, 900);
+        assert_eq!(back.counters().io.uploads_pending, 4);
     }
 
     #[test]

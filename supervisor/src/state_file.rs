@@ -175,6 +175,7 @@ mod tests {
             pid: None,
             created_unix_ms: 0,
             persistent: true,
+            history: None,
         };
         state.write_record(&record).unwrap();
         let left = state.leftover_records();

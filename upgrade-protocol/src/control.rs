@@ -13,7 +13,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Incident, MountCounters, NegotiatedInit, ProtocolError};
+use crate::{GenerationCounters, Incident, MountCounters, NegotiatedInit, ProtocolError};
 
 /// The state record format this binary writes and the highest it reads.
 pub const RECORD_FORMAT_VERSION: u32 = 1;
@@ -323,6 +323,54 @@ pub struct MountRecord {
     /// without it a record with no live mount is removed at start.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub persistent: bool,
+    /// What the mount has seen so far, so a restarted or re-executed
+    /// supervisor carries its totals on (absent in records of older
+    /// supervisors: their totals start again at zero).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<Box<MountHistory>>,
+}
+
+/// A mount's totals over its life as its state record keeps them: the
+/// supervisor's tally of generation reports (kept per recent generation, so
+/// a generation that outlives its supervisor and reports again replaces its
+/// own entry instead of being counted twice), restarts, incidents and the
+/// last recovery and upgrade. Written with the record, at most a few seconds
+/// behind the live figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountHistory {
+    /// Sum of the last reports of generations older than `recent`.
+    pub counters_before: GenerationCounters,
+    /// Their recovered requests.
+    pub recovered_before: u64,
+    /// The latest report of each recent generation.
+    pub recent: Vec<GenerationReport>,
+    /// Generation processes started.
+    pub generations_started: u64,
+    /// Planned upgrades that succeeded.
+    pub upgrades: u64,
+    /// Planned upgrades rolled back.
+    pub rollbacks: u64,
+    /// Requests handed over in upgrade journals.
+    pub requests_journaled: u64,
+    /// Generation deaths by cause.
+    pub restarts: Restarts,
+    /// Recent incidents, oldest first.
+    pub incidents: Vec<Incident>,
+    /// The last takeover after a death.
+    pub last_recovery: Option<Recovery>,
+    /// The last planned upgrade.
+    pub last_upgrade: Option<UpgradeReport>,
+}
+
+/// One generation's latest `Stats` report, as kept in [`MountHistory`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GenerationReport {
+    /// The generation.
+    pub generation: u64,
+    /// Requests it answered from exactly-once records.
+    pub requests_recovered: u64,
+    /// Its counters since it started.
+    pub counters: GenerationCounters,
 }
 
 /// Serializes a state record (pretty JSON). Pure.

@@ -61,8 +61,9 @@ mod socket;
 mod volume_spec;
 
 pub use control::{
-    decode_record, encode_record, ClientOptions, ErrorKind, MountRecord, MountStatus, Recovery,
-    Reply, Request, Restarts, StatusReport, SupervisorInfo, UpgradeReport, RECORD_FORMAT_VERSION,
+    decode_record, encode_record, ClientOptions, ErrorKind, GenerationReport, MountHistory,
+    MountRecord, MountStatus, Recovery, Reply, Request, Restarts, StatusReport, SupervisorInfo,
+    UpgradeReport, RECORD_FORMAT_VERSION,
 };
 pub use counters::{
     GenerationCounters, Incident, MountCounters, OpcodeCounters, LATENCY_BOUNDS_US,

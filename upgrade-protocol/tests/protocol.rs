@@ -188,6 +188,7 @@ fn record() -> MountRecord {
         pid: Some(99),
         created_unix_ms: 5,
         persistent: false,
+        history: None,
     }
 }
 

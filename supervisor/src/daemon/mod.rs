@@ -688,6 +688,7 @@ impl Daemon {
                     requests_recovered,
                     counters.map(|c| *c).unwrap_or_default(),
                 );
+                mount.counters_changed();
                 if mount.tally.requests_recovered() != before {
                     tracing::info!(mount = %mount_id, generation, requests_recovered, "requests recovered by exactly-once records");
                 }
@@ -852,7 +853,7 @@ impl Daemon {
                 return;
             }
         };
-        for mount in &self.mounts {
+        for mount in &mut self.mounts {
             mount.write_record(&self.env);
         }
         let fds: Vec<(String, BorrowedFd<'_>)> = self

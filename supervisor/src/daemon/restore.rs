@@ -414,6 +414,7 @@ mod tests {
             pid: Some(9),
             created_unix_ms: 0,
             persistent,
+            history: None,
         }
     }
 
