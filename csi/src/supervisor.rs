@@ -115,14 +115,15 @@ impl Supervisor {
         self.mounts_dir.join(volume)
     }
 
-    /// The supervisor's entry for `volume`'s shared mount, if it has one.
+    /// The supervisor's entry for `volume`'s shared mount, if it has one:
+    /// the mount the plugin made, or any other mount of the volume on this
+    /// node (an administrator's `fsctl mount`), since a volume is mounted
+    /// at most once per node.
     pub async fn shared_mount(&self, volume: &str) -> Result<Option<MountStatus>, Status> {
         let mountpoint = self.shared_mountpoint(volume);
         let report = self.status().await?;
-        Ok(report
-            .mounts
-            .into_iter()
-            .find(|m| m.mountpoint == mountpoint))
+        let mut mounts = report.mounts.into_iter();
+        Ok(mounts.find(|m| m.mountpoint == mountpoint || m.volume == volume))
     }
 
     /// Returns `volume`'s shared mount, asking the supervisor to make it
@@ -134,11 +135,11 @@ impl Supervisor {
             if mount.gave_up {
                 return Err(Status::unavailable(format!(
                     "Baton volume {volume}: fs-supervisor gave up restarting its mount at {} (see `fsctl status`); unmount it with `fsctl umount {}` to let the driver mount it again",
-                    mountpoint.display(),
-                    mountpoint.display()
+                    mount.mountpoint.display(),
+                    mount.mountpoint.display()
                 )));
             }
-            return self.checked(volume, mountpoint);
+            return self.checked(volume, mount.mountpoint);
         }
         std::fs::create_dir_all(&mountpoint).map_err(|err| {
             Status::internal(format!(

@@ -817,3 +817,71 @@ fn controller_provisions_expands_validates_and_deletes_idempotently() {
         Code::NotFound
     );
 }
+
+#[test]
+fn a_volume_the_administrator_mounted_is_shared_and_never_reaped() {
+    let fx = Fixture::start(1);
+    let rt = &fx.rt;
+    let base = fx.path("base");
+    let out = Command::new(workspace_binary("fsctl"))
+        .args(["format", "vol2", "--base-dir", s(&base)])
+        .output()
+        .expect("fsctl format");
+    assert!(
+        out.status.success(),
+        "format: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // `vol` is mounted by hand (as the DaemonSet's volumes container does).
+    let admin = fx.path("admin/vol");
+    std::fs::create_dir_all(&admin).expect("mountpoint");
+    let mount = upgrade_protocol::Request::Mount {
+        volume: "vol".into(),
+        mountpoint: admin.clone(),
+        base_dir: base.clone(),
+        options: Default::default(),
+        persist: false,
+    };
+    let reply = upgrade_protocol::client::request(
+        &fx.path("supervisor.sock"),
+        &mount,
+        Duration::from_secs(90),
+    )
+    .expect("mount");
+    assert!(
+        matches!(reply, upgrade_protocol::Reply::Mounted { .. }),
+        "{reply:?}"
+    );
+
+    let mut node = fx.node();
+    let (a, b) = (fx.path("kubelet/a/mount"), fx.path("kubelet/b/mount"));
+    rt.block_on(node.node_publish_volume(publish("vol#pvc-a", &a, false)))
+        .expect("publish vol");
+    rt.block_on(node.node_publish_volume(publish("vol2#pvc-b", &b, false)))
+        .expect("publish vol2");
+    let out = sh(&format!(
+        "echo x > {}/f && cat {}/pvc-a/f",
+        s(&a),
+        s(&admin)
+    ));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "x\n", "{out:?}");
+    let volumes = |fx: &Fixture| -> Vec<String> {
+        fx.supervisor_mounts()
+            .into_iter()
+            .map(|m| m.volume)
+            .collect()
+    };
+    assert_eq!(volumes(&fx).len(), 2, "vol was mounted a second time");
+    for (id, target) in [("vol#pvc-a", &a), ("vol2#pvc-b", &b)] {
+        rt.block_on(node.node_unpublish_volume(unpublish(id, target)))
+            .expect("unpublish");
+    }
+    // The plugin's own mount of vol2 is reaped; the administrator's stays.
+    assert!(
+        wait_until(DEADLINE, || volumes(&fx) == ["vol"]),
+        "{:?}\n{}",
+        volumes(&fx),
+        fx.logs()
+    );
+    assert!(mounted(&admin));
+}
