@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tonic::{Request, Response, Status};
 
+use crate::mounts;
 use crate::node::{check_capability, FS_CALL_TIMEOUT};
 use crate::proto::controller_server::Controller;
 use crate::proto::controller_service_capability::{rpc::Type as Cap, Rpc, Type as CapType};
@@ -33,6 +34,18 @@ pub struct ControllerService {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct VolumeRecord {
     capacity_bytes: i64,
+}
+
+/// Runs `work` on the root of the FUSE mount at `mountpoint`, held open
+/// (`mounts::pin_fuse_root`), so nothing lands in the directory under it;
+/// messages name the mountpoint, not `/proc/self/fd/N`.
+fn in_volume<T>(
+    mountpoint: &Path,
+    work: impl FnOnce(&Path) -> Result<T, String>,
+) -> Result<T, String> {
+    let root = mounts::pin_fuse_root(mountpoint)?;
+    let fd_path = root.path.display().to_string();
+    work(&root.path).map_err(|message| message.replace(&fd_path, &mountpoint.display().to_string()))
 }
 
 fn record_path(shared: &Path, dir: &str) -> PathBuf {
@@ -119,8 +132,13 @@ impl ControllerService {
         let Some(dir) = handle.dir.clone() else {
             return Ok((handle, shared, String::new()));
         };
-        let path = shared.join(&dir);
-        let exists = blocking("lookup", FS_CALL_TIMEOUT, move || path.is_dir()).await?;
+        let path = dir.clone();
+        let mountpoint = shared.clone();
+        let exists = blocking("lookup", FS_CALL_TIMEOUT, move || {
+            in_volume(&mountpoint, |root| Ok(root.join(&path).is_dir()))
+        })
+        .await?
+        .map_err(Status::unavailable)?;
         if !exists {
             return Err(Status::not_found(format!(
                 "volume {volume_id}: no directory {dir} in Baton volume {}",
@@ -167,20 +185,24 @@ impl ControllerService {
             "create",
             FS_CALL_TIMEOUT,
             move || -> Result<Result<(), i64>, String> {
-                let dir = shared.join(&name);
-                match std::fs::create_dir(&dir) {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-                        // A repeated call, or one that died before recording.
-                        match read_record(&shared, &name)? {
-                            Some(record) if record.capacity_bytes == capacity => return Ok(Ok(())),
-                            Some(record) => return Ok(Err(record.capacity_bytes)),
-                            None => {}
+                in_volume(&shared, |shared| {
+                    let dir = shared.join(&name);
+                    match std::fs::create_dir(&dir) {
+                        Ok(()) => {}
+                        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                            // A repeated call, or one that died before recording.
+                            match read_record(shared, &name)? {
+                                Some(record) if record.capacity_bytes == capacity => {
+                                    return Ok(Ok(()))
+                                }
+                                Some(record) => return Ok(Err(record.capacity_bytes)),
+                                None => {}
+                            }
                         }
+                        Err(err) => return Err(format!("cannot create {}: {err}", dir.display())),
                     }
-                    Err(err) => return Err(format!("cannot create {}: {err}", dir.display())),
-                }
-                set_directory_quota(&shared, &name, capacity).map(Ok)
+                    set_directory_quota(shared, &name, capacity).map(Ok)
+                })
             },
         )
         .await?
@@ -218,19 +240,21 @@ impl ControllerService {
         };
         let shared = self.supervisor.ensure_mounted(&handle.volume).await?;
         blocking("delete", FS_CALL_TIMEOUT * 6, move || {
-            let path = shared.join(&dir);
-            match std::fs::remove_dir_all(&path) {
-                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(format!("cannot delete {}: {err}", path.display()))
+            in_volume(&shared, |shared| {
+                let path = shared.join(&dir);
+                match std::fs::remove_dir_all(&path) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(format!("cannot delete {}: {err}", path.display()))
+                    }
+                    _ => {}
                 }
-                _ => {}
-            }
-            match std::fs::remove_file(record_path(&shared, &dir)) {
-                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-                    Err(format!("cannot delete the capacity record of {dir}: {err}"))
+                match std::fs::remove_file(record_path(shared, &dir)) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                        Err(format!("cannot delete the capacity record of {dir}: {err}"))
+                    }
+                    _ => Ok(()),
                 }
-                _ => Ok(()),
-            }
+            })
         })
         .await?
         .map_err(Status::internal)?;
@@ -251,7 +275,9 @@ impl ControllerService {
             )));
         }
         blocking("expand", FS_CALL_TIMEOUT, move || {
-            set_directory_quota(&shared, &dir, capacity)
+            in_volume(&shared, |shared| {
+                set_directory_quota(shared, &dir, capacity)
+            })
         })
         .await?
         .map_err(Status::internal)?;

@@ -6,9 +6,12 @@
 //! and unmounting uses `MNT_DETACH`, so a dead or stalled FUSE server never
 //! blocks an unpublish.
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::statfs::{fstatfs, FUSE_SUPER_MAGIC};
 
 /// One line of `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,6 +97,42 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A shared mount's root, held open.
+pub struct PinnedRoot {
+    // Keeps the filesystem reachable through `path` (never read directly).
+    _root: File,
+    /// `/proc/self/fd/N`: paths under it resolve in the FUSE mount opened,
+    /// even if its mountpoint was unmounted since, never in the directory
+    /// under the mountpoint.
+    pub path: PathBuf,
+}
+
+/// Opens `mountpoint` (O_CLOEXEC, as std always does) and checks that what
+/// it opened is a FUSE filesystem, so the directories the plugin creates,
+/// binds or deletes are always the Baton volume's.
+pub fn pin_fuse_root(mountpoint: &Path) -> Result<PinnedRoot, String> {
+    let root = File::open(mountpoint).map_err(|err| {
+        format!(
+            "cannot open the shared mount {}: {err}",
+            mountpoint.display()
+        )
+    })?;
+    let fs = fstatfs(&root).map_err(|errno| {
+        format!(
+            "cannot statfs the shared mount {}: {errno}",
+            mountpoint.display()
+        )
+    })?;
+    if fs.filesystem_type() != FUSE_SUPER_MAGIC {
+        return Err(format!(
+            "{} is not a FUSE mount any more (unmounted meanwhile?); retry, and see `fsctl status`",
+            mountpoint.display()
+        ));
+    }
+    let path = PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
+    Ok(PinnedRoot { _root: root, path })
+}
+
 /// Bind-mounts `source` at `target`, then makes the bind read-only and/or
 /// `nosuid`/`nodev`/`noexec` as asked (a bind takes flags only on remount).
 pub fn bind(source: &Path, target: &Path, extra: MsFlags) -> nix::Result<()> {
@@ -162,5 +201,13 @@ mod tests {
         assert_eq!(binds_of(&table, Path::new("/m")), 1);
         assert_eq!(binds_of(&table, Path::new("/none")), 0);
         assert!(mounted_at(&table, Path::new("/t1")).unwrap().read_only());
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_fuse_mount_is_never_used_as_a_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = pin_fuse_root(dir.path()).err().unwrap();
+        assert!(err.contains("is not a FUSE mount"), "{err}");
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
     }
 }

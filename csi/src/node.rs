@@ -119,17 +119,21 @@ impl NodeService {
                 existing.root
             )));
         }
-        let source = match &handle.dir {
-            Some(dir) => shared.join(dir),
-            None => shared,
-        };
-        let make_dir = handle.dir.is_some();
-        let (src, tgt) = (source.clone(), target.clone());
+        let dir = handle.dir.clone();
+        let tgt = target.clone();
         blocking("publish", FS_CALL_TIMEOUT, move || {
-            if make_dir {
+            let root = mounts::pin_fuse_root(&shared)?;
+            let src = match &dir {
+                Some(dir) => root.path.join(dir),
+                None => root.path.clone(),
+            };
+            if let Some(dir) = &dir {
                 match std::fs::create_dir(&src) {
                     Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
-                        return Err(format!("cannot create {}: {err}", src.display()))
+                        return Err(format!(
+                            "cannot create {dir} in {}: {err}",
+                            shared.display()
+                        ))
                     }
                     _ => {}
                 }
