@@ -86,6 +86,7 @@ fn sh(script: &str) -> Output {
 struct Fixture {
     dir: tempfile::TempDir,
     cgroup_parent: String,
+    unmount_grace_s: u64,
     supervisor: Option<Child>,
     csi: Option<Child>,
     rt: tokio::runtime::Runtime,
@@ -117,36 +118,42 @@ impl Fixture {
         let mut fx = Fixture {
             dir,
             cgroup_parent,
+            unmount_grace_s,
             supervisor: None,
             csi: None,
             rt,
         };
         fx.start_supervisor();
-        let log = fx.log("csi.log");
+        fx.start_csi();
+        fx
+    }
+
+    /// Starts baton-csi (again) and waits for its socket.
+    fn start_csi(&mut self) {
+        let sock = self.path("csi.sock");
+        let _ = std::fs::remove_file(&sock);
         let csi = Command::new(env!("CARGO_BIN_EXE_baton-csi"))
             .args(["--node", "--controller", "--node-id", "test-node"])
-            .args(["--endpoint", s(&fx.path("csi.sock"))])
+            .args(["--endpoint", s(&sock)])
             .args([
                 "--registration-socket",
-                s(&fx.path("registry/csi.baton.dev-reg.sock")),
+                s(&self.path("registry/csi.baton.dev-reg.sock")),
             ])
-            .args(["--supervisor-socket", s(&fx.path("supervisor.sock"))])
-            .args(["--base-dir", s(&base)])
-            .args(["--mounts-dir", s(&fx.path("mounts"))])
-            .args(["--unmount-grace-s", &unmount_grace_s.to_string()])
+            .args(["--supervisor-socket", s(&self.path("supervisor.sock"))])
+            .args(["--base-dir", s(&self.path("base"))])
+            .args(["--mounts-dir", s(&self.path("mounts"))])
+            .args(["--unmount-grace-s", &self.unmount_grace_s.to_string()])
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stderr(log)
+            .stderr(self.log("csi.log"))
             .spawn()
             .expect("spawn baton-csi");
-        fx.csi = Some(csi);
-        let sock = fx.path("csi.sock");
+        self.csi = Some(csi);
         assert!(
             wait_until(DEADLINE, || sock.exists()),
             "baton-csi did not start:\n{}",
-            fx.logs()
+            self.logs()
         );
-        fx
     }
 
     fn start_supervisor(&mut self) {
@@ -884,4 +891,51 @@ fn a_volume_the_administrator_mounted_is_shared_and_never_reaped() {
         fx.logs()
     );
     assert!(mounted(&admin));
+}
+
+#[test]
+fn a_crash_of_the_plugin_changes_nothing_for_running_pods() {
+    let mut fx = Fixture::start(300);
+    let target = fx.path("kubelet/a/mount");
+    let mut node = fx.node();
+    fx.rt
+        .block_on(node.node_publish_volume(publish("vol#pvc-a", &target, false)))
+        .expect("publish");
+    let out = sh(&format!("echo before > {}/f", s(&target)));
+    assert!(out.status.success(), "{out:?}");
+
+    let mut csi = fx.csi.take().expect("baton-csi");
+    csi.kill().expect("SIGKILL baton-csi");
+    csi.wait().expect("reap baton-csi");
+    // The pod's mount serves on without the plugin.
+    let out = sh(&format!(
+        "cat {t}/f && echo after >> {t}/f && cat {t}/f",
+        t = s(&target)
+    ));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "before\nbefore\nafter\n",
+        "{out:?}"
+    );
+
+    // A new plugin finds the publication in the mount table: the same
+    // publish is a no-op and the unpublish detaches it.
+    fx.start_csi();
+    let mut node = fx.node();
+    fx.rt
+        .block_on(node.node_publish_volume(publish("vol#pvc-a", &target, false)))
+        .expect("the same publish after a restart");
+    let table = baton_csi::mounts::mount_table().expect("mountinfo");
+    let stacked = table.iter().filter(|e| e.mountpoint == target).count();
+    assert_eq!(stacked, 1, "a repeated publish stacked another mount");
+    fx.rt
+        .block_on(node.node_unpublish_volume(unpublish("vol#pvc-a", &target)))
+        .expect("unpublish after a restart");
+    assert!(!mounted(&target));
+    let out = sh(&format!("cat {}/pvc-a/f", s(&fx.path("mounts/vol"))));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "before\nafter\n",
+        "{out:?}"
+    );
 }
