@@ -23,11 +23,11 @@
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), tonic::Status> {
-//! let supervisor = baton_csi::supervisor::Supervisor {
-//!     socket: "/run/baton/fs-supervisor.sock".into(),
-//!     base_dir: "/var/lib/baton/volumes".into(),
-//!     mounts_dir: "/var/lib/baton/csi".into(),
-//! };
+//! let supervisor = baton_csi::supervisor::Supervisor::new(
+//!     "/run/baton/fs-supervisor.sock".into(),
+//!     "/var/lib/baton/volumes".into(),
+//!     "/var/lib/baton/mounts/csi".into(),
+//! );
 //! let shared = supervisor.ensure_mounted("data").await?;
 //! # Ok(()) }
 //! ```

@@ -119,11 +119,11 @@ fn run() -> anyhow::Result<ExitCode> {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     let endpoint = PathBuf::from(args.endpoint.trim_start_matches("unix://"));
-    let supervisor = Supervisor {
-        socket: args.supervisor_socket.clone(),
-        base_dir: args.base_dir.clone(),
-        mounts_dir: args.mounts_dir.clone(),
-    };
+    let supervisor = Supervisor::new(
+        args.supervisor_socket.clone(),
+        args.base_dir.clone(),
+        args.mounts_dir.clone(),
+    );
     let node_id = match args.node_id.as_str() {
         "" => std::env::var("NODE_NAME").unwrap_or_default(),
         id => id.to_string(),

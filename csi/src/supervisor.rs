@@ -6,13 +6,16 @@
 //! daemon's mount, so restarting the plugin changes nothing for pods.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Mutex;
 
 use tonic::Status;
 use upgrade_protocol::client::{command_timeout, request};
 use upgrade_protocol::{ClientOptions, MountStatus, Reply, Request, StatusReport, VolumeSpec};
 
-use crate::mounts;
+use crate::{blocking, mounts};
 
 /// How long a probe or a stats call waits for `Status`.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -26,6 +29,9 @@ pub struct Supervisor {
     pub base_dir: PathBuf,
     /// One directory per volume, the shared mount's mountpoint.
     pub mounts_dir: PathBuf,
+    /// Serializes finding-or-making shared mounts in this process, so two
+    /// calls never both ask for a volume's mount.
+    mount_lock: Arc<Mutex<()>>,
 }
 
 /// What a volume handle names: a Baton volume and, optionally, one
@@ -86,6 +92,17 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl Supervisor {
+    /// The daemon at `socket`, volumes under `base_dir`, shared mounts made
+    /// under `mounts_dir`.
+    pub fn new(socket: PathBuf, base_dir: PathBuf, mounts_dir: PathBuf) -> Supervisor {
+        Supervisor {
+            socket,
+            base_dir,
+            mounts_dir,
+            mount_lock: Arc::new(Mutex::new(())),
+        }
+    }
+
     /// Sends one request from a blocking thread (the client is synchronous).
     pub async fn call(&self, req: Request, timeout: Duration) -> Result<Reply, Status> {
         let socket = self.socket.clone();
@@ -130,6 +147,7 @@ impl Supervisor {
     /// first if it has none. Fails with `Unavailable` (kubelet retries)
     /// carrying the supervisor's reason when it cannot mount the volume.
     pub async fn ensure_mounted(&self, volume: &str) -> Result<PathBuf, Status> {
+        let _guard = self.mount_lock.lock().await;
         let mountpoint = self.shared_mountpoint(volume);
         if let Some(mount) = self.shared_mount(volume).await? {
             if mount.gave_up {
@@ -141,9 +159,16 @@ impl Supervisor {
             }
             return self.checked(volume, mount.mountpoint);
         }
-        std::fs::create_dir_all(&mountpoint).map_err(|err| {
-            Status::internal(format!(
-                "cannot create the mountpoint {} for Baton volume {volume}: {err}",
+        // On a thread with a deadline: a dead mount left at the path by a
+        // crashed supervisor must not block the plugin.
+        let dir = mountpoint.clone();
+        blocking("creating a mountpoint", STATUS_TIMEOUT, move || {
+            std::fs::create_dir_all(&dir)
+        })
+        .await?
+        .map_err(|err| {
+            Status::unavailable(format!(
+                "cannot create the mountpoint {} for Baton volume {volume}: {err}; if a dead mount is left there, `umount -l` it",
                 mountpoint.display()
             ))
         })?;

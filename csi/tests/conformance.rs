@@ -939,3 +939,39 @@ fn a_crash_of_the_plugin_changes_nothing_for_running_pods() {
         "{out:?}"
     );
 }
+
+#[test]
+fn concurrent_first_uses_of_a_volume_share_one_mount() {
+    let fx = Fixture::start(300);
+    let node = fx.node();
+    let controller = fx.controller();
+    let targets: Vec<PathBuf> = (0..4)
+        .map(|i| fx.path(&format!("kubelet/{i}/mount")))
+        .collect();
+    let results = fx.rt.block_on(async {
+        let mut calls = tokio::task::JoinSet::new();
+        for (i, target) in targets.iter().enumerate() {
+            let mut node = node.clone();
+            let req = publish(&format!("vol#pvc-{i}"), target, false);
+            calls.spawn(async move { node.node_publish_volume(req).await.map(|_| ()) });
+            let mut controller = controller.clone();
+            let req = create(&format!("pvc-c{i}"), "vol", 1);
+            calls.spawn(async move { controller.create_volume(req).await.map(|_| ()) });
+        }
+        calls.join_all().await
+    });
+    for result in results {
+        result.expect("a concurrent first publish or create");
+    }
+    assert_eq!(
+        fx.supervisor_mounts().len(),
+        1,
+        "vol was mounted more than once"
+    );
+    let mut node = fx.node();
+    for (i, target) in targets.iter().enumerate() {
+        fx.rt
+            .block_on(node.node_unpublish_volume(unpublish(&format!("vol#pvc-{i}"), target)))
+            .expect("unpublish");
+    }
+}
