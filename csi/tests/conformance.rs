@@ -975,3 +975,67 @@ fn concurrent_first_uses_of_a_volume_share_one_mount() {
             .expect("unpublish");
     }
 }
+
+#[test]
+fn stats_report_a_recovering_mount_as_abnormal_until_it_serves_again() {
+    let fx = Fixture::start(300);
+    let target = fx.path("kubelet/a/mount");
+    let mut node = fx.node();
+    fx.rt
+        .block_on(node.node_publish_volume(publish("vol#pvc-a", &target, false)))
+        .expect("publish");
+    let mut condition = || {
+        let req = NodeGetVolumeStatsRequest {
+            volume_id: "vol#pvc-a".into(),
+            volume_path: s(&target).into(),
+            staging_target_path: String::new(),
+        };
+        let stats = fx
+            .rt
+            .block_on(node.node_get_volume_stats(req))
+            .expect("stats");
+        stats.into_inner().volume_condition.expect("a condition")
+    };
+    assert!(!condition().abnormal);
+    let serving = || {
+        fx.supervisor_mounts()
+            .into_iter()
+            .next()
+            .expect("the mount")
+    };
+    assert!(
+        wait_until(DEADLINE, || serving().standby_pid.is_some()),
+        "no warm standby:\n{}",
+        fx.logs()
+    );
+    let mount = serving();
+    let standby = Pid::from_raw(mount.standby_pid.expect("standby") as i32);
+    let active = Pid::from_raw(mount.pid.expect("serving pid") as i32);
+    // The standby cannot adopt while stopped: the mount stays recovering.
+    kill(standby, Signal::SIGSTOP).expect("SIGSTOP the standby");
+    kill(active, Signal::SIGKILL).expect("SIGKILL the serving generation");
+    // Once the supervisor knows (adopting), stats say so without a statvfs.
+    let recovering = wait_until(DEADLINE, || serving().state != "serving");
+    let during = condition();
+    let _ = kill(standby, Signal::SIGCONT);
+    assert!(
+        recovering,
+        "the supervisor never saw the death:\n{}",
+        fx.logs()
+    );
+    assert!(during.abnormal, "{during:?}");
+    assert!(
+        during.message.contains("recovering") && during.message.contains("vol"),
+        "{during:?}"
+    );
+    assert!(
+        wait_until(DEADLINE, || !condition().abnormal),
+        "still abnormal once a generation serves again:\n{}",
+        fx.logs()
+    );
+    let out = sh(&format!("echo ok > {t}/f && cat {t}/f", t = s(&target)));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n", "{out:?}");
+    fx.rt
+        .block_on(node.node_unpublish_volume(unpublish("vol#pvc-a", &target)))
+        .expect("unpublish");
+}
