@@ -75,6 +75,17 @@ pub fn check_capability(cap: Option<&VolumeCapability>) -> Result<&[String], Sta
     }
 }
 
+/// True for the reader-only access modes (ReadOnlyMany and the like): such
+/// a publication is read-only whatever `readonly` says.
+fn reader_only(cap: Option<&VolumeCapability>) -> bool {
+    use crate::proto::volume_capability::access_mode::Mode;
+    let mode = cap.and_then(|c| c.access_mode.as_ref()).map(|m| m.mode);
+    matches!(
+        mode.and_then(|m| Mode::try_from(m).ok()),
+        Some(Mode::SingleNodeReaderOnly | Mode::MultiNodeReaderOnly)
+    )
+}
+
 fn table() -> Result<Vec<mounts::MountEntry>, Status> {
     mounts::mount_table()
         .map_err(|err| Status::internal(format!("cannot read /proc/self/mountinfo: {err}")))
@@ -95,10 +106,8 @@ impl NodeService {
                 target.display()
             )));
         }
-        let flags = mount_flags(
-            check_capability(req.volume_capability.as_ref())?,
-            req.readonly,
-        )?;
+        let read_only = req.readonly || reader_only(req.volume_capability.as_ref());
+        let flags = mount_flags(check_capability(req.volume_capability.as_ref())?, read_only)?;
         let handle = Handle::parse(&req.volume_id).map_err(Status::invalid_argument)?;
         let _guard = self.lock.lock().await;
         let shared = self.supervisor.ensure_mounted(&handle.volume).await?;
@@ -150,7 +159,7 @@ impl NodeService {
         })
         .await?
         .map_err(Status::internal)?;
-        tracing::info!(volume_id = req.volume_id, target = %target.display(), read_only = req.readonly, "published");
+        tracing::info!(volume_id = req.volume_id, target = %target.display(), read_only, "published");
         Ok(())
     }
 

@@ -608,6 +608,26 @@ fn publish_binds_the_pvc_directory_and_repeated_calls_change_nothing() {
     );
     let other_mode = rt.block_on(node.node_publish_volume(publish("vol#pvc-a", &pod_ro, false)));
     assert_eq!(code(other_mode), Code::AlreadyExists);
+    // A reader-only access mode (ReadOnlyMany) is read-only by itself.
+    let pod_rox = fx.path("kubelet/rox/mount");
+    let mut rox = publish("vol#pvc-a", &pod_rox, false);
+    if let Some(mode) = rox
+        .volume_capability
+        .as_mut()
+        .and_then(|c| c.access_mode.as_mut())
+    {
+        mode.mode = volume_capability::access_mode::Mode::MultiNodeReaderOnly as i32;
+    }
+    rt.block_on(node.node_publish_volume(rox))
+        .expect("publish ReadOnlyMany");
+    let write_rox = sh(&format!("cat {t}/f && echo no > {t}/g", t = s(&pod_rox)));
+    assert_eq!(String::from_utf8_lossy(&write_rox.stdout), "hello\n");
+    assert!(
+        !write_rox.status.success(),
+        "a ReadOnlyMany publication took a write"
+    );
+    rt.block_on(node.node_unpublish_volume(unpublish("vol#pvc-a", &pod_rox)))
+        .expect("unpublish");
 
     let stats = NodeGetVolumeStatsRequest {
         volume_id: "vol#pvc-a".into(),
