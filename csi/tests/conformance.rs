@@ -396,6 +396,38 @@ fn identity_reports_the_driver_and_probe_follows_the_supervisor() {
         .expect("probe while the supervisor answers");
     assert_eq!(ready.into_inner().ready, Some(true));
 
+    // The node: its id, and the capabilities kubelet looks for.
+    let mut node = fx.node();
+    let info = fx
+        .rt
+        .block_on(node.node_get_info(NodeGetInfoRequest {}))
+        .expect("NodeGetInfo")
+        .into_inner();
+    assert_eq!(info.node_id, "test-node");
+    let caps = fx
+        .rt
+        .block_on(node.node_get_capabilities(NodeGetCapabilitiesRequest {}))
+        .expect("NodeGetCapabilities")
+        .into_inner();
+    use node_service_capability::rpc::Type as NodeCap;
+    let rpcs: Vec<i32> = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| c.r#type.as_ref())
+        .map(|node_service_capability::Type::Rpc(rpc)| rpc.r#type)
+        .collect();
+    for wanted in [NodeCap::GetVolumeStats, NodeCap::VolumeCondition] {
+        assert!(
+            rpcs.contains(&(wanted as i32)),
+            "{wanted:?} missing: {caps:?}"
+        );
+    }
+    // No staging: kubelet must call NodePublishVolume directly.
+    assert!(
+        !rpcs.contains(&(NodeCap::StageUnstageVolume as i32)),
+        "{caps:?}"
+    );
+
     // kubelet's plugin watcher: GetInfo names the driver and its socket.
     let mut registration =
         RegistrationClient::new(fx.channel(fx.path("registry/csi.baton.dev-reg.sock")));
