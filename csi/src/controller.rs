@@ -72,6 +72,26 @@ fn set_directory_quota(shared: &Path, dir: &str, capacity_bytes: i64) -> Result<
         })
 }
 
+/// Creates `name` in the volume at `shared` with `capacity_bytes`, or finds
+/// it made by an earlier call: `Err(recorded)` if it was made with another
+/// capacity.
+fn create_once(shared: &Path, name: &str, capacity_bytes: i64) -> Result<Result<(), i64>, String> {
+    let dir = shared.join(name);
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+            // A repeated call, or one that died before recording.
+            match read_record(shared, name)? {
+                Some(record) if record.capacity_bytes == capacity_bytes => return Ok(Ok(())),
+                Some(record) => return Ok(Err(record.capacity_bytes)),
+                None => {}
+            }
+        }
+        Err(err) => return Err(format!("cannot create {}: {err}", dir.display())),
+    }
+    set_directory_quota(shared, name, capacity_bytes).map(Ok)
+}
+
 fn read_record(shared: &Path, dir: &str) -> Result<Option<VolumeRecord>, String> {
     let path = record_path(shared, dir);
     match std::fs::read(&path) {
@@ -181,30 +201,9 @@ impl ControllerService {
         Handle::parse(&handle.id()).map_err(Status::invalid_argument)?;
         let shared = self.supervisor.ensure_mounted(volume).await?;
         let name = req.name.clone();
-        let outcome = blocking(
-            "create",
-            FS_CALL_TIMEOUT,
-            move || -> Result<Result<(), i64>, String> {
-                in_volume(&shared, |shared| {
-                    let dir = shared.join(&name);
-                    match std::fs::create_dir(&dir) {
-                        Ok(()) => {}
-                        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-                            // A repeated call, or one that died before recording.
-                            match read_record(shared, &name)? {
-                                Some(record) if record.capacity_bytes == capacity => {
-                                    return Ok(Ok(()))
-                                }
-                                Some(record) => return Ok(Err(record.capacity_bytes)),
-                                None => {}
-                            }
-                        }
-                        Err(err) => return Err(format!("cannot create {}: {err}", dir.display())),
-                    }
-                    set_directory_quota(shared, &name, capacity).map(Ok)
-                })
-            },
-        )
+        let outcome = blocking("create", FS_CALL_TIMEOUT, move || {
+            in_volume(&shared, |shared| create_once(shared, &name, capacity))
+        })
         .await?
         .map_err(Status::internal)?;
         if let Err(recorded) = outcome {

@@ -6,7 +6,7 @@
 //! restarted plugin finds what it published in `/proc/self/mountinfo`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,51 +111,18 @@ impl NodeService {
         let handle = Handle::parse(&req.volume_id).map_err(Status::invalid_argument)?;
         let _guard = self.lock.lock().await;
         let shared = self.supervisor.ensure_mounted(&handle.volume).await?;
-        let root = format!("/{}", handle.dir.as_deref().unwrap_or(""));
-        let root = if root.len() > 1 { root } else { "/".into() };
-        let table = table()?;
-        if let Some(existing) = mounts::mounted_at(&table, &target) {
-            let same_fs =
-                mounts::mounted_at(&table, &shared).map(|e| &e.device) == Some(&existing.device);
-            let read_only = flags.contains(MsFlags::MS_RDONLY);
-            if same_fs && existing.root == root && existing.read_only() == read_only {
-                return Ok(());
-            }
-            return Err(Status::already_exists(format!(
-                "target_path {} already has a different mount (of {} {}); unpublish it first",
-                target.display(),
-                existing.fstype,
-                existing.root
-            )));
+        if already_published(
+            &table()?,
+            &target,
+            &shared,
+            handle.dir.as_deref(),
+            flags.contains(MsFlags::MS_RDONLY),
+        )? {
+            return Ok(());
         }
-        let dir = handle.dir.clone();
         let tgt = target.clone();
         blocking("publish", FS_CALL_TIMEOUT, move || {
-            let root = mounts::pin_fuse_root(&shared)?;
-            let src = match &dir {
-                Some(dir) => root.path.join(dir),
-                None => root.path.clone(),
-            };
-            if let Some(dir) = &dir {
-                match std::fs::create_dir(&src) {
-                    Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
-                        return Err(format!(
-                            "cannot create {dir} in {}: {err}",
-                            shared.display()
-                        ))
-                    }
-                    _ => {}
-                }
-            }
-            std::fs::create_dir_all(&tgt)
-                .map_err(|err| format!("cannot create target_path {}: {err}", tgt.display()))?;
-            mounts::bind(&src, &tgt, flags).map_err(|errno| {
-                format!(
-                    "cannot bind-mount {} at {}: {errno}",
-                    src.display(),
-                    tgt.display()
-                )
-            })
+            bind_into(&shared, handle.dir.as_deref(), &tgt, flags)
         })
         .await?
         .map_err(Status::internal)?;
@@ -182,77 +149,154 @@ impl NodeService {
                 path.display()
             )));
         }
-        let abnormal = |message: String| NodeGetVolumeStatsResponse {
-            usage: Vec::new(),
-            volume_condition: Some(VolumeCondition {
-                abnormal: true,
-                message,
-            }),
-        };
-        let mount = self.supervisor.shared_mount(&handle.volume).await;
-        let mount = match mount {
-            Ok(Some(mount)) => mount,
-            Ok(None) => {
-                return Ok(abnormal(format!(
-                    "Baton volume {} has no mount on this node: its pods must be restarted",
-                    handle.volume
-                )))
-            }
-            Err(status) => return Ok(abnormal(status.message().to_string())),
-        };
-        if mount.gave_up || mount.state != "serving" {
-            return Ok(abnormal(format!(
-                "Baton volume {} is {}{} (generation {}); see `fsctl status`",
-                handle.volume,
-                mount.state,
-                if mount.gave_up {
-                    ": fs-supervisor gave up restarting it"
-                } else {
-                    ", recovering"
-                },
-                mount.generation
-            )));
+        if let Some(message) = self.recovering(&handle.volume).await {
+            return Ok(abnormal(message));
         }
         let stat = blocking("statvfs", FS_CALL_TIMEOUT, move || {
             nix::sys::statvfs::statvfs(&path)
         })
         .await;
-        let stat = match stat {
-            Ok(Ok(stat)) => stat,
-            Ok(Err(errno)) => {
-                return Ok(abnormal(format!(
-                    "statvfs of {} failed: {errno}",
-                    req.volume_path
-                )))
-            }
-            Err(status) => return Ok(abnormal(status.message().to_string())),
-        };
-        let block = stat.fragment_size() as i64;
-        let usage = |unit: Unit, total: i64, free: i64| VolumeUsage {
-            available: free,
-            total,
-            used: total.saturating_sub(free),
-            unit: unit as i32,
-        };
-        Ok(NodeGetVolumeStatsResponse {
-            usage: vec![
-                usage(
-                    Unit::Bytes,
-                    stat.blocks() as i64 * block,
-                    stat.blocks_available() as i64 * block,
-                ),
-                usage(
-                    Unit::Inodes,
-                    stat.files() as i64,
-                    stat.files_available() as i64,
-                ),
-            ],
-            volume_condition: Some(VolumeCondition {
-                abnormal: false,
-                message: String::new(),
-            }),
-        })
+        match stat {
+            Ok(Ok(stat)) => Ok(usage(&stat)),
+            Ok(Err(errno)) => Ok(abnormal(format!(
+                "statvfs of {} failed: {errno}",
+                req.volume_path
+            ))),
+            Err(status) => Ok(abnormal(status.message().to_string())),
+        }
     }
+
+    /// Why `volume`'s shared mount cannot answer now (the supervisor's view),
+    /// or None if it serves.
+    async fn recovering(&self, volume: &str) -> Option<String> {
+        let mount = match self.supervisor.shared_mount(volume).await {
+            Ok(Some(mount)) => mount,
+            Ok(None) => {
+                return Some(format!(
+                    "Baton volume {volume} has no mount on this node: its pods must be restarted"
+                ))
+            }
+            Err(status) => return Some(status.message().to_string()),
+        };
+        if !mount.gave_up && mount.state == "serving" {
+            return None;
+        }
+        let why = if mount.gave_up {
+            ": fs-supervisor gave up restarting it"
+        } else {
+            ", recovering"
+        };
+        Some(format!(
+            "Baton volume {volume} is {}{why} (generation {}); see `fsctl status`",
+            mount.state, mount.generation
+        ))
+    }
+}
+
+fn abnormal(message: String) -> NodeGetVolumeStatsResponse {
+    NodeGetVolumeStatsResponse {
+        usage: Vec::new(),
+        volume_condition: Some(VolumeCondition {
+            abnormal: true,
+            message,
+        }),
+    }
+}
+
+/// Bytes and inodes, total, available and used, from a statvfs of the
+/// PVC's directory (its directory quota once quotas land).
+fn usage(stat: &nix::sys::statvfs::Statvfs) -> NodeGetVolumeStatsResponse {
+    let block = stat.fragment_size() as i64;
+    let usage = |unit: Unit, total: i64, free: i64| VolumeUsage {
+        available: free,
+        total,
+        used: total.saturating_sub(free),
+        unit: unit as i32,
+    };
+    NodeGetVolumeStatsResponse {
+        usage: vec![
+            usage(
+                Unit::Bytes,
+                stat.blocks() as i64 * block,
+                stat.blocks_available() as i64 * block,
+            ),
+            usage(
+                Unit::Inodes,
+                stat.files() as i64,
+                stat.files_available() as i64,
+            ),
+        ],
+        volume_condition: Some(VolumeCondition {
+            abnormal: false,
+            message: String::new(),
+        }),
+    }
+}
+
+/// True if `target` already shows `dir` of the shared mount the same way
+/// (a repeated publish); AlreadyExists if it shows anything else.
+fn already_published(
+    table: &[mounts::MountEntry],
+    target: &Path,
+    shared: &Path,
+    dir: Option<&str>,
+    read_only: bool,
+) -> Result<bool, Status> {
+    let Some(existing) = mounts::mounted_at(table, target) else {
+        return Ok(false);
+    };
+    let root = format!("/{}", dir.unwrap_or(""));
+    let same_fs = mounts::mounted_at(table, shared).map(|e| &e.device) == Some(&existing.device);
+    if same_fs && existing.root == root && existing.read_only() == read_only {
+        return Ok(true);
+    }
+    Err(Status::already_exists(format!(
+        "target_path {} already has a different mount ({} {}{}); unpublish it first",
+        target.display(),
+        existing.fstype,
+        existing.root,
+        if existing.read_only() {
+            ", read-only"
+        } else {
+            ""
+        }
+    )))
+}
+
+/// Creates `dir` in the shared mount if needed and bind-mounts it (or the
+/// whole volume) at `target`, through the mount's root held open.
+fn bind_into(
+    shared: &Path,
+    dir: Option<&str>,
+    target: &Path,
+    flags: MsFlags,
+) -> Result<(), String> {
+    let root = mounts::pin_fuse_root(shared)?;
+    let source = match dir {
+        Some(dir) => root.path.join(dir),
+        None => root.path.clone(),
+    };
+    if let Some(dir) = dir {
+        match std::fs::create_dir(&source) {
+            Err(err) if err.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(format!(
+                    "cannot create {dir} in {}: {err}",
+                    shared.display()
+                ))
+            }
+            _ => {}
+        }
+    }
+    std::fs::create_dir_all(target)
+        .map_err(|err| format!("cannot create target_path {}: {err}", target.display()))?;
+    mounts::bind(&source, target, flags).map_err(|errno| {
+        format!(
+            "cannot bind-mount {}/{} at {}: {errno}",
+            shared.display(),
+            dir.unwrap_or(""),
+            target.display()
+        )
+    })
 }
 
 /// Detaches everything at `target` and removes the directory, without

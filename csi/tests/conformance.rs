@@ -640,6 +640,25 @@ fn publish_binds_the_pvc_directory_and_repeated_calls_change_nothing() {
     );
     let other_mode = rt.block_on(node.node_publish_volume(publish("vol#pvc-a", &pod_ro, false)));
     assert_eq!(code(other_mode), Code::AlreadyExists);
+    // Mount options (a StorageClass's mountOptions) apply, and a repeat of
+    // the same publish is still a no-op.
+    let pod_opts = fx.path("kubelet/opts/mount");
+    let with_opts = NodePublishVolumeRequest {
+        volume_capability: mount_capability(&["ro", "nosuid", "noexec"]),
+        ..publish("vol#pvc-a", &pod_opts, false)
+    };
+    for _ in 0..2 {
+        rt.block_on(node.node_publish_volume(with_opts.clone()))
+            .expect("publish with mount options (again)");
+    }
+    let table = baton_csi::mounts::mount_table().expect("mountinfo");
+    let entry = baton_csi::mounts::mounted_at(&table, &pod_opts).expect("mounted");
+    for option in ["ro", "nosuid", "noexec"] {
+        assert!(entry.options.iter().any(|o| o == option), "{entry:?}");
+    }
+    assert_eq!(table.iter().filter(|e| e.mountpoint == pod_opts).count(), 1);
+    rt.block_on(node.node_unpublish_volume(unpublish("vol#pvc-a", &pod_opts)))
+        .expect("unpublish");
     // A reader-only access mode (ReadOnlyMany) is read-only by itself.
     let pod_rox = fx.path("kubelet/rox/mount");
     let mut rox = publish("vol#pvc-a", &pod_rox, false);
