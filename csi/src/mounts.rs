@@ -153,11 +153,13 @@ pub fn bind(source: &Path, target: &Path, extra: MsFlags) -> nix::Result<()> {
     Ok(())
 }
 
+/// At most this many mounts stacked at one target are detached by one
+/// call; more is refused, not looped on.
+pub const STACKED_MAX: u32 = 16;
+
 /// Detaches every mount stacked at `target` (`MNT_DETACH`: never waits for
 /// the filesystem). Returns how many were detached.
 pub fn detach_all(target: &Path) -> std::io::Result<u32> {
-    /// A target with more stacked mounts than this is refused, not looped on.
-    const STACKED_MAX: u32 = 16;
     let mut detached = 0;
     while mounted_at(&mount_table()?, target).is_some() {
         if detached == STACKED_MAX {

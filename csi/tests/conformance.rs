@@ -745,24 +745,39 @@ fn a_stalled_publication_reports_abnormal_and_still_unpublishes_within_the_deadl
     let target = fx.path("kubelet/a/mount");
     rt.block_on(node.node_publish_volume(publish("vol", &target, false)))
         .expect("publish the whole volume");
-    let pids = fx.serving_pids();
-    for pid in &pids {
-        kill(*pid, Signal::SIGSTOP).expect("SIGSTOP");
-    }
-    // Nobody serves the mount now: a stat of the target would hang.
     let stats = NodeGetVolumeStatsRequest {
         volume_id: "vol".into(),
         volume_path: s(&target).into(),
         staging_target_path: String::new(),
     };
-    let stats = rt
-        .block_on(node.node_get_volume_stats(stats))
-        .expect("stats")
-        .into_inner();
-    let condition = stats.volume_condition.expect("a condition");
+    let condition = |node: &mut NodeClient<Channel>| {
+        let stats = rt.block_on(node.node_get_volume_stats(stats.clone()));
+        stats
+            .expect("stats")
+            .into_inner()
+            .volume_condition
+            .expect("a condition")
+    };
+    // The generations stop; the supervisor still says "serving": a statvfs
+    // through the mount would hang, and gives up at its deadline.
+    let pids = fx.serving_pids();
+    let (supervisor, generations) = pids.split_last().expect("the supervisor's pid");
+    for pid in generations {
+        kill(*pid, Signal::SIGSTOP).expect("SIGSTOP a generation");
+    }
+    let stalled = condition(&mut node);
+    assert!(stalled.abnormal, "{stalled:?}");
     assert!(
-        condition.abnormal && !condition.message.is_empty(),
-        "{condition:?}"
+        stalled.message.contains("did not finish within"),
+        "{stalled:?}"
+    );
+    // The supervisor stops too: stats say it does not answer.
+    kill(*supervisor, Signal::SIGSTOP).expect("SIGSTOP fs-supervisor");
+    let unanswered = condition(&mut node);
+    assert!(unanswered.abnormal, "{unanswered:?}");
+    assert!(
+        unanswered.message.contains("fs-supervisor did not answer"),
+        "{unanswered:?}"
     );
 
     let mut req = tonic::Request::new(unpublish("vol", &target));
