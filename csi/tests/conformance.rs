@@ -823,8 +823,14 @@ fn controller_provisions_expands_validates_and_deletes_idempotently() {
         .block_on(controller.create_volume(create("pvc-b", "vol", 1 << 20)))
         .expect("create")
         .into_inner();
+    // The same call again, with a secret from a StorageClass's secret
+    // reference: accepted, and never written or logged (checked below).
+    let with_secret = CreateVolumeRequest {
+        secrets: [("passphrase".to_string(), "s3cr3t-value".to_string())].into(),
+        ..create("pvc-b", "vol", 1 << 20)
+    };
     let again = rt
-        .block_on(controller.create_volume(create("pvc-b", "vol", 1 << 20)))
+        .block_on(controller.create_volume(with_secret))
         .expect("create again")
         .into_inner();
     assert_eq!(first, again);
@@ -892,6 +898,17 @@ fn controller_provisions_expands_validates_and_deletes_idempotently() {
     rt.block_on(node.node_unpublish_volume(unpublish("vol", &target)))
         .expect("unpublish");
 
+    let grep = sh(&format!(
+        "grep -r s3cr3t-value {} {} {}",
+        s(&fx.path("mounts/vol")),
+        s(&fx.path("state")),
+        s(&fx.path("csi.log"))
+    ));
+    assert_eq!(
+        grep.status.code(),
+        Some(1),
+        "a secret was written or logged: {grep:?}"
+    );
     let delete = DeleteVolumeRequest {
         volume_id: "vol#pvc-b".into(),
         secrets: Default::default(),
