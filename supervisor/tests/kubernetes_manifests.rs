@@ -2,8 +2,9 @@
 //! cluster): kustomization lists every manifest; the DaemonSet is
 //! privileged with /dev/fuse, hostPath state and socket dirs and a
 //! Bidirectional mount root, and only passes flags fs-supervisor knows;
-//! the example pod uses HostToContainer and no privilege; RBAC grants only
-//! the verbs the supervisor needs.
+//! the example pod uses HostToContainer and no privilege; RBAC grants each
+//! service account (fs-supervisor, the CSI controller's sidecars) only the
+//! verbs it needs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -132,8 +133,12 @@ fn the_daemonset_is_privileged_with_fuse_and_a_bidirectional_mount_root() {
         .expect("a Bidirectional mount root");
     let root_path = root["mountPath"].as_str().unwrap();
     assert_eq!(host_path(root["name"].as_str().unwrap()), root_path);
-    // Only the privileged container may use Bidirectional.
-    for c in containers.iter().filter(|c| c["name"] != "fs-supervisor") {
+    // Only a privileged container (fs-supervisor, the CSI node plugin) may
+    // use Bidirectional.
+    for c in containers
+        .iter()
+        .filter(|c| c["securityContext"]["privileged"] != true)
+    {
         for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
             assert_ne!(m["mountPropagation"], "Bidirectional", "{c:?}");
         }
@@ -217,47 +222,34 @@ fn the_example_pod_uses_host_to_container_without_privilege() {
 }
 
 #[test]
-fn rbac_grants_only_what_the_supervisor_uses() {
+fn rbac_grants_each_service_account_only_what_it_uses() {
     let objects = all_objects();
-    // (apiGroup, resource) -> the verbs allowed at most.
-    let allowed = |group: &str, resource: &str| -> BTreeSet<&'static str> {
-        match (group, resource) {
-            ("", "pods") => ["get", "list", "watch"].into(),
-            ("" | "events.k8s.io", "events") => ["create", "patch"].into(),
-            ("", "configmaps") => ["get", "create", "update", "patch"].into(),
+    // (service account, apiGroup, resource) -> the verbs allowed at most.
+    let allowed = |account: &str, group: &str, resource: &str| -> BTreeSet<&'static str> {
+        match (account, group, resource) {
+            ("fs-supervisor", "", "pods") => ["get", "list", "watch"].into(),
+            ("fs-supervisor", "" | "events.k8s.io", "events") => ["create", "patch"].into(),
+            ("fs-supervisor", "", "configmaps") => ["get", "create", "update", "patch"].into(),
+            // external-provisioner and external-resizer.
+            ("baton-csi-controller", "", "persistentvolumes") => {
+                ["get", "list", "watch", "create", "delete", "patch"].into()
+            }
+            ("baton-csi-controller", "", "persistentvolumeclaims") => {
+                ["get", "list", "watch", "update"].into()
+            }
+            ("baton-csi-controller", "", "persistentvolumeclaims/status") => ["patch"].into(),
+            ("baton-csi-controller", "storage.k8s.io", "storageclasses" | "csinodes")
+            | ("baton-csi-controller", "", "nodes") => ["get", "list", "watch"].into(),
+            ("baton-csi-controller", "", "events") => {
+                ["list", "watch", "create", "update", "patch"].into()
+            }
+            ("baton-csi-controller", "coordination.k8s.io", "leases") => {
+                ["get", "watch", "list", "create", "update", "delete"].into()
+            }
             _ => BTreeSet::new(),
         }
     };
     let mut roles = 0;
-    for role in objects
-        .iter()
-        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
-    {
-        roles += 1;
-        for rule in role["rules"].as_sequence().unwrap() {
-            assert!(rule["resourceNames"].is_null() || rule["resourceNames"].is_sequence());
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    let verbs = strings(&rule["verbs"]);
-                    let ok = allowed(&group, &resource);
-                    assert!(
-                        verbs.iter().all(|v| ok.contains(v.as_str())),
-                        "{} grants {verbs:?} on {group}/{resource}",
-                        role["metadata"]["name"].as_str().unwrap()
-                    );
-                }
-            }
-        }
-        // ConfigMaps (status) only in the supervisor's namespace.
-        if role["kind"] == "ClusterRole" {
-            let text = serde_yaml::to_string(role).unwrap();
-            assert!(
-                !text.contains("configmaps") && !text.contains("secrets"),
-                "{text}"
-            );
-        }
-    }
-    assert_eq!(roles, 2);
     for binding in objects
         .iter()
         .filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding")
@@ -265,14 +257,39 @@ fn rbac_grants_only_what_the_supervisor_uses() {
         let subjects = binding["subjects"].as_sequence().unwrap();
         assert_eq!(subjects.len(), 1);
         assert_eq!(subjects[0]["kind"], "ServiceAccount");
-        assert_eq!(subjects[0]["name"], "fs-supervisor");
         assert_eq!(subjects[0]["namespace"], "baton-system");
-        let role = binding["roleRef"]["name"].as_str().unwrap();
-        assert!(
-            objects.iter().any(|o| o["metadata"]["name"] == role),
-            "{role} is not defined"
-        );
+        let account = subjects[0]["name"].as_str().unwrap();
+        let name = binding["roleRef"]["name"].as_str().unwrap();
+        let kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let role = find(&objects, kind, name);
+        roles += 1;
+        for rule in role["rules"].as_sequence().unwrap() {
+            assert!(rule["resourceNames"].is_null() || rule["resourceNames"].is_sequence());
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    let verbs = strings(&rule["verbs"]);
+                    let ok = allowed(account, &group, &resource);
+                    assert!(
+                        verbs.iter().all(|v| ok.contains(v.as_str())),
+                        "{name} grants {account} {verbs:?} on {group}/{resource}"
+                    );
+                }
+            }
+        }
+        // ConfigMaps (status) only in the supervisor's namespace; Secrets
+        // nowhere.
+        let text = serde_yaml::to_string(role).unwrap();
+        assert!(!text.contains("secrets"), "{text}");
+        if kind == "ClusterRole" {
+            assert!(!text.contains("configmaps"), "{text}");
+        }
     }
+    let defined = objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+        .count();
+    assert_eq!(roles, defined, "every role is bound once");
+    assert_eq!(roles, 4);
 }
 
 #[test]

@@ -1,0 +1,215 @@
+//! This process's view of the mount table and the two mount operations the
+//! node plugin makes: a bind mount and a detaching unmount.
+//!
+//! Nothing here stats, opens or canonicalizes a path that may be a FUSE
+//! mount: whether a path is mounted is read from `/proc/self/mountinfo`,
+//! and unmounting uses `MNT_DETACH`, so a dead or stalled FUSE server never
+//! blocks an unpublish.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::statfs::{fstatfs, FUSE_SUPER_MAGIC};
+
+/// One line of `/proc/self/mountinfo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    /// The `major:minor` of the mounted filesystem.
+    pub device: String,
+    /// The directory of that filesystem mounted here (`/` or a bind's subdirectory).
+    pub root: String,
+    /// Where it is mounted.
+    pub mountpoint: PathBuf,
+    /// Per-mount options (`rw`/`ro`, `nosuid`, ...).
+    pub options: Vec<String>,
+    /// The filesystem type (`fuse.baton`, `ext4`, ...).
+    pub fstype: String,
+}
+
+impl MountEntry {
+    /// True if mounted read-only.
+    pub fn read_only(&self) -> bool {
+        self.options.iter().any(|o| o == "ro")
+    }
+}
+
+/// Every mount this process sees, in mount order (later entries sit on top).
+pub fn mount_table() -> std::io::Result<Vec<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text.lines().filter_map(parse_line).collect())
+}
+
+/// The topmost mount at `path` (compared as given: never resolved).
+pub fn mounted_at<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    table.iter().rev().find(|entry| entry.mountpoint == path)
+}
+
+/// Mounts other than the one at `mountpoint` that show the same filesystem
+/// (the bind mounts made from it).
+pub fn binds_of(table: &[MountEntry], mountpoint: &Path) -> usize {
+    let Some(shared) = mounted_at(table, mountpoint) else {
+        return 0;
+    };
+    table
+        .iter()
+        .filter(|e| e.device == shared.device && e.mountpoint != mountpoint)
+        .count()
+}
+
+fn parse_line(line: &str) -> Option<MountEntry> {
+    // id parent major:minor root mountpoint options [optional...] - fstype source super
+    let (head, tail) = line.split_once(" - ")?;
+    let fields: Vec<&str> = head.split(' ').collect();
+    let fstype = tail.split(' ').next()?;
+    Some(MountEntry {
+        device: (*fields.get(2)?).to_string(),
+        root: unescape(fields.get(3)?),
+        mountpoint: PathBuf::from(unescape(fields.get(4)?)),
+        options: fields.get(5)?.split(',').map(str::to_string).collect(),
+        fstype: fstype.to_string(),
+    })
+}
+
+/// Undoes the kernel's octal escapes (`\040` for a space, ...).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
+            std::str::from_utf8(d)
+                .ok()
+                .and_then(|d| u8::from_str_radix(d, 8).ok())
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A shared mount's root, held open.
+pub struct PinnedRoot {
+    // Keeps the filesystem reachable through `path` (never read directly).
+    _root: File,
+    /// `/proc/self/fd/N`: paths under it resolve in the FUSE mount opened,
+    /// even if its mountpoint was unmounted since, never in the directory
+    /// under the mountpoint.
+    pub path: PathBuf,
+}
+
+/// Opens `mountpoint` (O_CLOEXEC, as std always does) and checks that what
+/// it opened is a FUSE filesystem, so the directories the plugin creates,
+/// binds or deletes are always the Baton volume's.
+pub fn pin_fuse_root(mountpoint: &Path) -> Result<PinnedRoot, String> {
+    let root = File::open(mountpoint).map_err(|err| {
+        format!(
+            "cannot open the shared mount {}: {err}",
+            mountpoint.display()
+        )
+    })?;
+    let fs = fstatfs(&root).map_err(|errno| {
+        format!(
+            "cannot statfs the shared mount {}: {errno}",
+            mountpoint.display()
+        )
+    })?;
+    if fs.filesystem_type() != FUSE_SUPER_MAGIC {
+        return Err(format!(
+            "{} is not a FUSE mount any more (unmounted meanwhile?); retry, and see `fsctl status`",
+            mountpoint.display()
+        ));
+    }
+    let path = PathBuf::from(format!("/proc/self/fd/{}", root.as_raw_fd()));
+    Ok(PinnedRoot { _root: root, path })
+}
+
+/// Bind-mounts `source` at `target`, then makes the bind read-only and/or
+/// `nosuid`/`nodev`/`noexec` as asked (a bind takes flags only on remount).
+pub fn bind(source: &Path, target: &Path, extra: MsFlags) -> nix::Result<()> {
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )?;
+    if !extra.is_empty() {
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | extra;
+        if let Err(errno) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+            let _ = umount2(target, MntFlags::MNT_DETACH);
+            return Err(errno);
+        }
+    }
+    Ok(())
+}
+
+/// At most this many mounts stacked at one target are detached by one
+/// call; more is refused, not looped on.
+pub const STACKED_MAX: u32 = 16;
+
+/// Detaches every mount stacked at `target` (`MNT_DETACH`: never waits for
+/// the filesystem). Returns how many were detached.
+pub fn detach_all(target: &Path) -> std::io::Result<u32> {
+    let mut detached = 0;
+    while mounted_at(&mount_table()?, target).is_some() {
+        if detached == STACKED_MAX {
+            return Err(std::io::Error::other(format!(
+                "{} still has mounts after {STACKED_MAX} detaches",
+                target.display()
+            )));
+        }
+        umount2(target, MntFlags::MNT_DETACH).map_err(std::io::Error::from)?;
+        detached += 1;
+    }
+    Ok(detached)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mountinfo_line_with_escapes_and_optional_fields_parses() {
+        let line = "36 35 0:52 /pvc\\040a /var/lib/k\\040t rw,nosuid shared:1 master:2 - fuse.baton vol rw,user_id=0";
+        let entry = parse_line(line).unwrap();
+        assert_eq!(entry.device, "0:52");
+        assert_eq!(entry.root, "/pvc a");
+        assert_eq!(entry.mountpoint, PathBuf::from("/var/lib/k t"));
+        assert_eq!(entry.fstype, "fuse.baton");
+        assert!(!entry.read_only());
+    }
+
+    #[test]
+    fn binds_are_counted_by_device_without_the_shared_mount() {
+        let table: Vec<MountEntry> = [
+            "1 0 0:52 / /m rw - fuse.baton v rw",
+            "2 0 0:52 /a /t1 ro - fuse.baton v rw",
+            "3 0 0:53 / /other rw - fuse.baton w rw",
+        ]
+        .iter()
+        .filter_map(|l| parse_line(l))
+        .collect();
+        assert_eq!(binds_of(&table, Path::new("/m")), 1);
+        assert_eq!(binds_of(&table, Path::new("/none")), 0);
+        assert!(mounted_at(&table, Path::new("/t1")).unwrap().read_only());
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_fuse_mount_is_never_used_as_a_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = pin_fuse_root(dir.path()).err().unwrap();
+        assert!(err.contains("is not a FUSE mount"), "{err}");
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    }
+}
