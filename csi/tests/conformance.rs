@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use baton_csi::proto::controller_client::ControllerClient;
 use baton_csi::proto::identity_client::IdentityClient;
@@ -26,6 +26,7 @@ use baton_csi::proto::node_client::NodeClient;
 use baton_csi::proto::volume_capability::{AccessType, MountVolume};
 use baton_csi::proto::*;
 use baton_csi::registration::registration_client::RegistrationClient;
+use chaos_tests::mount_guard::wait_until;
 use nix::mount::{umount2, MntFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -37,12 +38,7 @@ static FIXTURES: AtomicU32 = AtomicU32::new(0);
 
 /// A binary of the workspace, next to this test's own target directory.
 fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    let path = dir.join(name);
+    let path = chaos_tests::mount_guard::workspace_binary(name);
     assert!(
         path.exists(),
         "{} is missing: run `cargo build -p supervisor -p fsclient -p fsctl` (cargo test --workspace builds it)",
@@ -53,19 +49,6 @@ fn workspace_binary(name: &str) -> PathBuf {
 
 fn s(path: &Path) -> &str {
     path.to_str().expect("utf-8 temp path")
-}
-
-fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn mounted(path: &Path) -> bool {
