@@ -2509,3 +2509,89 @@ fn a_mounts_totals_survive_a_supervisor_kill_9_and_a_supervisor_upgrade() {
     assert_eq!(report["supervisor"]["binary"], s(&new_binary), "{report}");
     assert_totals_carried_on(&before, &report["mounts"][0], "across upgrade-supervisor");
 }
+
+/// `fsctl up` as README's first command runs it, in a temp dir: formats the
+/// volume, starts fs-supervisor, mounts; run again it says the volume is
+/// already mounted and succeeds; another volume at the same place is
+/// refused. Its hints are commands that work as printed.
+#[test]
+fn fsctl_up_mounts_once_and_again_is_a_no_op() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = dir.path().join("base");
+    let mnt = dir.path().join("mnt");
+    let socket = dir.path().join("supervisor.sock");
+    let state = dir.path().join("state");
+    let up = |volume: &str| {
+        Command::new(binary("fsctl"))
+            .args(["up", volume, s(&mnt), "--base-dir", s(&base)])
+            .args(["--state-dir", s(&state), "--socket", s(&socket)])
+            .output()
+            .expect("fsctl up")
+    };
+    let first = up("vol");
+    let _guard = MountGuard::new(&mnt);
+    // Stops the supervisor `up` started, whatever happens below.
+    struct StopSupervisor<'a>(&'a Path);
+    impl Drop for StopSupervisor<'_> {
+        fn drop(&mut self) {
+            let out = Command::new(binary("fsctl"))
+                .args(["status", "--json", "--socket", s(self.0)])
+                .output();
+            let pid = out
+                .ok()
+                .and_then(|o| serde_json::from_slice::<Value>(&o.stdout).ok())
+                .and_then(|report| report["supervisor"]["pid"].as_i64());
+            if let Some(pid) = pid {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            }
+        }
+    }
+    let _stop = StopSupervisor(&socket);
+    let said = String::from_utf8_lossy(&first.stdout).into_owned();
+    assert!(
+        first.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(said.contains("formatted volume vol"), "{said}");
+    assert!(
+        said.contains(&format!("is mounted at {}", s(&mnt))),
+        "{said}"
+    );
+    let fsctl = s(&binary("fsctl")).to_string();
+    assert!(
+        said.contains(&format!(
+            "  status:  {fsctl} status --socket {}",
+            s(&socket)
+        )),
+        "the hint names this fsctl and the socket in use: {said}"
+    );
+    let (ok, out, err) = App::sh(&mnt, &format!("echo up > {0}/f && cat {0}/f", s(&mnt))).finish();
+    assert!(ok && out == "up\n", "{out}{err}");
+
+    let again = up("vol");
+    let said = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert_eq!(
+        again.status.code(),
+        Some(0),
+        "{said}{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(said.contains("is already mounted at"), "{said}");
+    assert!(!said.contains("formatted"), "{said}");
+
+    let other = up("other");
+    let err = String::from_utf8_lossy(&other.stderr).into_owned();
+    assert_eq!(other.status.code(), Some(1), "{err}");
+    assert!(err.contains("is already a mount of"), "{err}");
+    assert!(!base.join("other").exists(), "a refused `up` formatted its volume");
+    let out = Command::new(binary("fsctl"))
+        .args(["umount", s(&mnt), "--socket", s(&socket)])
+        .output()
+        .expect("fsctl umount");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -98,6 +98,10 @@ enum Command {
         /// Base directory for volumes.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
+        /// State directory of the fs-supervisor `up` starts (when none
+        /// answers on the socket yet).
+        #[arg(long, default_value = DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -333,6 +337,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colour only on a terminal, never in a log file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match run() {
         Ok(code) => code,
@@ -391,8 +397,9 @@ fn run() -> anyhow::Result<ExitCode> {
             name,
             mountpoint,
             base_dir,
+            state_dir,
             socket,
-        } => up(&name, &mountpoint, base_dir, &socket.socket),
+        } => up(&name, &mountpoint, base_dir, &state_dir, &socket.socket),
         Command::Fsck { volume, base_dir } => fsck(&volume, &base_dir),
         Command::Gc {
             volume,
@@ -822,19 +829,45 @@ fn up(
     name: &str,
     mountpoint: &std::path::Path,
     base_dir: PathBuf,
+    state_dir: &Path,
     socket: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
     let paths = VolumePaths::named(name, &base_dir)?;
-    let formatted_before = paths.sqlite_path.as_deref().is_some_and(Path::exists);
-    if !formatted_before {
+    create_mountpoint(mountpoint)?;
+    ensure_supervisor(socket, state_dir)?;
+    let mountpoint_abs = absolute(mountpoint)?;
+    // `up` is idempotent: the same volume already mounted there is success.
+    if let Reply::Status { report } = call(socket, &Request::Status)? {
+        if let Some(m) = report
+            .mounts
+            .iter()
+            .find(|m| m.mountpoint == mountpoint_abs)
+        {
+            if m.volume != paths.meta_url {
+                anyhow::bail!(
+                    "{} is already a mount of {}, not of volume {name}: pick another mountpoint, or `fsctl umount {}` first",
+                    mountpoint.display(),
+                    m.volume,
+                    mountpoint.display()
+                );
+            }
+            println!(
+                "volume {name} is already mounted at {} (generation {}, {})",
+                mountpoint.display(),
+                m.generation,
+                m.state
+            );
+            print_up_hints(mountpoint, socket);
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    if !paths.sqlite_path.as_deref().is_some_and(Path::exists) {
         let formatted = format(&FormatRequest::new(name, &base_dir))?;
         println!("formatted volume {name} ({})", formatted.meta_url);
     }
-    create_mountpoint(mountpoint)?;
-    ensure_supervisor(socket)?;
     let request = Request::Mount {
         volume: paths.meta_url.clone(),
-        mountpoint: absolute(mountpoint)?,
+        mountpoint: mountpoint_abs,
         base_dir: absolute(&base_dir)?,
         options: ClientOptions {
             cache_dir: None,
@@ -844,33 +877,64 @@ fn up(
         persist: false,
     };
     let code = mount(socket, &request)?;
-    let s = socket.display();
     println!(
-        "volume {name} is mounted at {} and supervised by fs-supervisor ({s})",
-        mountpoint.display()
+        "volume {name} is mounted at {} and supervised by fs-supervisor ({})",
+        mountpoint.display(),
+        socket.display()
     );
-    println!("  status:  fsctl status --socket {s}");
-    println!(
-        "  upgrade: fsctl upgrade {} --binary /path/to/new/fsclient --socket {s}",
-        mountpoint.display()
-    );
-    println!("  crash:   kill -9 the pid in status; the next generation takes over");
-    println!(
-        "  stop:    fsctl umount {} --socket {s}",
-        mountpoint.display()
-    );
+    print_up_hints(mountpoint, socket);
     Ok(code)
+}
+
+/// What to do next with a mount `up` made: commands that work as printed
+/// (this fsctl's own path; `--socket` only when it is not the default).
+fn print_up_hints(mountpoint: &Path, socket: &Path) {
+    let fsctl = std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            let on_path = exe.file_name().is_some_and(|name| {
+                which_on_path(name).is_some_and(|found| same_file(&found, &exe))
+            });
+            (!on_path).then(|| exe.display().to_string())
+        })
+        .unwrap_or_else(|| "fsctl".to_string());
+    let socket_arg = if socket == Path::new(DEFAULT_SOCKET) {
+        String::new()
+    } else {
+        format!(" --socket {}", socket.display())
+    };
+    let m = mountpoint.display();
+    let fsclient = std::env::current_exe()
+        .map(|exe| exe.with_file_name("fsclient").display().to_string())
+        .unwrap_or_else(|_| "/path/to/new/fsclient".to_string());
+    println!("  status:  {fsctl} status{socket_arg}");
+    println!("  upgrade: {fsctl} upgrade {m} --binary {fsclient}{socket_arg}");
+    println!("  crash:   kill -9 the pid in status; the next generation takes over");
+    println!("  stop:    {fsctl} umount {m}{socket_arg}");
+}
+
+/// The first `name` in a directory of `$PATH`.
+fn which_on_path(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
 }
 
 /// Starts `fs-supervisor` (next to this executable) in its own process
 /// group, logging to its state directory, unless one answers on `socket`.
-fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
+fn ensure_supervisor(socket: &Path, state_dir: &Path) -> anyhow::Result<()> {
     if upgrade_protocol::connect_seqpacket(socket).is_ok() {
         return Ok(());
     }
     let binary = std::env::current_exe()?.with_file_name("fs-supervisor");
-    let state_dir = PathBuf::from(DEFAULT_STATE_DIR);
-    std::fs::create_dir_all(&state_dir)
+    std::fs::create_dir_all(state_dir)
         .with_context(|| format!("creating {}", state_dir.display()))?;
     let log_path = state_dir.join("fs-supervisor.log");
     let log = std::fs::OpenOptions::new()
@@ -881,6 +945,8 @@ fn ensure_supervisor(socket: &std::path::Path) -> anyhow::Result<()> {
     let mut child = std::process::Command::new(&binary)
         .arg("--socket")
         .arg(socket)
+        .arg("--state-dir")
+        .arg(state_dir)
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -16,7 +16,7 @@ use std::process::{Command, Output};
 fn fsctl(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_fsctl"))
         .args(args)
-        .env("NO_COLOR", "1")
+        .env_remove("NO_COLOR")
         .output()
         .unwrap()
 }
@@ -39,6 +39,12 @@ fn a_formatted_volume_checks_consistent_and_a_second_format_leaves_it_alone() {
         text(&out.stdout).contains("formatted volume vol1"),
         "{}",
         text(&out.stdout)
+    );
+    // Its log line goes to a pipe here: no colour codes in it.
+    let log = text(&out.stderr);
+    assert!(
+        log.contains("volume formatted") && !log.contains('\x1b'),
+        "{log:?}"
     );
     let meta_db = base.path().join("vol1/meta.db");
     let before = std::fs::read(&meta_db).unwrap();
