@@ -179,6 +179,7 @@ impl BatonFs {
                 Errno::EFBIG,
             ));
         }
+        self.check_quota_growth(ino, size)?;
         let _guard = self.staging_lock(ino, "truncate")?;
         self.staging.set_size(ino, size)?;
         self.invalidate(ino);
