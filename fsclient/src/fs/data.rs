@@ -473,19 +473,34 @@ impl BatonFs {
     /// that makes staged bytes durable must never refuse them; growth
     /// staged for other files and by other mounts is not seen, which is
     /// the bound by which a quota can be passed (docs/quotas.md).
+    /// Unlinked files still count until reclaimed (a few ms after their
+    /// last close): a refusal settles them and looks once more.
     pub(super) fn check_quota_growth(&self, ino: u64, end: u64) -> Result<()> {
+        match self.quota_growth_fits(ino, end)? {
+            false if self.settle_orphans_now() => {}
+            fits => return self.quota_growth_result(ino, end, fits),
+        }
+        let fits = self.quota_growth_fits(ino, end)?;
+        self.quota_growth_result(ino, end, fits)
+    }
+
+    fn quota_growth_fits(&self, ino: u64, end: u64) -> Result<bool> {
         let Some(headroom) = self.meta.quota_bytes_headroom(ino)? else {
-            return Ok(());
+            return Ok(true);
         };
         let attr = self.meta.getattr(ino)?;
         let staged = self.staging.staged_size(ino)?;
         let logical = staged.map_or(attr.size, |s| s.resolve(attr.size));
         if end <= logical {
-            return Ok(());
+            return Ok(true);
         }
         let growth = i64::try_from(end.saturating_sub(attr.size)).unwrap_or(i64::MAX);
-        if growth > headroom {
-            tracing::debug!(nodeid = ino, end, headroom, "write refused: quota full");
+        Ok(growth <= headroom)
+    }
+
+    fn quota_growth_result(&self, ino: u64, end: u64, fits: bool) -> Result<()> {
+        if !fits {
+            tracing::debug!(nodeid = ino, end, "write refused: quota full");
             return Err(Error::refused(
                 ino,
                 "the write would take a directory quota past its byte limit",

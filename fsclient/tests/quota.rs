@@ -1,0 +1,315 @@
+//! Directory quotas on a mounted volume: EDQUOT exactly at the byte and
+//! inode limits for every call that adds usage, renames and hard links in
+//! and out, df under a quota directory and on a bind mount of it, a limit
+//! set while mounted, and usage after kill -9 between a write and its
+//! commit. Each test mounts its own volume with the real `fsclient`
+//! binary; limits are set through the metadata while it is mounted, as
+//! `fsctl quota set` does. Needs root and /dev/fuse.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+
+use baton_meta::{MetaStore, QuotaUsage};
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+fn meta(vol: &Volume) -> Box<dyn MetaStore> {
+    baton_meta::open(s(&vol.meta_path())).unwrap()
+}
+
+/// `fsctl quota set` on the mounted volume: by the directory's inode.
+fn set_quota(vol: &Volume, dir: &std::path::Path, bytes: Option<u64>, inodes: Option<u64>) {
+    let ino = fs::metadata(dir).unwrap().ino();
+    meta(vol).set_quota(ino, bytes, inodes).unwrap();
+}
+
+fn usage(vol: &Volume, dir: &std::path::Path) -> QuotaUsage {
+    let ino = fs::metadata(dir).unwrap().ino();
+    meta(vol).quota(ino).unwrap().unwrap().used
+}
+
+fn errno_of<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
+    r.expect_err("the call must fail").raw_os_error().unwrap()
+}
+
+#[test]
+fn bytes_limit_refuses_the_first_byte_past_it_and_keeps_what_fits() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    set_quota(&vol, &q, Some(MIB), None);
+
+    // O_DIRECT: each write(2) is a WRITE, so the error reaches it.
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(q.join("a"))
+        .unwrap();
+    let block = vec![7u8; 4096];
+    for i in 0..(MIB / 4096) {
+        f.write_all_at(&block, i * 4096).unwrap();
+    }
+    assert_eq!(errno_of(f.write_all_at(&block, MIB)), libc::EDQUOT);
+    f.sync_all().unwrap();
+    assert_eq!(errno_of(f.set_len(MIB + 1)), libc::EDQUOT);
+    assert_eq!(errno_of(nix_fallocate(&f, MIB + 4096)), libc::EDQUOT);
+    drop(f);
+    assert_eq!(fs::metadata(q.join("a")).unwrap().len(), MIB);
+    assert_eq!(usage(&vol, &q).bytes, MIB);
+
+    // Shrinking frees room; the same bytes fit again.
+    let f = OpenOptions::new().write(true).open(q.join("a")).unwrap();
+    f.set_len(MIB - 4096).unwrap();
+    f.set_len(MIB).unwrap();
+    drop(f);
+
+    // Through the page cache (the writeback cache of a SQLite volume):
+    // write(2) may succeed into the cache, then fsync reports the refusal,
+    // and nothing past the limit is stored.
+    let mut g = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(q.join("buffered"))
+        .unwrap();
+    let refused = g.write_all(&block).and_then(|()| g.sync_all());
+    assert_eq!(errno_of(refused), libc::EDQUOT);
+    drop(g);
+    m.stop();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    assert_eq!(fs::metadata(m.p("q/buffered")).unwrap().len(), 0);
+    assert_eq!(usage(&vol, &m.p("q")).bytes, MIB);
+    m.stop();
+}
+
+fn nix_fallocate(f: &fs::File, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid fd; plain syscall.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn inode_limit_refuses_every_call_that_adds_one_and_renames_move_usage() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    fs::write(m.p("outside"), b"12345").unwrap();
+    set_quota(&vol, &q, None, Some(3));
+    fs::write(q.join("one"), b"1").unwrap();
+    fs::create_dir(q.join("two")).unwrap();
+    std::os::unix::fs::symlink("target", q.join("three")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 7,
+            inodes: 3
+        }
+    );
+
+    assert_eq!(errno_of(fs::write(q.join("four"), b"")), libc::EDQUOT);
+    assert_eq!(errno_of(fs::create_dir(q.join("four"))), libc::EDQUOT);
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("t", q.join("four"))),
+        libc::EDQUOT
+    );
+    assert_eq!(
+        errno_of(fs::hard_link(m.p("outside"), q.join("four"))),
+        libc::EDQUOT
+    );
+    assert_eq!(
+        errno_of(fs::rename(m.p("outside"), q.join("four"))),
+        libc::EDQUOT
+    );
+    // Nothing of the refused calls was applied.
+    assert!(fs::symlink_metadata(q.join("four")).is_err());
+    assert_eq!(fs::read(m.p("outside")).unwrap(), b"12345");
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 7,
+            inodes: 3
+        }
+    );
+    // An unlinked file counts until reclaimed, a few ms later; a full
+    // quota does not make the next create wait for that.
+    fs::remove_file(q.join("one")).unwrap();
+    fs::write(q.join("one"), b"1").unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 7,
+            inodes: 3
+        }
+    );
+
+    // A rename out frees its usage, a rename in takes it.
+    fs::rename(q.join("one"), m.p("one")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 6,
+            inodes: 2
+        }
+    );
+    fs::rename(m.p("outside"), q.join("in")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 11,
+            inodes: 3
+        }
+    );
+    // Within the quota a rename changes nothing.
+    fs::rename(q.join("in"), q.join("two/in")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 11,
+            inodes: 3
+        }
+    );
+    // A hard link inside the quota is counted once; one that leaves the
+    // quota only when its last name there goes.
+    fs::remove_file(q.join("three")).unwrap();
+    let reclaimed = QuotaUsage {
+        bytes: 5,
+        inodes: 2,
+    };
+    assert!(wait_until(DEADLINE, || usage(&vol, &q) == reclaimed));
+    fs::hard_link(q.join("two/in"), q.join("again")).unwrap();
+    assert_eq!(usage(&vol, &q), reclaimed);
+    fs::hard_link(q.join("again"), m.p("outer-name")).unwrap();
+    fs::remove_file(q.join("again")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 5,
+            inodes: 2
+        }
+    );
+    fs::remove_file(q.join("two/in")).unwrap();
+    // Its last name in the quota went (it lives on outside): at once.
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 0,
+            inodes: 1
+        }
+    );
+    assert_eq!(fs::read(m.p("outer-name")).unwrap(), b"12345");
+    // A directory moved in brings its tree.
+    fs::create_dir_all(m.p("tree/sub")).unwrap();
+    fs::write(m.p("tree/sub/f"), b"xy").unwrap();
+    assert_eq!(
+        errno_of(fs::rename(m.p("tree"), q.join("tree"))),
+        libc::EDQUOT
+    );
+    set_quota(&vol, &q, None, Some(4));
+    fs::rename(m.p("tree"), q.join("tree")).unwrap();
+    assert_eq!(
+        usage(&vol, &q),
+        QuotaUsage {
+            bytes: 2,
+            inodes: 4
+        }
+    );
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    m.stop();
+}
+
+#[test]
+fn df_under_a_quota_directory_and_on_a_bind_mount_shows_the_quota() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("pvc");
+    fs::create_dir(&q).unwrap();
+    fs::write(m.p("big-outside"), vec![1u8; 300_000]).unwrap();
+    let st = nix::sys::statvfs::statvfs(&q).unwrap();
+    assert_eq!(st.blocks() * st.fragment_size(), 1 << 50, "no quota yet");
+    // Set while mounted: the next statfs shows it.
+    set_quota(&vol, &q, Some(10 * MIB), Some(1000));
+    fs::write(q.join("f"), vec![2u8; 100_000]).unwrap();
+    let bind = vol.mountpoint("bind");
+    let (ok, _, err) = sh(&format!("mount --bind {} {}", s(&q), s(&bind)));
+    assert!(ok, "bind mount: {err}");
+    let _bind_guard = MountGuard::new(&bind);
+    for path in [&q, &q.join("f"), &bind] {
+        let st = nix::sys::statvfs::statvfs(path.as_path()).unwrap();
+        assert_eq!(st.blocks() * st.fragment_size(), 10 * MIB, "{path:?}");
+        let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+        assert_eq!(used, 100_000u64.div_ceil(4096) * 4096, "{path:?}");
+        assert_eq!(st.files(), 1000);
+        assert_eq!(st.files() - st.files_free(), 1);
+    }
+    let (ok, out, _) = sh(&format!("df -B1 --output=size {}", s(&bind)));
+    assert!(ok);
+    assert_eq!(out.lines().nth(1).map(str::trim), Some("10485760"));
+    // A changed limit is seen by the next statfs.
+    set_quota(&vol, &q, Some(20 * MIB), Some(1000));
+    let st = nix::sys::statvfs::statvfs(&bind).unwrap();
+    assert_eq!(st.blocks() * st.fragment_size(), 20 * MIB);
+    // The volume's own figures: real usage, the documented capacity.
+    let st = nix::sys::statvfs::statvfs(&m.mnt).unwrap();
+    assert_eq!(st.blocks() * st.fragment_size(), 1 << 50);
+    let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
+    assert!(used >= 400_000, "volume used {used}");
+    assert_eq!(st.files() - st.files_free(), 4, "root, pvc, f, big-outside");
+    drop(_bind_guard);
+    m.stop();
+}
+
+#[test]
+fn usage_is_right_after_kill_9_between_a_write_and_its_commit() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    fs::create_dir(m.p("q")).unwrap();
+    set_quota(&vol, &m.p("q"), Some(MIB), None);
+    m.stop();
+    // Dies in the first upload of a flush: the data is staged, the block
+    // map and size (and so the usage) not committed.
+    let m = vol.mount_with_env(&mnt, &[], &[("BATON_FAULT", "during-upload@fsync")]);
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("q/f"))
+        .unwrap();
+    f.write_all_at(&vec![3u8; 200_000], 0).unwrap();
+    assert_eq!(usage(&vol, &m.p("q")).bytes, 0, "not committed yet");
+    let q_path = m.p("q");
+    let q_ino = fs::metadata(&q_path).unwrap().ino();
+    let _ = f.sync_all();
+    drop(f);
+    m.kill9();
+    // A fresh mount commits what the dead one staged, and counts it in
+    // that commit.
+    let m = vol.mount(&mnt);
+    assert_eq!(fs::metadata(m.p("q/f")).unwrap().len(), 200_000);
+    let used = meta(&vol).quota(q_ino).unwrap().unwrap().used;
+    assert_eq!(
+        used,
+        QuotaUsage {
+            bytes: 200_000,
+            inodes: 1
+        }
+    );
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    m.stop();
+}
