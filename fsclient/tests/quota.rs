@@ -313,3 +313,158 @@ fn usage_is_right_after_kill_9_between_a_write_and_its_commit() {
     assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
     m.stop();
 }
+
+/// A PostgreSQL database for one test, dropped at the end (`psql`).
+struct PgDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl PgDatabase {
+    /// `None` (the test skips, loudly) without a server, unless
+    /// BATON_REQUIRE_POSTGRES=1.
+    fn create() -> Option<PgDatabase> {
+        let Ok(admin) = std::env::var("BATON_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var("BATON_REQUIRE_POSTGRES").is_err(),
+                "BATON_REQUIRE_POSTGRES is set but BATON_TEST_POSTGRES_URL is not"
+            );
+            eprintln!("skipped: no PostgreSQL (set BATON_TEST_POSTGRES_URL)");
+            return None;
+        };
+        let name = format!("baton_quota_{}", std::process::id());
+        let (ok, _, err) = sh(&format!("psql -q '{admin}' -c 'CREATE DATABASE {name}'"));
+        assert!(ok, "create database: {err}");
+        let (base, _) = admin.rsplit_once('/').unwrap();
+        Some(PgDatabase {
+            url: format!("{base}/{name}"),
+            admin,
+            name,
+        })
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let _ = sh(&format!(
+            "psql -q '{}' -c 'DROP DATABASE IF EXISTS {} WITH (FORCE)'",
+            self.admin, self.name
+        ));
+    }
+}
+
+/// Two mounts of one PostgreSQL volume (two base directories: two
+/// hosts as far as the volume is concerned) race into one quota: the
+/// inode limit holds exactly, the byte limit is passed by at most what
+/// the other mount had accepted and not committed (one write here, each
+/// followed by fsync).
+#[test]
+fn two_mounts_of_a_postgres_volume_racing_into_one_quota() {
+    let Some(db) = PgDatabase::create() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    let config = baton_meta::VolumeConfig {
+        name: "shared".into(),
+        storage_url: format!("file://{}", data.display()),
+        block_size_bytes: BLOCK_SIZE,
+    };
+    drop(baton_meta::format(&db.url, &config).unwrap());
+    let mount = |host: &str| {
+        let base = dir.path().join(host);
+        let mnt = dir.path().join(format!("mnt-{host}"));
+        fs::create_dir_all(&base).unwrap();
+        fs::create_dir_all(&mnt).unwrap();
+        let mut child = ChildGuard(
+            std::process::Command::new(env!("CARGO_BIN_EXE_fsclient"))
+                .args(["mount", &db.url, s(&mnt), "--base-dir", s(&base)])
+                .env("RUST_LOG", "warn")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let up = wait_until(DEADLINE, || {
+            if let Ok(Some(status)) = child.0.try_wait() {
+                panic!("fsclient exited before mounting: {status}");
+            }
+            fuse_wire::connection_id(&mnt).is_ok()
+        });
+        assert!(up, "fsclient did not mount {}", mnt.display());
+        let guard = MountGuard::new(&mnt);
+        (mnt, guard, child)
+    };
+    let (a, _guard_a, _child_a) = mount("host-a");
+    let (b, _guard_b, _child_b) = mount("host-b");
+    fs::create_dir(a.join("files")).unwrap();
+    fs::create_dir(a.join("bytes")).unwrap();
+    let meta = baton_meta::open(&db.url).unwrap();
+    let files_ino = fs::metadata(a.join("files")).unwrap().ino();
+    let bytes_ino = fs::metadata(a.join("bytes")).unwrap().ino();
+    meta.set_quota(files_ino, None, Some(40)).unwrap();
+    meta.set_quota(bytes_ino, Some(MIB), None).unwrap();
+
+    const WRITE_BYTES: usize = 16 * 1024;
+    let race = |mnt: std::path::PathBuf, host: &'static str| {
+        std::thread::spawn(move || {
+            let mut created = 0u64;
+            loop {
+                match fs::write(mnt.join(format!("files/{host}-{created}")), b"") {
+                    Ok(()) => created += 1,
+                    Err(e) => {
+                        assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{host}: {e}");
+                        break;
+                    }
+                }
+            }
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(mnt.join(format!("bytes/{host}")))
+                .unwrap();
+            let mut written = 0u64;
+            loop {
+                match f.write_all_at(&[9u8; WRITE_BYTES], written) {
+                    Ok(()) => {
+                        f.sync_all().unwrap();
+                        written += WRITE_BYTES as u64;
+                    }
+                    Err(e) => {
+                        assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{host}: {e}");
+                        break;
+                    }
+                }
+            }
+            (created, written)
+        })
+    };
+    let ta = race(a.clone(), "a");
+    let tb = race(b.clone(), "b");
+    let (created_a, written_a) = ta.join().unwrap();
+    let (created_b, written_b) = tb.join().unwrap();
+    assert_eq!(created_a + created_b, 40, "the inode limit is exact");
+    let files = meta.quota(files_ino).unwrap().unwrap().used;
+    assert_eq!(files.inodes, 40);
+    let bytes = meta.quota(bytes_ino).unwrap().unwrap().used;
+    assert_eq!(bytes.bytes, written_a + written_b);
+    assert!(
+        bytes.bytes <= MIB + WRITE_BYTES as u64,
+        "passed the limit by more than one write of the other mount: {} bytes",
+        bytes.bytes
+    );
+    assert!(
+        bytes.bytes + WRITE_BYTES as u64 > MIB,
+        "stopped short: {}",
+        bytes.bytes
+    );
+    assert!(meta.recount_quotas(false).unwrap().is_empty());
+    // Both mounts see the same quota through statfs.
+    for mnt in [&a, &b] {
+        let st = nix::sys::statvfs::statvfs(mnt.join("files").as_path()).unwrap();
+        assert_eq!(st.files(), 40);
+        assert_eq!(st.files_free(), 0);
+    }
+}
