@@ -201,7 +201,7 @@ fn open(path: &Path, target: &Target) -> anyhow::Result<(QuotaVolume, u64)> {
     })?;
     let volume = QuotaVolume::open(&source, &target.base_dir).with_context(|| {
         format!(
-            "{} is on Baton volume {source}, which cannot be opened from here (a PostgreSQL mount shows only its database name): give --volume URL",
+            "{} is on Baton volume {source}, which cannot be opened from here: give the --base-dir it was mounted with, or --volume (a PostgreSQL mount shows only its database name: --volume URL)",
             path.display()
         )
     })?;

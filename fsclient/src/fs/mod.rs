@@ -499,8 +499,6 @@ impl BatonFs {
         self.committed_bytes.forget(ino);
     }
 
-    /// Volume usage. Object storage has no fixed capacity: report a large
-    /// constant capacity (1 PiB, 2^40 inodes) minus what is used.
     /// STATFS on `ino`: under a directory quota (the deepest that holds
     /// `ino`, a quota directory's own first) its limits and usage, so
     /// that `df` on the directory or a bind mount of it shows the quota;
