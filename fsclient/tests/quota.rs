@@ -88,6 +88,16 @@ fn bytes_limit_refuses_the_first_byte_past_it_and_keeps_what_fits() {
     let m = vol.mount(&vol.mountpoint("mnt"));
     assert_eq!(fs::metadata(m.p("q/buffered")).unwrap().len(), 0);
     assert_eq!(usage(&vol, &m.p("q")).bytes, MIB);
+    // A deleted file's bytes are free for the very next write.
+    fs::remove_file(m.p("q/a")).unwrap();
+    let b = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("q/b"))
+        .unwrap();
+    b.write_all_at(&block, 0).unwrap();
+    drop(b);
     m.stop();
 }
 
