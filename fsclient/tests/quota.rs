@@ -291,9 +291,9 @@ fn usage_is_right_after_kill_9_between_a_write_and_its_commit() {
     fs::create_dir(m.p("q")).unwrap();
     set_quota(&vol, &m.p("q"), Some(MIB), None);
     m.stop();
-    // Dies in the first upload of a flush: the data is staged, the block
-    // map and size (and so the usage) not committed.
-    let m = vol.mount_with_env(&mnt, &[], &[("BATON_FAULT", "during-upload@fsync")]);
+    // Written (staged and acknowledged), not committed: no flush, fsync or
+    // close before the kill.
+    let m = vol.mount(&mnt);
     let f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -305,9 +305,8 @@ fn usage_is_right_after_kill_9_between_a_write_and_its_commit() {
     assert_eq!(usage(&vol, &m.p("q")).bytes, 0, "not committed yet");
     let q_path = m.p("q");
     let q_ino = fs::metadata(&q_path).unwrap().ino();
-    let _ = f.sync_all();
-    drop(f);
     m.kill9();
+    drop(f);
     // A fresh mount commits what the dead one staged, and counts it in
     // that commit.
     let m = vol.mount(&mnt);
