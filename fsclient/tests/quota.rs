@@ -477,3 +477,42 @@ fn two_mounts_of_a_postgres_volume_racing_into_one_quota() {
         assert_eq!(st.files_free(), 0);
     }
 }
+
+/// A first byte limit set above a file a mount is writing (which it had
+/// found free of quotas) stops its growth within the recheck time; the
+/// usage then agrees with a recount.
+#[test]
+fn a_limit_set_while_a_file_is_written_stops_its_growth() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(q.join("f"))
+        .unwrap();
+    let block = vec![4u8; 4096];
+    f.write_all_at(&block, 0).unwrap();
+    set_quota(&vol, &q, Some(8192), None);
+    let mut offset = 4096;
+    let refused = wait_until(DEADLINE, || match f.write_all_at(&block, offset) {
+        Ok(()) => {
+            offset += 4096;
+            false
+        }
+        Err(e) => {
+            assert_eq!(e.raw_os_error(), Some(libc::EDQUOT), "{e}");
+            true
+        }
+    });
+    assert!(refused, "still growing past the limit at {offset} bytes");
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(q.join("f")).unwrap().len(), offset);
+    assert_eq!(usage(&vol, &q).bytes, offset);
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    m.stop();
+}

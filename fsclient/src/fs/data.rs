@@ -485,7 +485,11 @@ impl BatonFs {
     }
 
     fn quota_growth_fits(&self, ino: u64, end: u64) -> Result<bool> {
+        if self.quota_free.is_free(ino) {
+            return Ok(true);
+        }
         let Some(headroom) = self.meta.quota_bytes_headroom(ino)? else {
+            self.quota_free.remember(ino);
             return Ok(true);
         };
         let attr = self.meta.getattr(ino)?;

@@ -28,6 +28,7 @@ pub mod lock;
 mod namespace;
 mod once;
 mod orphans;
+pub mod quota_free;
 mod staging_dirs;
 mod write_through;
 mod xattr;
@@ -123,6 +124,8 @@ pub struct BatonFs {
     /// Set when a write-through upload failed (`write_through.rs`).
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
+    /// Inodes no byte-limited quota counted when last asked (WRITE).
+    quota_free: quota_free::QuotaFree,
     /// The random identity of the FUSE connection served (exactly-once
     /// keys, the metadata session); not the kernel's fusectl number. Set
     /// once, before serving ([`BatonFs::set_connection`]).
@@ -176,6 +179,7 @@ impl BatonFs {
             committed_bytes: committed_bytes::CommittedBytes::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
+            quota_free: quota_free::QuotaFree::default(),
             connection_identity: OnceLock::new(),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
