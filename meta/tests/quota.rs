@@ -203,3 +203,86 @@ fn args(kind: FileKind) -> baton_meta::CreateArgs {
         symlink_target: None,
     }
 }
+
+#[test]
+fn a_directory_too_large_to_move_across_quotas_is_refused_with_exdev() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, None, None).unwrap();
+    let d = dir(m, ROOT_INO, "d");
+    let count = baton_meta::limits::QUOTA_MOVE_INODES_MAX as i64 + 1;
+    let numbers = "WITH RECURSIVE n(i) AS (SELECT CAST(1 AS BIGINT) UNION ALL SELECT i + 1 FROM n WHERE i < CAST(?1 AS BIGINT)) ";
+    raw_exec(
+        &v,
+        &format!(
+            "{numbers}INSERT INTO inodes (ino, generation, kind, mode, nlink, uid, gid, rdev, size,
+                 atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec)
+             SELECT 2000000 + i, 1, 1, 420, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 FROM n"
+        ),
+        &[count],
+    );
+    raw_exec(
+        &v,
+        &format!(
+            "{numbers}INSERT INTO dentries (parent, name, ino)
+             SELECT CAST(?2 AS BIGINT), CAST(('e' || i) AS BLOB), 2000000 + i FROM n"
+        )
+        .replace(
+            "AS BLOB",
+            if v.db.is_some() {
+                "AS BYTEA"
+            } else {
+                "AS BLOB"
+            },
+        ),
+        &[count, d.ino as i64],
+    );
+    let moved = m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None);
+    assert_eq!(moved.unwrap_err().errno(), libc::EXDEV);
+    assert_eq!(m.lookup(ROOT_INO, n("d")).unwrap().ino, d.ino);
+    assert_eq!(used(m, q.ino), (0, 0));
+    // One inode fewer moves, with its whole tree.
+    m.unlink(d.ino, n("e1"), None).unwrap();
+    m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (0, count as u64));
+}
+
+#[test]
+fn a_directory_moved_across_quotas_moves_its_tree_hard_links_and_inner_quotas_right() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, Some(1 << 20), Some(100)).unwrap();
+    let d = dir(m, ROOT_INO, "d");
+    let inner = dir(m, d.ino, "inner");
+    m.set_quota(inner.ino, None, None).unwrap();
+    let g = file(m, inner.ino, "g");
+    resize(m, g.ino, 10).unwrap();
+    let linked = file(m, d.ino, "linked");
+    resize(m, linked.ino, 100).unwrap();
+    // A second name outside d, and one already inside q.
+    m.link(linked.ino, ROOT_INO, n("outside"), None).unwrap();
+    m.link(linked.ino, q.ino, n("inside"), None).unwrap();
+    assert_eq!(used(m, q.ino), (100, 1));
+    m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None)
+        .unwrap();
+    // d, inner, g, and linked counted once.
+    assert_eq!(used(m, q.ino), (110, 4));
+    assert_eq!(used(m, inner.ino), (10, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // Out again: linked stays (its name "inside" is still in q).
+    m.rename(q.ino, n("d"), ROOT_INO, n("d2"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (100, 1));
+    assert_eq!(used(m, inner.ino), (10, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // Into a quota too small for the tree: refused, nothing moved.
+    m.set_quota(q.ino, Some(105), None).unwrap();
+    let refused = m.rename(ROOT_INO, n("d2"), q.ino, n("d"), PLAIN, None);
+    assert_eq!(refused.unwrap_err().errno(), libc::EDQUOT);
+    assert_eq!(m.lookup(ROOT_INO, n("d2")).unwrap().ino, d.ino);
+    assert_eq!(used(m, q.ino), (100, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+}

@@ -50,6 +50,17 @@ macro_rules! subtree_cte {
     };
 }
 
+/// Directory `?1` and every inode under it, each once.
+macro_rules! subtree_and_self_cte {
+    () => {
+        "WITH RECURSIVE down(ino) AS (
+            SELECT CAST(?1 AS BIGINT)
+            UNION
+            SELECT d.ino FROM dentries d JOIN down ON d.parent = down.ino
+        ) "
+    };
+}
+
 /// What `a` adds to a quota that counts it.
 pub(crate) fn usage_of(a: &Attr) -> QuotaUsage {
     QuotaUsage {
@@ -203,20 +214,67 @@ pub(crate) fn after_move<C: Db>(
     if moved.kind != FileKind::Directory {
         return resync_one(c, moved, true);
     }
-    if enclosing(c, old_parent)? == enclosing(c, new_parent)? {
+    let before: BTreeSet<u64> = enclosing(c, old_parent)?.into_iter().collect();
+    let after: BTreeSet<u64> = enclosing(c, new_parent)?.into_iter().collect();
+    if before == after {
         return Ok(());
     }
-    let inner: Vec<u64> = c
-        .prepare_cached(concat!(subtree_cte!(), "SELECT ino FROM down LIMIT ?2"))?
-        .collect_rows(params![moved.ino, QUOTA_MOVE_INODES_MAX + 1], |r| r.get(0))?;
-    if inner.len() as u64 > QUOTA_MOVE_INODES_MAX {
+    // The moved directory and its tree: each inode with a single name
+    // (directories, files at nlink 1) leaves and enters exactly the same
+    // quotas, set-wise in a few statements per quota; one with more names
+    // is resynced from all of them.
+    let tree: Vec<(u64, FileKind, u64, u32)> = c
+        .prepare_cached(concat!(
+            subtree_and_self_cte!(),
+            "SELECT i.ino, i.kind, i.size, i.nlink FROM down JOIN inodes i ON i.ino = down.ino
+             LIMIT ?2"
+        ))?
+        .collect_rows(params![moved.ino, QUOTA_MOVE_INODES_MAX + 2], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })?;
+    if tree.len() as u64 > QUOTA_MOVE_INODES_MAX + 1 {
         return Err(MetaError::QuotaMoveTooLarge {
             ino: moved.ino,
             max: QUOTA_MOVE_INODES_MAX,
         });
     }
-    resync_one(c, moved, true)?;
-    for ino in inner {
+    let single = |kind: FileKind, nlink: u32| kind == FileKind::Directory || nlink <= 1;
+    let mut usage = QuotaUsage::default();
+    let mut shared = Vec::new();
+    for &(ino, kind, size, nlink) in &tree {
+        if single(kind, nlink) {
+            let a = QuotaUsage {
+                bytes: if kind == FileKind::Directory { 0 } else { size },
+                inodes: 1,
+            };
+            usage.bytes += a.bytes;
+            usage.inodes += a.inodes;
+        } else {
+            shared.push(ino);
+        }
+    }
+    for &q in before.difference(&after) {
+        c.prepare_cached(concat!(
+            subtree_and_self_cte!(),
+            "DELETE FROM quota_charges WHERE quota = ?2 AND ino IN (
+                 SELECT down.ino FROM down JOIN inodes i ON i.ino = down.ino
+                 WHERE i.kind = 2 OR i.nlink <= 1)"
+        ))?
+        .execute(params![moved.ino, q])?;
+        apply(c, q, usage, -1, false)?;
+    }
+    for &q in after.difference(&before) {
+        c.prepare_cached(concat!(
+            subtree_and_self_cte!(),
+            "INSERT INTO quota_charges (quota, ino)
+             SELECT ?2, down.ino FROM down JOIN inodes i ON i.ino = down.ino
+             WHERE i.kind = 2 OR i.nlink <= 1
+             ON CONFLICT DO NOTHING"
+        ))?
+        .execute(params![moved.ino, q])?;
+        apply(c, q, usage, 1, true)?;
+    }
+    for ino in shared {
         resync_one(c, &inode::attr(c, ino)?, true)?;
     }
     Ok(())
