@@ -130,6 +130,13 @@ fn limits_refuse_at_the_boundary_and_change_nothing() {
     commit_size(m, f.ino, 5000);
     assert_eq!(used(m, q.ino), (5000, 3));
     assert_eq!(m.quota_bytes_headroom(f.ino).unwrap(), Some(-904));
+    // Past the byte limit, what adds no bytes is still allowed.
+    let empty = file(m, q.ino, "empty");
+    let mut link_args = args(FileKind::Symlink);
+    link_args.symlink_target = Some("target".into());
+    assert!(is_edquot(m.create(q.ino, n("sym"), &link_args, None)));
+    m.unlink(q.ino, n("empty"), None).unwrap();
+    m.reclaim(empty.ino, None).unwrap();
     // Shrinking is always allowed.
     resize(m, f.ino, 10).unwrap();
     assert_eq!(used(m, q.ino), (10, 3));

@@ -126,13 +126,16 @@ fn apply<C: Db>(c: &C, q: u64, usage: QuotaUsage, sign: i64, check: bool) -> Res
         sign * signed(usage.inodes)
     ])?;
     if check && sign > 0 {
-        check_limits(c, q)?;
+        check_limits(c, q, usage.bytes > 0, usage.inodes > 0)?;
     }
     Ok(())
 }
 
-/// `QuotaExceeded` if quota `q` is past a limit.
-fn check_limits<C: Db>(c: &C, q: u64) -> Result<()> {
+/// `QuotaExceeded` if quota `q` is past its byte limit (when `bytes`) or
+/// its inode limit (when `inodes`): only what a change adds is checked, so
+/// that a quota whose byte limit was lowered below its usage still lets
+/// empty files and directories be made.
+fn check_limits<C: Db>(c: &C, q: u64, check_bytes: bool, check_inodes: bool) -> Result<()> {
     let row: Option<(i64, Option<u64>, i64, Option<u64>)> = c
         .prepare_cached(
             "SELECT bytes_used, bytes_max, inodes_used, inodes_max FROM quotas WHERE ino = ?1",
@@ -153,8 +156,13 @@ fn check_limits<C: Db>(c: &C, q: u64) -> Result<()> {
         }),
         _ => Ok(()),
     };
-    over("bytes", bytes, bytes_max)?;
-    over("inodes", inodes, inodes_max)
+    if check_bytes {
+        over("bytes", bytes, bytes_max)?;
+    }
+    if check_inodes {
+        over("inodes", inodes, inodes_max)?;
+    }
+    Ok(())
 }
 
 /// A new inode `a` was named in `parent`: every quota holding `parent`
@@ -294,7 +302,7 @@ pub(crate) fn add_bytes<C: Db>(c: &C, ino: u64, delta: i64, check: bool) -> Resu
         .execute(params![ino, delta])?;
     if check && delta > 0 && changed > 0 {
         for q in charged(c, ino)? {
-            check_limits(c, q)?;
+            check_limits(c, q, true, false)?;
         }
     }
     Ok(())
