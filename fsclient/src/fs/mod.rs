@@ -512,7 +512,8 @@ impl BatonFs {
     /// a quota lacks is the volume's figure.
     fn do_statfs(&self, ino: u64) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
-        let usage = self.meta.statfs()?;
+        // A quota's figures are one row; the volume's are counted (kept
+        // off the quota path: kubelet asks every PVC's statfs often).
         let (capacity_bytes, used_bytes, inodes_max, used_inodes) =
             match self.meta.nearest_quota(ino)? {
                 Some(q) => (
@@ -521,12 +522,15 @@ impl BatonFs {
                     q.inodes_max.unwrap_or(VOLUME_INODES_MAX),
                     q.used.inodes,
                 ),
-                None => (
-                    VOLUME_CAPACITY_BYTES,
-                    usage.bytes_used,
-                    VOLUME_INODES_MAX,
-                    usage.inodes_used,
-                ),
+                None => {
+                    let usage = self.meta.statfs()?;
+                    (
+                        VOLUME_CAPACITY_BYTES,
+                        usage.bytes_used,
+                        VOLUME_INODES_MAX,
+                        usage.inodes_used,
+                    )
+                }
             };
         let blocks = capacity_bytes.div_ceil(FRAGMENT_BYTES);
         let used = used_bytes.div_ceil(FRAGMENT_BYTES).min(blocks);
@@ -536,7 +540,7 @@ impl BatonFs {
             bavail: blocks - used,
             files: inodes_max,
             ffree: inodes_max.saturating_sub(used_inodes),
-            bsize: u64::from(usage.block_size_bytes).clamp(FRAGMENT_BYTES, 1 << 20) as u32,
+            bsize: self.block_size.clamp(FRAGMENT_BYTES, 1 << 20) as u32,
             namelen: baton_meta::limits::NAME_LEN_MAX as u32,
             frsize: FRAGMENT_BYTES as u32,
             ..Default::default()
