@@ -185,3 +185,48 @@ fn quota_set_get_ls_rm_on_a_volume_path_with_human_sizes_and_json() {
     let listed = on_vol(&["ls"]);
     assert_eq!(text(&listed.stdout).lines().count(), 1, "only the header");
 }
+
+#[test]
+fn fsck_reports_a_quota_usage_that_drifted_and_repairs_it_on_request() {
+    let base = tempfile::tempdir().unwrap();
+    let base_dir = s(base.path());
+    assert!(fsctl(&["format", "vol1", "--base-dir", base_dir])
+        .status
+        .success());
+    let set = fsctl(&[
+        "quota",
+        "set",
+        "/",
+        "--inodes",
+        "10",
+        "--volume",
+        "vol1",
+        "--base-dir",
+        base_dir,
+    ]);
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    let db = rusqlite::Connection::open(base.path().join("vol1/meta.db")).unwrap();
+    db.execute("UPDATE quotas SET inodes_used = 7", []).unwrap();
+    drop(db);
+
+    let check = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check.stdout));
+    assert!(
+        text(&check.stdout)
+            .contains("quota on /: stored 0 bytes and 7 inodes, counted 0 bytes and 0 inodes"),
+        "{}",
+        text(&check.stdout)
+    );
+    assert!(
+        text(&check.stderr).contains("--repair-quotas"),
+        "{}",
+        text(&check.stderr)
+    );
+
+    let repair = fsctl(&["fsck", "vol1", "--repair-quotas", "--base-dir", base_dir]);
+    assert!(repair.status.success(), "{}", text(&repair.stderr));
+    assert!(text(&repair.stdout).contains("stored the recounted usage of 1 quota(s)"));
+    let again = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert!(again.status.success(), "{}", text(&again.stdout));
+    assert!(text(&again.stdout).contains("volume vol1: consistent"));
+}
