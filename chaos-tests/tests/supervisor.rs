@@ -1314,6 +1314,54 @@ fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
     );
 }
 
+/// A rename into a directory quota, its generation killed after the commit
+/// and before the reply: the application's `mv` succeeds once, the quota
+/// counts the file once (it moved in the rename's own transaction), the
+/// inode limit it filled refuses the next create with EDQUOT, and fsck's
+/// recount agrees. The quota is set with `fsctl quota set` on the mount.
+#[test]
+fn a_rename_into_a_quota_killed_after_its_commit_is_counted_once() {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "after-commit@rename"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let fsctl = s(&binary("fsctl")).to_string();
+    let base = s(&fx.base).to_string();
+    let quota = |args: &str| format!("{fsctl} quota {args} --base-dir {base}");
+    let prepare = format!(
+        "cd {m} && mkdir q && head -c 3000 /dev/zero > f && {}",
+        quota(&format!("set {m}/q --bytes 1M --inodes 1"))
+    );
+    let (ok, _, err) = App::sh(&fx.mnt, &prepare).finish_or(|| fx.logs());
+    assert!(ok, "preparing failed: {err}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && mv f q/f")).finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "mv failed across a kill after its commit: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &quota(&format!("get {m}/q --json"))).finish_or(|| fx.logs());
+    assert!(ok, "quota get: {err}");
+    let got: Value = serde_json::from_str(&out).expect("quota JSON");
+    assert_eq!(got["bytes_used"], 3000, "{got}");
+    assert_eq!(got["inodes_used"], 1, "{got}");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/q/g")).finish();
+    assert!(
+        !ok && err.contains("quota"),
+        "a create past the inode limit: {err}"
+    );
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("{fsctl} fsck vol --base-dir {base}")).finish();
+    assert!(ok && out.contains("consistent"), "fsck: {out}{err}");
+}
+
 #[test]
 fn exactly_once_mkdir_rmdir_and_mknod() {
     killed_after_commit(

@@ -11,6 +11,8 @@
 //! - 3: fs-supervisor cannot be reached or did not answer in time;
 //! - 4: fs-supervisor refused this user (only root may control it).
 
+mod quota;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -135,10 +137,15 @@ enum Command {
     },
     /// Check VOLUME's metadata against its storage: referenced objects
     /// missing or short (exit 1: data is lost) and objects nothing refers
-    /// to (garbage; `fsctl gc` deletes it).
+    /// to (garbage; `fsctl gc` deletes it); and recount every directory
+    /// quota (exit 1 if a stored usage differs, until --repair-quotas).
     Fsck {
         /// A volume name (under --base-dir) or sqlite:///path/meta.db.
         volume: String,
+        /// Store the recounted usage of quotas that differ (safe while
+        /// the volume is mounted: one metadata transaction).
+        #[arg(long)]
+        repair_quotas: bool,
         /// Base directory for volumes.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
@@ -159,6 +166,13 @@ enum Command {
         /// Base directory for volumes.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
+    },
+    /// Directory quotas: a byte and an inode limit on a directory, for
+    /// everything under it (EDQUOT past them; df on the directory shows
+    /// them). Works while the volume is mounted.
+    Quota {
+        #[command(subcommand)]
+        command: quota::QuotaCommand,
     },
     /// Show every mount of fs-supervisor: generation, pids, restarts.
     Status {
@@ -247,7 +261,7 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
     }
 }
 
-fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn fsck(volume: &str, base_dir: &std::path::Path, repair_quotas: bool) -> anyhow::Result<ExitCode> {
     let checked = CheckedVolume::open(volume, base_dir)?;
     // Shadowed by the printable form (a URL's password is masked).
     let volume = checked.paths.display.as_str();
@@ -263,15 +277,36 @@ fn fsck(volume: &str, base_dir: &std::path::Path) -> anyhow::Result<ExitCode> {
             bad.ino, bad.index, bad.key
         );
     }
-    if report.is_consistent() {
-        println!("volume {volume}: consistent");
-        Ok(ExitCode::SUCCESS)
-    } else {
+    let quotas_differ = !report.quota_drifts.is_empty();
+    for (path, drift) in &report.quota_drifts {
+        println!(
+            "  quota on {}: stored {} bytes and {} inodes, counted {} bytes and {} inodes",
+            path.display(),
+            drift.stored.bytes,
+            drift.stored.inodes,
+            drift.counted.bytes,
+            drift.counted.inodes
+        );
+    }
+    if quotas_differ && repair_quotas {
+        let repaired = checked.recount_quotas(true)?;
+        println!("stored the recounted usage of {} quota(s)", repaired.len());
+    }
+    if !report.is_consistent() {
         eprintln!(
             "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
             report.bad_blocks.len()
         );
         Ok(ExitCode::from(1))
+    } else if quotas_differ && !repair_quotas {
+        eprintln!(
+            "fsctl: volume {volume}: {} quota(s) count a usage their trees do not have; store the recount with `fsctl fsck --repair-quotas {volume}`",
+            report.quota_drifts.len()
+        );
+        Ok(ExitCode::from(1))
+    } else {
+        println!("volume {volume}: consistent");
+        Ok(ExitCode::SUCCESS)
     }
 }
 
@@ -400,7 +435,12 @@ fn run() -> anyhow::Result<ExitCode> {
             state_dir,
             socket,
         } => up(&name, &mountpoint, base_dir, &state_dir, &socket.socket),
-        Command::Fsck { volume, base_dir } => fsck(&volume, &base_dir),
+        Command::Fsck {
+            volume,
+            base_dir,
+            repair_quotas,
+        } => fsck(&volume, &base_dir, repair_quotas),
+        Command::Quota { command } => quota::run(command),
         Command::Gc {
             volume,
             dry_run,

@@ -180,3 +180,119 @@ fn a_metadata_or_data_path_in_a_missing_directory_is_refused_unless_asked() {
     assert!(missing.join("x/meta.db").is_file());
     assert!(missing.join("x/data").is_dir());
 }
+
+#[test]
+fn quota_set_get_ls_rm_on_a_volume_path_with_human_sizes_and_json() {
+    let base = tempfile::tempdir().unwrap();
+    let base_dir = s(base.path());
+    let out = fsctl(&["format", "vol1", "--base-dir", base_dir]);
+    assert!(out.status.success(), "format: {}", text(&out.stderr));
+    let on_vol = |args: &[&str]| {
+        let mut all = vec!["quota"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--volume", "vol1", "--base-dir", base_dir]);
+        fsctl(&all)
+    };
+
+    let none = on_vol(&["set", "/"]);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(text(&none.stderr).contains("give --bytes, --inodes or both"));
+    let bad = on_vol(&["set", "/", "--bytes", "lots"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stderr).contains("not a size"),
+        "{}",
+        text(&bad.stderr)
+    );
+
+    let set = on_vol(&["set", "/", "--bytes", "10G", "--inodes", "1000"]);
+    assert!(set.status.success(), "set: {}", text(&set.stderr));
+    let table = text(&set.stdout);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["PATH", "USED", "LIMIT", "USE%", "INODES", "ILIMIT", "IUSE%"]
+    );
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row, ["/", "0", "10G", "0%", "0", "1000", "0%"]);
+
+    // Only --inodes: the byte limit is kept.
+    let changed = on_vol(&["set", "/", "--inodes", "none", "--json"]);
+    assert!(changed.status.success(), "{}", text(&changed.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&changed.stdout).unwrap();
+    assert_eq!(json["bytes_max"], 10u64 << 30);
+    assert!(json["inodes_max"].is_null());
+    assert_eq!(json["path"], "/");
+
+    let listed = on_vol(&["ls", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(json["quotas"].as_array().unwrap().len(), 1);
+
+    let missing = on_vol(&["get", "/nowhere"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        text(&missing.stderr).contains("nowhere"),
+        "{}",
+        text(&missing.stderr)
+    );
+
+    let check = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert!(check.status.success(), "fsck: {}", text(&check.stderr));
+
+    assert!(on_vol(&["rm", "/"]).status.success());
+    let gone = on_vol(&["get", "/"]);
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(
+        text(&gone.stderr).contains("no quota on /"),
+        "{}",
+        text(&gone.stderr)
+    );
+    let listed = on_vol(&["ls"]);
+    assert_eq!(text(&listed.stdout).lines().count(), 1, "only the header");
+}
+
+#[test]
+fn fsck_reports_a_quota_usage_that_drifted_and_repairs_it_on_request() {
+    let base = tempfile::tempdir().unwrap();
+    let base_dir = s(base.path());
+    assert!(fsctl(&["format", "vol1", "--base-dir", base_dir])
+        .status
+        .success());
+    let set = fsctl(&[
+        "quota",
+        "set",
+        "/",
+        "--inodes",
+        "10",
+        "--volume",
+        "vol1",
+        "--base-dir",
+        base_dir,
+    ]);
+    assert!(set.status.success(), "{}", text(&set.stderr));
+    let db = rusqlite::Connection::open(base.path().join("vol1/meta.db")).unwrap();
+    db.execute("UPDATE quotas SET inodes_used = 7", []).unwrap();
+    drop(db);
+
+    let check = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check.stdout));
+    assert!(
+        text(&check.stdout)
+            .contains("quota on /: stored 0 bytes and 7 inodes, counted 0 bytes and 0 inodes"),
+        "{}",
+        text(&check.stdout)
+    );
+    assert!(
+        text(&check.stderr).contains("--repair-quotas"),
+        "{}",
+        text(&check.stderr)
+    );
+
+    let repair = fsctl(&["fsck", "vol1", "--repair-quotas", "--base-dir", base_dir]);
+    assert!(repair.status.success(), "{}", text(&repair.stderr));
+    assert!(text(&repair.stdout).contains("stored the recounted usage of 1 quota(s)"));
+    let again = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert!(again.status.success(), "{}", text(&again.stdout));
+    assert!(text(&again.stdout).contains("volume vol1: consistent"));
+}

@@ -17,14 +17,14 @@ use std::time::SystemTime;
 use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
 use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
-use crate::ops::{locks, sessions, setattr, xattr};
+use crate::ops::{locks, quota, sessions, setattr, xattr};
 use crate::record::Recorded;
 use crate::sql::Db;
 use crate::store::MetaStore;
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef,
-    RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs,
-    Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
+    QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
+    StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 use crate::ROOT_INO;
 
@@ -301,6 +301,62 @@ impl<E: Engine> MetaStore for E {
     fn statfs(&self) -> Result<StatFs> {
         let bs = self.volume_record().block_size_bytes;
         self.read("statfs", |c| inode::statfs(c, bs))
+    }
+
+    fn set_quota(
+        &self,
+        dir: u64,
+        bytes_max: Option<u64>,
+        inodes_max: Option<u64>,
+    ) -> Result<Quota> {
+        self.write(
+            "set quota",
+            None,
+            |c| quota::set(c, dir, bytes_max, inodes_max),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn remove_quota(&self, dir: u64) -> Result<bool> {
+        self.write(
+            "remove quota",
+            None,
+            |c| quota::remove(c, dir),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn quota(&self, dir: u64) -> Result<Option<Quota>> {
+        self.read("quota", |c| quota::get(c, dir))
+    }
+
+    fn quotas(&self) -> Result<Vec<Quota>> {
+        self.read("quotas", |c| quota::list(c))
+    }
+
+    fn nearest_quota(&self, ino: u64) -> Result<Option<Quota>> {
+        self.read("nearest quota", |c| quota::nearest(c, ino))
+    }
+
+    fn quota_bytes_headroom(&self, ino: u64) -> Result<Option<i64>> {
+        self.read_one("quota headroom", |c| quota::bytes_headroom(c, ino))
+    }
+
+    fn recount_quotas(&self, repair: bool) -> Result<Vec<QuotaDrift>> {
+        if repair {
+            self.write(
+                "recount quotas",
+                None,
+                |c| quota::recount(c, true),
+                |_| Recorded::Unit,
+            )
+        } else {
+            self.read("recount quotas", |c| quota::recount(c, false))
+        }
+    }
+
+    fn dir_path(&self, dir: u64) -> Result<std::path::PathBuf> {
+        self.read("directory path", |c| quota::dir_path(c, dir))
     }
 
     fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>> {

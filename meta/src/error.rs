@@ -150,6 +150,29 @@ pub enum MetaError {
         /// Which limit.
         reason: String,
     },
+    /// The change would take a directory quota past its limit (`EDQUOT`);
+    /// nothing of it was applied.
+    #[error("quota on directory inode {quota}: {what} would be {would_be}, over its limit of {max}; free space under that directory or raise the limit (`fsctl quota set`)")]
+    QuotaExceeded {
+        /// The quota's directory.
+        quota: u64,
+        /// `"bytes"` or `"inodes"`.
+        what: &'static str,
+        /// The usage the change would have made.
+        would_be: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A directory renamed across quota boundaries holds more than
+    /// [`crate::limits::QUOTA_MOVE_INODES_MAX`] inodes (`EXDEV`: `mv`
+    /// then copies and deletes, which quotas count as it goes).
+    #[error("directory inode {ino} holds more than {max} inodes: too many to move across quota boundaries in one rename; copy and delete instead (mv does so by itself)")]
+    QuotaMoveTooLarge {
+        /// The directory.
+        ino: u64,
+        /// Limit.
+        max: u64,
+    },
     /// Link count would exceed [`crate::limits::NLINK_MAX`] (`EMLINK`).
     #[error("inode {ino}: too many links (max {max})")]
     TooManyLinks {
@@ -262,6 +285,8 @@ impl MetaError {
             MetaError::XattrTooLarge { .. } => libc::E2BIG,
             MetaError::NoSpace { .. } => libc::ENOSPC,
             MetaError::TooManyLinks { .. } => libc::EMLINK,
+            MetaError::QuotaExceeded { .. } => libc::EDQUOT,
+            MetaError::QuotaMoveTooLarge { .. } => libc::EXDEV,
             MetaError::FileTooLarge { .. } => libc::EFBIG,
             MetaError::StillLinked { .. } => libc::EBUSY,
             MetaError::Store { source, .. } if is_disk_full(source) => libc::ENOSPC,

@@ -17,6 +17,8 @@
 //!   `sslmode=`: [`postgres::tls`]).
 //! - [`SessionInfo`], [`SessionRecord`]: mounts with heartbeats and the
 //!   orphans they hold open.
+//! - [`Quota`]: a directory's byte and inode limits and usage, counted in
+//!   the transaction of every change it counts ([`MetaStore::set_quota`]).
 //! - [`Attr`], [`CreateArgs`], [`SetAttr`], [`CommitBlocks`], ...: values in
 //!   and out, in [`types`]. [`MetaError`] with [`MetaError::errno`].
 //! - [`record::Recorded`]: the byte encoding of mutation results kept for

@@ -54,3 +54,7 @@ pub const WAL_CHECKPOINT_CATCH_UP_ROUNDS_MAX: u32 = 4;
 /// for it instead. A higher bound would make that one commit's
 /// checkpoint, and its stall, longer.
 pub const WAL_CHECKPOINT_INLINE_PAGES: i32 = 4 * WAL_CHECKPOINT_PAGES;
+/// Most inodes a directory renamed across quota boundaries may hold: the
+/// rename moves each one's usage in its transaction; past this it is
+/// refused with `EXDEV` (`mv` then copies and deletes).
+pub const QUOTA_MOVE_INODES_MAX: u64 = 10_000;

@@ -23,9 +23,9 @@ use std::time::SystemTime;
 
 use crate::error::{MetaError, Result};
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef,
-    RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr, StatFs,
-    TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
+    QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
+    StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -148,6 +148,43 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
 
     /// Volume usage.
     fn statfs(&self) -> Result<StatFs>;
+
+    // Directory quotas (`ops/quota.rs`): usage changes in the transaction
+    // of the change it counts; a change that adds usage past a limit fails
+    // with `QuotaExceeded` (EDQUOT) and changes nothing, but for
+    // `commit_blocks`, which counts and never refuses (WRITE checks
+    // [`MetaStore::quota_bytes_headroom`] before it accepts bytes).
+
+    /// Sets the limits of the quota on directory `dir` (`None`: no such
+    /// limit); a new quota first counts the tree under `dir`. Takes effect
+    /// for every mount at its next change: each reads the limits in the
+    /// change's transaction.
+    fn set_quota(&self, dir: u64, bytes_max: Option<u64>, inodes_max: Option<u64>)
+        -> Result<Quota>;
+
+    /// Removes the quota on `dir`; `false` if it had none.
+    fn remove_quota(&self, dir: u64) -> Result<bool>;
+
+    /// The quota on `dir`, if any.
+    fn quota(&self, dir: u64) -> Result<Option<Quota>>;
+
+    /// Every quota, by directory inode.
+    fn quotas(&self) -> Result<Vec<Quota>>;
+
+    /// The quota `statfs` on `ino` reports: the deepest holding it (a
+    /// directory's own first); `None` if none.
+    fn nearest_quota(&self, ino: u64) -> Result<Option<Quota>>;
+
+    /// Bytes the quotas counting `ino` still allow (the least; negative
+    /// past a limit), `None` if no byte limit counts it.
+    fn quota_bytes_headroom(&self, ino: u64) -> Result<Option<i64>>;
+
+    /// Recounts every quota's tree; returns those whose stored usage
+    /// differed. With `repair`, stores the recount.
+    fn recount_quotas(&self, repair: bool) -> Result<Vec<QuotaDrift>>;
+
+    /// The path of directory `dir` from the volume's root.
+    fn dir_path(&self, dir: u64) -> Result<PathBuf>;
 
     /// Block-map rows of a regular file with `first_index <= index <
     /// first_index + count`, ascending; a missing index is a hole.

@@ -334,6 +334,43 @@ pub struct CommitBlocks {
     pub punched: Vec<u64>,
 }
 
+/// What a directory quota counts: every inode under the directory (not
+/// the directory itself) once, hard links once per quota, orphans still
+/// open until reclaimed; bytes are the sizes of the non-directories.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaUsage {
+    /// Sum of the sizes (`st_size`) of the regular files and symlinks.
+    pub bytes: u64,
+    /// Inodes, directories included.
+    pub inodes: u64,
+}
+
+/// A quota on a directory: a byte limit and an inode limit, either or
+/// both, and what it counts now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The directory's inode.
+    pub dir: u64,
+    /// Byte limit (`None`: none).
+    pub bytes_max: Option<u64>,
+    /// Inode limit (`None`: none).
+    pub inodes_max: Option<u64>,
+    /// Usage as counted by every change, in the change's transaction.
+    pub used: QuotaUsage,
+}
+
+/// A quota whose stored usage differs from a recount of its tree
+/// ([`crate::MetaStore::recount_quotas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaDrift {
+    /// The quota's directory.
+    pub dir: u64,
+    /// The usage stored.
+    pub stored: QuotaUsage,
+    /// The usage recounted.
+    pub counted: QuotaUsage,
+}
+
 /// Usage numbers for `statfs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFs {

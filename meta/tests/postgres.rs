@@ -45,22 +45,33 @@ fn a_volume_formatted_at_an_older_schema_is_migrated_on_open() {
     };
     let db = TestDatabase::create_on(&admin);
     let old = PostgresMeta::format_at_version(&db.url, &config(), 1).unwrap();
-    let f = old
-        .create(
-            ROOT_INO,
-            n("before"),
-            &CreateArgs::new(FileKind::Regular, 0o644),
-            None,
-        )
-        .unwrap();
     drop(old);
+    // A file made by that older build (behind this build's back: this
+    // build's create also counts quotas, whose tables come later).
+    let mut c = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
+    let f_ino: i64 = c
+        .query_one(
+            "INSERT INTO inodes (generation, kind, mode, nlink, uid, gid, rdev, size,
+                 atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec)
+             VALUES (1, 1, 420, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0) RETURNING ino",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    c.execute(
+        "INSERT INTO dentries (parent, name, ino) VALUES (1, $1, $2)",
+        &[&b"before".as_slice(), &f_ino],
+    )
+    .unwrap();
+    drop(c);
+    let f_ino = f_ino as u64;
     assert_eq!(schema_version(&db.url), 1);
     let latest = PostgresMeta::latest_schema_version();
     assert!(latest >= 2, "there is a migration to run");
 
     let meta = baton_meta::open(&db.url).unwrap();
     assert_eq!(schema_version(&db.url), latest);
-    assert_eq!(meta.lookup(ROOT_INO, n("before")).unwrap().ino, f.ino);
+    assert_eq!(meta.lookup(ROOT_INO, n("before")).unwrap().ino, f_ino);
     let mut c = postgres::Client::connect(&db.url, postgres::NoTls).unwrap();
     let index: i64 = c
         .query_one(
@@ -79,7 +90,31 @@ fn a_volume_formatted_at_an_older_schema_is_migrated_on_open() {
     };
     meta.open_session(&info).unwrap();
     meta.unlink(ROOT_INO, n("before"), None).unwrap();
-    assert_eq!(meta.held_orphans(5).unwrap(), vec![f.ino]);
+    assert_eq!(meta.held_orphans(5).unwrap(), vec![f_ino]);
+    // Migration 6: quotas count on the migrated volume.
+    let q = meta
+        .create(
+            ROOT_INO,
+            n("q"),
+            &CreateArgs::new(FileKind::Directory, 0o755),
+            None,
+        )
+        .unwrap();
+    meta.set_quota(q.ino, None, Some(1)).unwrap();
+    meta.create(
+        q.ino,
+        n("one"),
+        &CreateArgs::new(FileKind::Regular, 0o644),
+        None,
+    )
+    .unwrap();
+    let refused = meta.create(
+        q.ino,
+        n("two"),
+        &CreateArgs::new(FileKind::Regular, 0o644),
+        None,
+    );
+    assert_eq!(refused.unwrap_err().errno(), libc::EDQUOT);
     // A second open finds nothing to do.
     drop(meta);
     baton_meta::open(&db.url).unwrap();

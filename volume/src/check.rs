@@ -61,6 +61,9 @@ pub struct CheckReport {
     pub unreferenced: Vec<StoredObject>,
     /// Inodes unlinked but not yet reclaimed (their objects are kept).
     pub orphan_count: u64,
+    /// Directory quotas whose stored usage differs from a recount of
+    /// their trees, with their paths.
+    pub quota_drifts: Vec<(std::path::PathBuf, baton_meta::QuotaDrift)>,
 }
 
 impl CheckReport {
@@ -159,7 +162,26 @@ impl CheckedVolume {
             .into_iter()
             .filter(|o| !referenced.contains(&o.key.to_string()))
             .collect();
+        report.quota_drifts = self.recount_quotas(false)?;
         Ok(report)
+    }
+
+    /// Recounts every directory quota's usage from its tree; with
+    /// `repair`, stores the recount (in one transaction: safe while the
+    /// volume is mounted). Returns the quotas whose stored usage differed.
+    pub fn recount_quotas(
+        &self,
+        repair: bool,
+    ) -> Result<Vec<(std::path::PathBuf, baton_meta::QuotaDrift)>, VolumeError> {
+        let meta_err = |source| VolumeError::Meta {
+            volume: self.paths.display.clone(),
+            cause: Box::new(source),
+        };
+        let drifts = self.meta.recount_quotas(repair).map_err(meta_err)?;
+        drifts
+            .into_iter()
+            .map(|d| Ok((self.meta.dir_path(d.dir).map_err(meta_err)?, d)))
+            .collect()
     }
 
     /// Takes the volume lock for the lifetime of the returned value, so no

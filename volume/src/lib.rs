@@ -2,7 +2,8 @@
 //! names and where its files are ([`VolumePaths`], over the pure
 //! [`upgrade_protocol::VolumeSpec`]), creating one ([`format`]), opening
 //! one with every check a mount needs ([`Volume::open`]), and checking its
-//! block map against its storage ([`CheckedVolume`]: `fsctl fsck`/`gc`).
+//! block map against its storage ([`CheckedVolume`]: `fsctl fsck`/`gc`),
+//! and its directory quotas ([`QuotaVolume`]: `fsctl quota`).
 //!
 //! Its users are the filesystem (`fsclient`) and the admin command
 //! (`fsctl`). The fd holder (`fs-supervisor`) never links it: it only
@@ -33,9 +34,11 @@ mod format;
 mod lock;
 mod open;
 mod paths;
+mod quota;
 
 /// Owner-only files and directories, and the umask that makes them.
 pub use baton_blocks::private_fs;
+pub use baton_meta::{Quota, QuotaDrift, QuotaUsage};
 pub use check::{
     collectable, BadBlock, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT,
     REPORT_PROBLEMS_LISTED_MAX, SCAN_PAGE_ROWS_MAX,
@@ -45,3 +48,4 @@ pub use format::{format, FormatRequest, Formatted, DEFAULT_BLOCK_SIZE_BYTES};
 pub use lock::LockMode;
 pub use open::{Volume, VolumeOptions, DEFAULT_CACHE_SIZE_BYTES};
 pub use paths::{VolumePaths, DEFAULT_BASE_DIR};
+pub use quota::{QuotaEntry, QuotaVolume};

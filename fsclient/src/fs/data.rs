@@ -351,6 +351,9 @@ impl BatonFs {
                 Errno::EFBIG,
             ));
         }
+        if let Some(end) = end {
+            self.check_quota_growth(ino, end)?;
+        }
         let mut flushed = false;
         loop {
             let written = {
@@ -409,6 +412,7 @@ impl BatonFs {
             mode if mode.is_empty() => {
                 let size = self.logical_size(ino)?;
                 if end > size {
+                    self.check_quota_growth(ino, end)?;
                     let _guard = self.staging_lock(ino, "fallocate")?;
                     self.staging.set_size(ino, end)?;
                     self.invalidate(ino);
@@ -460,6 +464,54 @@ impl BatonFs {
             zero_edge((end_full * bs).max(offset), end)?;
         }
         self.flush_locked(ino, &punched)
+    }
+
+    /// EDQUOT if making the file `end` bytes long would take a quota that
+    /// counts it past its byte limit: the growth over the committed size
+    /// (what this file has staged included) against what the quotas still
+    /// allow. Checked here, at WRITE and fallocate, because the commit
+    /// that makes staged bytes durable must never refuse them; growth
+    /// staged for other files and by other mounts is not seen, which is
+    /// the bound by which a quota can be passed (docs/quotas.md).
+    /// Unlinked files still count until reclaimed (a few ms after their
+    /// last close): a refusal settles them and looks once more.
+    pub(super) fn check_quota_growth(&self, ino: u64, end: u64) -> Result<()> {
+        match self.quota_growth_fits(ino, end)? {
+            false if self.settle_orphans_now() => {}
+            fits => return self.quota_growth_result(ino, end, fits),
+        }
+        let fits = self.quota_growth_fits(ino, end)?;
+        self.quota_growth_result(ino, end, fits)
+    }
+
+    fn quota_growth_fits(&self, ino: u64, end: u64) -> Result<bool> {
+        if self.quota_free.is_free(ino) {
+            return Ok(true);
+        }
+        let Some(headroom) = self.meta.quota_bytes_headroom(ino)? else {
+            self.quota_free.remember(ino);
+            return Ok(true);
+        };
+        let attr = self.meta.getattr(ino)?;
+        let staged = self.staging.staged_size(ino)?;
+        let logical = staged.map_or(attr.size, |s| s.resolve(attr.size));
+        if end <= logical {
+            return Ok(true);
+        }
+        let growth = i64::try_from(end.saturating_sub(attr.size)).unwrap_or(i64::MAX);
+        Ok(growth <= headroom)
+    }
+
+    fn quota_growth_result(&self, ino: u64, end: u64, fits: bool) -> Result<()> {
+        if !fits {
+            tracing::debug!(nodeid = ino, end, "write refused: quota full");
+            return Err(Error::refused(
+                ino,
+                "the write would take a directory quota past its byte limit",
+                Errno::EDQUOT,
+            ));
+        }
+        Ok(())
     }
 
     /// The size readers see: staged over committed.

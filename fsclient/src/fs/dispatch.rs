@@ -289,9 +289,15 @@ impl Filesystem for BatonFs {
     fn statfs(&self, req: &Request<'_>, nodeid: NodeId, reply: ReplyStatfs) {
         let _timer = self.counters.timer(req.opcode());
         let nodeid = nodeid.get();
-        answer!(self, req, "statfs", nodeid, self.do_statfs(), reply, |s| {
-            reply.statfs(&s)
-        });
+        answer!(
+            self,
+            req,
+            "statfs",
+            nodeid,
+            self.do_statfs(nodeid),
+            reply,
+            |s| { reply.statfs(&s) }
+        );
     }
 
     fn release(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReleaseIn, reply: ReplyEmpty) {

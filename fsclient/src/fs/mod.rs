@@ -28,6 +28,7 @@ pub mod lock;
 mod namespace;
 mod once;
 mod orphans;
+pub mod quota_free;
 mod staging_dirs;
 mod write_through;
 mod xattr;
@@ -58,6 +59,13 @@ pub use orphans::{ORPHAN_RELEASE_BATCH_MAX, ORPHAN_SETTLE_DELAY, UNHELD_RECLAIM_
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
+/// The capacity STATFS reports for a volume without a quota on its root
+/// (and for a quota without a byte limit): 1 PiB, a stand-in for "as much
+/// as the object store holds".
+pub const VOLUME_CAPACITY_BYTES: u64 = 1 << 50;
+/// The inode count STATFS reports for a volume without an inode limit
+/// (2^40; inode numbers themselves go to 2^63).
+pub const VOLUME_INODES_MAX: u64 = 1 << 40;
 /// Inodes whose read pattern is remembered (for readahead).
 pub const READAHEAD_ENTRIES_MAX: usize = 4096;
 /// Blocks prefetched ahead of a sequential reader.
@@ -116,6 +124,8 @@ pub struct BatonFs {
     /// Set when a write-through upload failed (`write_through.rs`).
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
+    /// Inodes no byte-limited quota counted when last asked (WRITE).
+    quota_free: quota_free::QuotaFree,
     /// The random identity of the FUSE connection served (exactly-once
     /// keys, the metadata session); not the kernel's fusectl number. Set
     /// once, before serving ([`BatonFs::set_connection`]).
@@ -172,6 +182,7 @@ impl BatonFs {
             committed_bytes: committed_bytes::CommittedBytes::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
+            quota_free: quota_free::QuotaFree::default(),
             connection_identity: OnceLock::new(),
             kernel: OnceLock::new(),
             fenced: AtomicBool::new(false),
@@ -520,22 +531,44 @@ impl BatonFs {
         self.committed_bytes.forget(ino);
     }
 
-    /// Volume usage. Object storage has no fixed capacity: report a large
-    /// constant capacity (1 PiB, 2^40 inodes) minus what is used.
-    fn do_statfs(&self) -> Result<Kstatfs> {
+    /// STATFS on `ino`: under a directory quota (the deepest that holds
+    /// `ino`, a quota directory's own first) its limits and usage, so
+    /// that `df` on the directory or a bind mount of it shows the quota;
+    /// elsewhere the volume's usage from the metadata against
+    /// [`VOLUME_CAPACITY_BYTES`] and [`VOLUME_INODES_MAX`] (a quota on the
+    /// root directory is the way to give the volume a capacity). A limit
+    /// a quota lacks is the volume's figure.
+    fn do_statfs(&self, ino: u64) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
-        const CAPACITY_BYTES: u64 = 1 << 50;
-        const INODES_MAX: u64 = 1 << 40;
-        let usage = self.meta.statfs()?;
-        let blocks = CAPACITY_BYTES / FRAGMENT_BYTES;
-        let used = usage.bytes_used.div_ceil(FRAGMENT_BYTES).min(blocks);
+        // A quota's figures are one row; the volume's are counted (kept
+        // off the quota path: kubelet asks every PVC's statfs often).
+        let (capacity_bytes, used_bytes, inodes_max, used_inodes) =
+            match self.meta.nearest_quota(ino)? {
+                Some(q) => (
+                    q.bytes_max.unwrap_or(VOLUME_CAPACITY_BYTES),
+                    q.used.bytes,
+                    q.inodes_max.unwrap_or(VOLUME_INODES_MAX),
+                    q.used.inodes,
+                ),
+                None => {
+                    let usage = self.meta.statfs()?;
+                    (
+                        VOLUME_CAPACITY_BYTES,
+                        usage.bytes_used,
+                        VOLUME_INODES_MAX,
+                        usage.inodes_used,
+                    )
+                }
+            };
+        let blocks = capacity_bytes.div_ceil(FRAGMENT_BYTES);
+        let used = used_bytes.div_ceil(FRAGMENT_BYTES).min(blocks);
         Ok(Kstatfs {
             blocks,
             bfree: blocks - used,
             bavail: blocks - used,
-            files: INODES_MAX,
-            ffree: INODES_MAX.saturating_sub(usage.inodes_used),
-            bsize: u64::from(usage.block_size_bytes).clamp(FRAGMENT_BYTES, 1 << 20) as u32,
+            files: inodes_max,
+            ffree: inodes_max.saturating_sub(used_inodes),
+            bsize: self.block_size.clamp(FRAGMENT_BYTES, 1 << 20) as u32,
             namelen: baton_meta::limits::NAME_LEN_MAX as u32,
             frsize: FRAGMENT_BYTES as u32,
             ..Default::default()

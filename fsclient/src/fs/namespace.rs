@@ -179,6 +179,7 @@ impl BatonFs {
                 Errno::EFBIG,
             ));
         }
+        self.check_quota_growth(ino, size)?;
         let _guard = self.staging_lock(ino, "truncate")?;
         self.staging.set_size(ino, size)?;
         self.invalidate(ino);
@@ -336,6 +337,9 @@ impl BatonFs {
                     .rename(parent, name, newparent, newname, flags, key)?)
             },
         )?;
+        if parent != newparent {
+            self.quota_free.forget_all();
+        }
         match renamed.replaced {
             Some(gone) => self.lost_name(gone),
             None => Ok(()),
@@ -354,6 +358,7 @@ impl BatonFs {
             |recorded| self.entry_from_record(ino, recorded),
             |key| {
                 let attr = self.meta.link(ino, newparent, newname, key)?;
+                self.quota_free.forget_all();
                 self.entry_out(&attr)
             },
         )

@@ -65,7 +65,7 @@ impl BatonFs {
         &self,
         req: &Request<'_>,
         from_record: impl FnOnce(Recorded) -> Result<T>,
-        run: impl FnOnce(Option<RequestKey>) -> Result<T>,
+        run: impl Fn(Option<RequestKey>) -> Result<T>,
     ) -> Result<T> {
         fault::hit(Point::AfterRead, req.opcode());
         let key = self.request_key(req);
@@ -82,7 +82,16 @@ impl BatonFs {
                 return from_record(recorded);
             }
         }
-        let out = run(Some(key))?;
+        let out = match run(Some(key)) {
+            // Unlinked inodes still count until reclaimed, which the timer
+            // thread does a few ms after the unlink: settle them now and
+            // try once more, so that `rm a; touch b` in a full quota works.
+            // (The refused run committed nothing, so the key is unused.)
+            Err(err) if err.errno() == fuse_wire::Errno::EDQUOT && self.settle_orphans_now() => {
+                run(Some(key))?
+            }
+            other => other?,
+        };
         fault::hit(Point::AfterCommit, req.opcode());
         Ok(out)
     }

@@ -188,6 +188,16 @@ impl BatonFs {
         }
     }
 
+    /// Settles every queued orphan at once (a quota refused a change:
+    /// what they still count may be freed). `false` if none was queued.
+    pub(super) fn settle_orphans_now(&self) -> bool {
+        if super::lock(&self.orphans_to_settle).inos.is_empty() {
+            return false;
+        }
+        self.settle_queued_orphans(true);
+        true
+    }
+
     /// Settles the orphans [`BatonFs::orphaned`] queued once the oldest
     /// waited [`ORPHAN_SETTLE_DELAY`] (or a batch is full; `now`: all of
     /// them), one transaction per [`ORPHAN_RELEASE_BATCH_MAX`]. Runs on

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
-use super::inode;
+use super::{inode, quota};
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
 use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, Timespec};
@@ -80,6 +80,9 @@ pub(crate) fn commit<C: Db>(
     removed.extend(replace_rows(c, ino, &commit.blocks)?);
     check_rows_within(c, ino, size, block_size)?;
     let now = Timespec::now();
+    // Counted, never refused: WRITE checked the quota before it accepted
+    // these bytes, and refusing them now would lose acknowledged data.
+    quota::add_bytes(c, ino, size as i64 - a.size as i64, false)?;
     a.size = size;
     if let Some(m) = commit.mtime {
         a.mtime = m.resolve(now);

@@ -41,6 +41,7 @@ pub(crate) mod inode;
 pub(crate) mod locks;
 pub(crate) mod namespace;
 pub(crate) mod orphan;
+pub(crate) mod quota;
 pub(crate) mod readdir;
 pub(crate) mod rename;
 pub(crate) mod requests;

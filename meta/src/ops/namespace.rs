@@ -7,6 +7,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::inode::{self, check_name, is_dot};
+use super::quota;
 use crate::error::{MetaError, Result};
 use crate::limits::{NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
 use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSION_MASK, S_ISGID};
@@ -79,7 +80,9 @@ pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs)
             .execute(params![ino, t])?;
     }
     inode::adjust_dir(c, parent, i64::from(is_dir), now)?;
-    inode::attr(c, ino)
+    let attr = inode::attr(c, ino)?;
+    quota::charge_new(c, parent, &attr)?;
+    Ok(attr)
 }
 
 /// The symlink target bytes if `args` needs one; checks presence and length.
@@ -176,6 +179,7 @@ pub(crate) fn link<C: Db>(c: &C, ino: u64, new_parent: u64, new_name: &OsStr) ->
     a.ctime = now;
     inode::save(c, &a)?;
     inode::adjust_dir(c, new_parent, 0, now)?;
+    quota::resync(c, &a, true)?;
     Ok(a)
 }
 
@@ -192,6 +196,11 @@ pub(crate) fn unlink<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Unlinked
     inode::delete_entry(c, entry.cookie)?;
     drop_link(c, &mut a, now)?;
     inode::adjust_dir(c, parent, 0, now)?;
+    if a.nlink > 0 {
+        // Still named elsewhere: a quota that held only this name lets go.
+        // At nlink 0 the orphan stays counted until reclaimed.
+        quota::resync(c, &a, false)?;
+    }
     Ok(Unlinked {
         ino: a.ino,
         nlink_after: a.nlink,

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::sql::{params, Db, Dialect, Stmt};
 
-use super::{blockmap, inode};
+use super::{blockmap, inode, quota};
 use crate::error::{MetaError, Result};
 use crate::types::{ObjectRef, ROOT_INO};
 
@@ -49,6 +49,7 @@ pub(crate) fn reclaim<C: Db>(c: &C, ino: u64) -> Result<Vec<ObjectRef>> {
             .prepare_cached("DELETE FROM blocks WHERE ino = ?1 RETURNING object_key")?
             .collect_rows(params![ino], |r| r.get(0))?,
     };
+    quota::uncharge_all(c, &a)?;
     for sql in [
         "DELETE FROM xattrs WHERE ino = ?1",
         "DELETE FROM symlinks WHERE ino = ?1",

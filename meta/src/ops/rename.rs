@@ -13,6 +13,7 @@ use crate::sql::{params, Db, Stmt};
 
 use super::inode::{self, check_name, Entry};
 use super::namespace::{drop_link, existing, remove_dir_inode};
+use super::quota;
 use crate::error::{MetaError, Result};
 use crate::limits::DIR_DEPTH_MAX;
 use crate::types::{Attr, FileKind, RenameFlags, Renamed, Timespec, Unlinked, ROOT_INO};
@@ -73,7 +74,11 @@ pub(crate) fn rename<C: Db>(
     };
     inode::delete_entry(c, src_entry.cookie)?;
     inode::insert_entry(c, new_parent, dst_bytes, src.ino)?;
-    finish_move(c, src, parent, new_parent, now)?;
+    finish_move(c, src.clone(), parent, new_parent, now)?;
+    if let Some(u) = replaced.filter(|u| u.nlink_after > 0) {
+        quota::resync(c, &inode::attr(c, u.ino)?, false)?;
+    }
+    quota::after_move(c, &src, parent, new_parent)?;
     Ok(Renamed { replaced })
 }
 
@@ -174,11 +179,12 @@ fn exchange<C: Db>(c: &C, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Resu
     let delta = if pa == pb { 0 } else { delta };
     inode::adjust_dir(c, pa, delta, now)?;
     inode::adjust_dir(c, pb, -delta, now)?;
-    for mut x in [a, b] {
+    for mut x in [a.clone(), b.clone()] {
         x.ctime = now;
         inode::save(c, &x)?;
     }
-    Ok(())
+    quota::after_move(c, &a, pa, pb)?;
+    quota::after_move(c, &b, pb, pa)
 }
 
 /// `InvalidArgument` if directory `dir` is `start` or one of its ancestors,

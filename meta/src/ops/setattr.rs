@@ -2,7 +2,7 @@
 
 use crate::sql::Db;
 
-use super::{blockmap, inode};
+use super::{blockmap, inode, quota};
 use crate::error::{MetaError, Result};
 use crate::limits::FILE_SIZE_BYTES_MAX;
 use crate::types::{
@@ -56,6 +56,8 @@ fn resize<C: Db>(c: &C, a: &mut Attr, size: u64, block_size: u32) -> Result<Trun
         out.released = blockmap::unreferenced(c, keys)?;
         out.partial_block = partial_block;
     }
+    // A growth past a quota is refused here (EDQUOT, nothing applied).
+    quota::add_bytes(c, a.ino, size as i64 - a.size as i64, true)?;
     a.size = size;
     Ok(out)
 }

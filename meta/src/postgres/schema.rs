@@ -135,6 +135,24 @@ CREATE TABLE locks (
 );
 CREATE INDEX locks_by_ino ON locks(ino, space);
 ",
+    // 6: directory quotas and the inodes each counts (`quota.rs`). A build
+    // from before them refuses the volume (its schema is newer), so no
+    // mount ever changes a tree without counting it.
+    "
+CREATE TABLE quotas (
+    ino BIGINT PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
+    bytes_max BIGINT,
+    inodes_max BIGINT,
+    bytes_used BIGINT NOT NULL,
+    inodes_used BIGINT NOT NULL
+);
+CREATE TABLE quota_charges (
+    quota BIGINT NOT NULL REFERENCES quotas(ino) ON DELETE CASCADE,
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    PRIMARY KEY (quota, ino)
+);
+CREATE INDEX quota_charges_by_ino ON quota_charges(ino, quota);
+",
 ];
 
 /// The schema version this build creates and understands.

@@ -26,6 +26,10 @@
 //! sessions(id PRIMARY KEY, host, pid, mount, started_ms, heartbeat_ms)
 //! orphan_holds(session -> sessions, ino -> inodes, PRIMARY KEY(session, ino))
 //!        -- see ops/sessions.rs; both added in place by `open`
+//! quotas(ino -> inodes PRIMARY KEY, bytes_max, inodes_max, bytes_used,
+//!        inodes_used)                          -- see ops/quota.rs
+//! quota_charges(quota -> quotas, ino -> inodes, PRIMARY KEY(quota, ino))
+//!        -- the inodes each quota counts; both added in place by `open`
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -156,6 +160,24 @@ CREATE TABLE IF NOT EXISTS locks (
 CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
 ";
 
+/// Directory quotas and the inodes each counts (`ops/quota.rs`). Additive:
+/// a volume without them has no quota, which empty tables say too.
+pub(crate) const QUOTAS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS quotas (
+    ino INTEGER PRIMARY KEY REFERENCES inodes(ino) ON DELETE CASCADE,
+    bytes_max INTEGER,
+    inodes_max INTEGER,
+    bytes_used INTEGER NOT NULL,
+    inodes_used INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS quota_charges (
+    quota INTEGER NOT NULL REFERENCES quotas(ino) ON DELETE CASCADE,
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    PRIMARY KEY (quota, ino)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS quota_charges_by_ino ON quota_charges(ino, quota);
+";
+
 /// A directory's entries in cookie order from a cookie (readdir). Without
 /// it every READDIR batch read and sorted all of the directory's entries
 /// (a temporary B-tree per batch), so listing n entries cost O(n²): 78 ms
@@ -173,6 +195,7 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(SESSIONS_DDL)?;
     conn.execute_batch(LOCKS_DDL)?;
     conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
+    conn.execute_batch(QUOTAS_DDL)?;
     Ok(())
 }
 
@@ -186,6 +209,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(SESSIONS_DDL)?;
     tx.execute_batch(LOCKS_DDL)?;
     tx.execute_batch(DENTRIES_BY_PARENT_DDL)?;
+    tx.execute_batch(QUOTAS_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)

@@ -1,0 +1,295 @@
+//! Directory quotas: usage counted in the transaction of each change
+//! (create, link, unlink, rename, size changes, reclaim), limits refused
+//! with EDQUOT changing nothing, and recounts. Runs on the engine
+//! BATON_META_BACKEND names.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use baton_meta::{
+    CommitBlocks, FileKind, MetaError, MetaStore, QuotaUsage, RenameFlags, SetAttr, ROOT_INO,
+};
+use common::*;
+
+const PLAIN: RenameFlags = RenameFlags {
+    noreplace: false,
+    exchange: false,
+};
+
+fn used(m: &dyn MetaStore, dir: u64) -> (u64, u64) {
+    let q = m.quota(dir).unwrap().unwrap();
+    (q.used.bytes, q.used.inodes)
+}
+
+fn resize(m: &dyn MetaStore, ino: u64, size: u64) -> Result<(), MetaError> {
+    let set = SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    m.setattr(ino, &set, None).map(|_| ())
+}
+
+fn commit_size(m: &dyn MetaStore, ino: u64, size: u64) {
+    let c = CommitBlocks {
+        new_size: Some(size),
+        mtime: None,
+        blocks: Vec::new(),
+        punched: Vec::new(),
+    };
+    m.commit_blocks(ino, &c, None).unwrap();
+}
+
+fn is_edquot(r: Result<impl std::fmt::Debug, MetaError>) -> bool {
+    matches!(r, Err(ref e) if e.errno() == libc::EDQUOT)
+}
+
+#[test]
+fn a_new_quota_counts_the_tree_and_every_change_after() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    let sub = dir(m, q.ino, "sub");
+    let f = file(m, sub.ino, "f");
+    resize(m, f.ino, 1000).unwrap();
+    let set = m.set_quota(q.ino, Some(10_000), Some(10)).unwrap();
+    assert_eq!(
+        set.used,
+        QuotaUsage {
+            bytes: 1000,
+            inodes: 2
+        }
+    );
+
+    let g = file(m, q.ino, "g");
+    commit_size(m, g.ino, 3000);
+    assert_eq!(used(m, q.ino), (4000, 3));
+    // A second name in the same quota is not counted again.
+    m.link(f.ino, q.ino, n("f2"), None).unwrap();
+    assert_eq!(used(m, q.ino), (4000, 3));
+    m.unlink(sub.ino, n("f"), None).unwrap();
+    assert_eq!(used(m, q.ino), (4000, 3));
+    // Out of the quota: its usage goes with it.
+    m.rename(q.ino, n("g"), ROOT_INO, n("g"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (1000, 2));
+    // A directory moved in brings its tree.
+    let d = dir(m, ROOT_INO, "d");
+    let h = file(m, d.ino, "h");
+    resize(m, h.ino, 500).unwrap();
+    m.rename(ROOT_INO, n("d"), sub.ino, n("d"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (1500, 4));
+    // Unlinked: counted until reclaimed.
+    m.unlink(q.ino, n("f2"), None).unwrap();
+    assert_eq!(used(m, q.ino), (1500, 4));
+    m.reclaim(f.ino, None).unwrap();
+    assert_eq!(used(m, q.ino), (500, 3));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    assert_eq!(m.dir_path(sub.ino).unwrap(), std::path::Path::new("/q/sub"));
+}
+
+#[test]
+fn limits_refuse_at_the_boundary_and_change_nothing() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, Some(4096), Some(3)).unwrap();
+    let f = file(m, q.ino, "f");
+    resize(m, f.ino, 4096).unwrap();
+    assert!(is_edquot(resize(m, f.ino, 4097)));
+    assert_eq!(m.getattr(f.ino).unwrap().size, 4096);
+    dir(m, q.ino, "d");
+    file(m, q.ino, "third");
+    assert!(is_edquot(m.create(
+        q.ino,
+        n("fourth"),
+        &args(FileKind::Regular),
+        None
+    )));
+    assert_eq!(
+        m.lookup(q.ino, n("fourth")).unwrap_err().errno(),
+        libc::ENOENT
+    );
+    assert_eq!(used(m, q.ino), (4096, 3));
+    // Moving a file in past the limit is refused, and it stays out.
+    let outside = file(m, ROOT_INO, "outside");
+    m.set_quota(q.ino, Some(4096), None).unwrap();
+    resize(m, outside.ino, 1).unwrap();
+    assert!(is_edquot(m.rename(
+        ROOT_INO,
+        n("outside"),
+        q.ino,
+        n("in"),
+        PLAIN,
+        None
+    )));
+    assert_eq!(m.lookup(ROOT_INO, n("outside")).unwrap().ino, outside.ino);
+    assert!(is_edquot(m.link(outside.ino, q.ino, n("l"), None)));
+    assert_eq!(used(m, q.ino), (4096, 3));
+    // commit_blocks counts but never refuses (its bytes were accepted).
+    commit_size(m, f.ino, 5000);
+    assert_eq!(used(m, q.ino), (5000, 3));
+    assert_eq!(m.quota_bytes_headroom(f.ino).unwrap(), Some(-904));
+    // Past the byte limit, what adds no bytes is still allowed.
+    let empty = file(m, q.ino, "empty");
+    let mut link_args = args(FileKind::Symlink);
+    link_args.symlink_target = Some("target".into());
+    assert!(is_edquot(m.create(q.ino, n("sym"), &link_args, None)));
+    m.unlink(q.ino, n("empty"), None).unwrap();
+    m.reclaim(empty.ino, None).unwrap();
+    // Shrinking is always allowed.
+    resize(m, f.ino, 10).unwrap();
+    assert_eq!(used(m, q.ino), (10, 3));
+}
+
+#[test]
+fn nested_quotas_and_statfs_choice() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let outer = dir(m, ROOT_INO, "outer");
+    let inner = dir(m, outer.ino, "inner");
+    m.set_quota(outer.ino, None, Some(100)).unwrap();
+    m.set_quota(inner.ino, Some(1 << 20), None).unwrap();
+    let f = file(m, inner.ino, "f");
+    assert_eq!(used(m, outer.ino), (0, 2));
+    assert_eq!(used(m, inner.ino), (0, 1));
+    assert_eq!(m.nearest_quota(inner.ino).unwrap().unwrap().dir, inner.ino);
+    assert_eq!(m.nearest_quota(f.ino).unwrap().unwrap().dir, inner.ino);
+    assert_eq!(m.nearest_quota(outer.ino).unwrap().unwrap().dir, outer.ino);
+    assert_eq!(m.nearest_quota(ROOT_INO).unwrap(), None);
+    assert!(m.remove_quota(inner.ino).unwrap());
+    assert!(!m.remove_quota(inner.ino).unwrap());
+    assert_eq!(m.quotas().unwrap().len(), 1);
+}
+
+#[test]
+fn fsck_recount_reports_and_repairs_drift() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, None, None).unwrap();
+    let f = file(m, q.ino, "f");
+    resize(m, f.ino, 77).unwrap();
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // Usage that drifted behind the store's back (an older build, a bug).
+    raw_exec(
+        &v,
+        "UPDATE quotas SET bytes_used = 5, inodes_used = 9 WHERE ino = ?1",
+        &[q.ino as i64],
+    );
+    let drift = m.recount_quotas(false).unwrap();
+    assert_eq!(drift.len(), 1);
+    assert_eq!(
+        drift[0].stored,
+        QuotaUsage {
+            bytes: 5,
+            inodes: 9
+        }
+    );
+    assert_eq!(
+        drift[0].counted,
+        QuotaUsage {
+            bytes: 77,
+            inodes: 1
+        }
+    );
+    assert_eq!(used(m, q.ino), (5, 9));
+    assert_eq!(m.recount_quotas(true).unwrap().len(), 1);
+    assert_eq!(used(m, q.ino), (77, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+}
+
+fn args(kind: FileKind) -> baton_meta::CreateArgs {
+    baton_meta::CreateArgs {
+        kind,
+        mode: 0o644,
+        umask: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        symlink_target: None,
+    }
+}
+
+#[test]
+fn a_directory_too_large_to_move_across_quotas_is_refused_with_exdev() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, None, None).unwrap();
+    let d = dir(m, ROOT_INO, "d");
+    let count = baton_meta::limits::QUOTA_MOVE_INODES_MAX as i64 + 1;
+    let numbers = "WITH RECURSIVE n(i) AS (SELECT CAST(1 AS BIGINT) UNION ALL SELECT i + 1 FROM n WHERE i < CAST(?1 AS BIGINT)) ";
+    raw_exec(
+        &v,
+        &format!(
+            "{numbers}INSERT INTO inodes (ino, generation, kind, mode, nlink, uid, gid, rdev, size,
+                 atime_sec, atime_nsec, mtime_sec, mtime_nsec, ctime_sec, ctime_nsec)
+             SELECT 2000000 + i, 1, 1, 420, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 FROM n"
+        ),
+        &[count],
+    );
+    raw_exec(
+        &v,
+        &format!(
+            "{numbers}INSERT INTO dentries (parent, name, ino)
+             SELECT CAST(?2 AS BIGINT), CAST(('e' || i) AS BLOB), 2000000 + i FROM n"
+        )
+        .replace(
+            "AS BLOB",
+            if v.db.is_some() {
+                "AS BYTEA"
+            } else {
+                "AS BLOB"
+            },
+        ),
+        &[count, d.ino as i64],
+    );
+    let moved = m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None);
+    assert_eq!(moved.unwrap_err().errno(), libc::EXDEV);
+    assert_eq!(m.lookup(ROOT_INO, n("d")).unwrap().ino, d.ino);
+    assert_eq!(used(m, q.ino), (0, 0));
+    // One inode fewer moves, with its whole tree.
+    m.unlink(d.ino, n("e1"), None).unwrap();
+    m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (0, count as u64));
+}
+
+#[test]
+fn a_directory_moved_across_quotas_moves_its_tree_hard_links_and_inner_quotas_right() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, Some(1 << 20), Some(100)).unwrap();
+    let d = dir(m, ROOT_INO, "d");
+    let inner = dir(m, d.ino, "inner");
+    m.set_quota(inner.ino, None, None).unwrap();
+    let g = file(m, inner.ino, "g");
+    resize(m, g.ino, 10).unwrap();
+    let linked = file(m, d.ino, "linked");
+    resize(m, linked.ino, 100).unwrap();
+    // A second name outside d, and one already inside q.
+    m.link(linked.ino, ROOT_INO, n("outside"), None).unwrap();
+    m.link(linked.ino, q.ino, n("inside"), None).unwrap();
+    assert_eq!(used(m, q.ino), (100, 1));
+    m.rename(ROOT_INO, n("d"), q.ino, n("d"), PLAIN, None)
+        .unwrap();
+    // d, inner, g, and linked counted once.
+    assert_eq!(used(m, q.ino), (110, 4));
+    assert_eq!(used(m, inner.ino), (10, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // Out again: linked stays (its name "inside" is still in q).
+    m.rename(q.ino, n("d"), ROOT_INO, n("d2"), PLAIN, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (100, 1));
+    assert_eq!(used(m, inner.ino), (10, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // Into a quota too small for the tree: refused, nothing moved.
+    m.set_quota(q.ino, Some(105), None).unwrap();
+    let refused = m.rename(ROOT_INO, n("d2"), q.ino, n("d"), PLAIN, None);
+    assert_eq!(refused.unwrap_err().errno(), libc::EDQUOT);
+    assert_eq!(m.lookup(ROOT_INO, n("d2")).unwrap().ino, d.ino);
+    assert_eq!(used(m, q.ino), (100, 1));
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+}
