@@ -2632,7 +2632,10 @@ fn fsctl_up_mounts_once_and_again_is_a_no_op() {
     let err = String::from_utf8_lossy(&other.stderr).into_owned();
     assert_eq!(other.status.code(), Some(1), "{err}");
     assert!(err.contains("is already a mount of"), "{err}");
-    assert!(!base.join("other").exists(), "a refused `up` formatted its volume");
+    assert!(
+        !base.join("other").exists(),
+        "a refused `up` formatted its volume"
+    );
     let out = Command::new(binary("fsctl"))
         .args(["umount", s(&mnt), "--socket", s(&socket)])
         .output()

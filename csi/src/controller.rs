@@ -4,7 +4,10 @@
 //! The controller works on the volume's shared mount on its own node (made
 //! through that node's fs-supervisor, like a publication). Each volume's
 //! requested capacity is recorded in `.baton-csi/NAME.json` at the Baton
-//! volume's root, beside the PVC directories.
+//! volume's root, beside the PVC directories, and set as the directory
+//! quota of its PVC directory by `fsctl quota set` (next to this
+//! executable: the plugin links no storage; fsctl opens the volume's
+//! metadata, and the mounted filesystem applies the new limit).
 
 use std::path::{Path, PathBuf};
 
@@ -52,11 +55,65 @@ fn record_path(shared: &Path, dir: &str) -> PathBuf {
     shared.join(RECORD_DIR).join(format!("{dir}.json"))
 }
 
-/// Records `capacity_bytes` as the directory quota of `dir` in the Baton
-/// volume mounted at `shared`. The record is all that exists today: the
-/// limit takes effect when directory quotas land (`fsctl quota set`), and
-/// until then a PVC can grow past its capacity.
-fn set_directory_quota(shared: &Path, dir: &str, capacity_bytes: i64) -> Result<(), String> {
+/// Which Baton volume a PVC directory is in, for `fsctl quota set`.
+#[derive(Clone)]
+struct QuotaTarget {
+    /// fsctl, next to this executable.
+    fsctl: PathBuf,
+    /// The Baton volume's name.
+    volume: String,
+    /// Where named volumes live.
+    base_dir: PathBuf,
+}
+
+impl QuotaTarget {
+    fn new(volume: &str, base_dir: &Path) -> QuotaTarget {
+        let fsctl = std::env::current_exe()
+            .map(|exe| exe.with_file_name("fsctl"))
+            .unwrap_or_else(|_| PathBuf::from("fsctl"));
+        QuotaTarget {
+            fsctl,
+            volume: volume.to_string(),
+            base_dir: base_dir.to_path_buf(),
+        }
+    }
+
+    /// Sets the byte quota of `/dir` in the volume to `capacity_bytes` (0:
+    /// no capacity asked, no limit).
+    fn apply(&self, dir: &str, capacity_bytes: i64) -> Result<(), String> {
+        if capacity_bytes <= 0 {
+            return Ok(());
+        }
+        let out = std::process::Command::new(&self.fsctl)
+            .args(["quota", "set", &format!("/{dir}")])
+            .args(["--bytes", &capacity_bytes.to_string()])
+            .args(["--volume", &self.volume, "--base-dir"])
+            .arg(&self.base_dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|err| format!("cannot run {}: {err}", self.fsctl.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "setting the quota of {dir} in Baton volume {} to {capacity_bytes} bytes failed: {}",
+                self.volume,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Makes `capacity_bytes` the directory quota of `dir` in the Baton volume
+/// mounted at `shared`: recorded first (what a repeated CreateVolume
+/// compares), then set as the directory's byte quota. A failure between
+/// the two is retried by the caller's next call (create finds the record,
+/// expand sets both again).
+fn set_directory_quota(
+    shared: &Path,
+    quota: &QuotaTarget,
+    dir: &str,
+    capacity_bytes: i64,
+) -> Result<(), String> {
     let path = record_path(shared, dir);
     let record = VolumeRecord { capacity_bytes };
     let bytes = serde_json::to_vec(&record).map_err(|err| err.to_string())?;
@@ -69,27 +126,36 @@ fn set_directory_quota(shared: &Path, dir: &str, capacity_bytes: i64) -> Result<
                 "cannot record the capacity of {dir} in {}: {err}",
                 path.display()
             )
-        })
+        })?;
+    quota.apply(dir, capacity_bytes)
 }
 
 /// Creates `name` in the volume at `shared` with `capacity_bytes`, or finds
 /// it made by an earlier call: `Err(recorded)` if it was made with another
 /// capacity.
-fn create_once(shared: &Path, name: &str, capacity_bytes: i64) -> Result<Result<(), i64>, String> {
+fn create_once(
+    shared: &Path,
+    quota: &QuotaTarget,
+    name: &str,
+    capacity_bytes: i64,
+) -> Result<Result<(), i64>, String> {
     let dir = shared.join(name);
     match std::fs::create_dir(&dir) {
         Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
             // A repeated call, or one that died before recording.
             match read_record(shared, name)? {
-                Some(record) if record.capacity_bytes == capacity_bytes => return Ok(Ok(())),
+                // Set again: the earlier call may have died after the record.
+                Some(record) if record.capacity_bytes == capacity_bytes => {
+                    return quota.apply(name, capacity_bytes).map(Ok)
+                }
                 Some(record) => return Ok(Err(record.capacity_bytes)),
                 None => {}
             }
         }
         Err(err) => return Err(format!("cannot create {}: {err}", dir.display())),
     }
-    set_directory_quota(shared, name, capacity_bytes).map(Ok)
+    set_directory_quota(shared, quota, name, capacity_bytes).map(Ok)
 }
 
 fn read_record(shared: &Path, dir: &str) -> Result<Option<VolumeRecord>, String> {
@@ -201,8 +267,11 @@ impl ControllerService {
         Handle::parse(&handle.id()).map_err(Status::invalid_argument)?;
         let shared = self.supervisor.ensure_mounted(volume).await?;
         let name = req.name.clone();
+        let quota = QuotaTarget::new(volume, &self.supervisor.base_dir);
         let outcome = blocking("create", FS_CALL_TIMEOUT, move || {
-            in_volume(&shared, |shared| create_once(shared, &name, capacity))
+            in_volume(&shared, |shared| {
+                create_once(shared, &quota, &name, capacity)
+            })
         })
         .await?
         .map_err(Status::internal)?;
@@ -266,16 +335,17 @@ impl ControllerService {
             return Err(missing("capacity_range"));
         }
         let capacity = wanted_bytes(req.capacity_range.as_ref())?;
-        let (_, shared, dir) = self.existing(&req.volume_id).await?;
+        let (handle, shared, dir) = self.existing(&req.volume_id).await?;
         if dir.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "volume {} is a whole Baton volume (static provisioning): it has no capacity to expand",
                 req.volume_id
             )));
         }
+        let quota = QuotaTarget::new(&handle.volume, &self.supervisor.base_dir);
         blocking("expand", FS_CALL_TIMEOUT, move || {
             in_volume(&shared, |shared| {
-                set_directory_quota(shared, &dir, capacity)
+                set_directory_quota(shared, &quota, &dir, capacity)
             })
         })
         .await?

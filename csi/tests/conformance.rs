@@ -826,6 +826,25 @@ fn controller_provisions_expands_validates_and_deletes_idempotently() {
         sh(&format!("test -d {}", s(&pvc))).status.success(),
         "no PVC directory in the volume"
     );
+    // The capacity is the directory's quota: df inside it says so.
+    let quota_bytes = || {
+        let out = Command::new(workspace_binary("fsctl"))
+            .args(["quota", "get", "/pvc-b", "--json", "--volume", "vol"])
+            .args(["--base-dir", s(&fx.path("base"))])
+            .output()
+            .expect("fsctl quota get");
+        let quota: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!("fsctl quota get: {}", String::from_utf8_lossy(&out.stderr))
+        });
+        quota["bytes_max"].as_u64()
+    };
+    assert_eq!(quota_bytes(), Some(1 << 20));
+    let df = sh(&format!("df -B1 --output=size {} | tail -1", s(&pvc)));
+    assert_eq!(
+        String::from_utf8_lossy(&df.stdout).trim(),
+        (1u64 << 20).to_string(),
+        "df in the PVC directory shows its capacity"
+    );
 
     let expand = |id: &str, bytes| ControllerExpandVolumeRequest {
         volume_id: id.into(),
@@ -843,6 +862,7 @@ fn controller_provisions_expands_validates_and_deletes_idempotently() {
         (grown.capacity_bytes, grown.node_expansion_required),
         (4 << 20, false)
     );
+    assert_eq!(quota_bytes(), Some(4 << 20), "expanded without a remount");
     // The new capacity is what a repeated create now finds recorded.
     assert_eq!(
         code(rt.block_on(controller.create_volume(create("pvc-b", "vol", 1 << 20)))),
