@@ -65,6 +65,8 @@ pub struct CacheStats {
     pub prefetch_failed_count: u64,
     /// Bytes currently cached.
     pub used_bytes: u64,
+    /// What the cache may hold (0: no cache, blocks read in place).
+    pub capacity_bytes: u64,
     /// Blocks currently cached.
     pub entry_count: u64,
 }
@@ -415,9 +417,9 @@ impl DiskCache {
     }
 
     fn stats(&self) -> CacheStats {
-        let (used_bytes, entry_count) = {
+        let (used_bytes, capacity_bytes, entry_count) = {
             let lru = lock(&self.inner.lru);
-            (lru.used_bytes, lru.entries.len() as u64)
+            (lru.used_bytes, lru.capacity_bytes, lru.entries.len() as u64)
         };
         let i = &self.inner;
         CacheStats {
@@ -427,6 +429,7 @@ impl DiskCache {
             prefetch_dropped_count: i.prefetch_dropped_count.load(Ordering::Relaxed),
             prefetch_failed_count: i.prefetch_failed_count.load(Ordering::Relaxed),
             used_bytes,
+            capacity_bytes,
             entry_count,
         }
     }

@@ -2646,3 +2646,122 @@ fn fsctl_up_mounts_once_and_again_is_a_no_op() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `fsctl warmup`: after a remount with an empty block cache, it reads a
+/// directory's files through the mount and the cache then holds their
+/// blocks; a set larger than the cache is refused before anything is read,
+/// and a path off Baton is refused.
+#[test]
+fn warmup_fills_the_block_cache_and_refuses_a_set_larger_than_it() {
+    let fx = Fixture::start(&[]);
+    let out = Command::new(binary("fsctl"))
+        .args([
+            "format",
+            "zvol",
+            "--compression",
+            "lz4",
+            "--block-size",
+            "256K",
+        ])
+        .args(["--base-dir", s(&fx.base)])
+        .output()
+        .expect("fsctl format");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let zmnt = fx.path("zmnt");
+    std::fs::create_dir(&zmnt).expect("mountpoint");
+    let mount = || {
+        let out = fx.fsctl(&[
+            "mount",
+            "zvol",
+            s(&zmnt),
+            "--base-dir",
+            s(&fx.base),
+            "--cache-size",
+            "8M",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            fx.logs()
+        );
+        MountGuard::new(&zmnt)
+    };
+    let guard = mount();
+    let z = s(&zmnt).to_string();
+    let (ok, _, err) = App::sh(
+        &zmnt,
+        &format!("mkdir {z}/model && for i in 1 2 3; do dd if=/dev/urandom of={z}/model/part$i bs=64k count=16 conv=fsync 2>/dev/null || exit 1; done"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    // Remount with an empty cache.
+    let out = fx.fsctl(&["umount", s(&zmnt)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(guard);
+    std::fs::remove_dir_all(fx.base.join("zvol/cache")).expect("remove the cache");
+    let _guard = mount();
+    let cache = || -> Value {
+        let out = fx.fsctl(&["status", "--json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        report["mounts"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["mountpoint"] == z.as_str()).cloned())
+            .map(|m| m["counters"]["io"].clone())
+            .unwrap_or(Value::Null)
+    };
+    assert!(
+        wait_until(DEADLINE, || cache()["cache_capacity_bytes"] == 8 << 20),
+        "the mount never reported its 8 MiB cache: {}",
+        cache()
+    );
+    assert_eq!(
+        cache()["cache_used_bytes"].as_u64().unwrap_or(0),
+        0,
+        "the cache starts empty"
+    );
+
+    let out = fx.fsctl(&["warmup", &format!("{z}/model"), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("warmup JSON");
+    assert_eq!(report["files"], 3, "{report}");
+    assert_eq!(report["read_bytes"], 3 << 20, "{report}");
+    assert_eq!(report["cache"]["capacity_bytes"], 8 << 20, "{report}");
+    assert!(
+        wait_until(DEADLINE, || cache()["cache_used_bytes"].as_u64()
+            >= Some(3 << 20)),
+        "the cache did not take the warmed blocks: {}",
+        cache()
+    );
+
+    // 3 MiB more: 6 MiB fit in 8; then 12 MiB do not, and nothing is read.
+    let (ok, _, err) = App::sh(
+        &zmnt,
+        &format!("dd if=/dev/urandom of={z}/model/big bs=64k count=144 conv=fsync 2>/dev/null"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    let out = fx.fsctl(&["warmup", &z]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("holds 8M") && said.contains("--cache-size"),
+        "{said}"
+    );
+    let out = fx.fsctl(&["warmup", s(&fx.base)]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("is not on a Baton (FUSE) mount"), "{said}");
+}

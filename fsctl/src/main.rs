@@ -12,6 +12,7 @@
 //! - 4: fs-supervisor refused this user (only root may control it).
 
 mod quota;
+mod warmup;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -127,6 +128,11 @@ enum Command {
         /// FUSE worker threads per generation [default: fsclient's].
         #[arg(long)]
         threads: Option<u32>,
+        /// Block cache capacity, e.g. 10G [default: fsclient's, 1G; a local
+        /// directory's plain blocks get a cache only when this or
+        /// --cache-dir is given].
+        #[arg(long, value_parser = parse_size)]
+        cache_size: Option<u64>,
         /// Record the mount so fs-supervisor mounts it again after a
         /// reboot (a restarted supervisor re-adopts every live mount
         /// whose fd systemd kept, persistent or not).
@@ -173,6 +179,23 @@ enum Command {
     Quota {
         #[command(subcommand)]
         command: quota::QuotaCommand,
+    },
+    /// Read every file under PATH through its mount, so the mount's block
+    /// cache holds their blocks (a job's first read then comes from local
+    /// disk). Refused if the set is larger than the cache; safe during an
+    /// upgrade or a crash of the serving generation.
+    Warmup {
+        /// Files or directories on one Baton mount.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Files read at once.
+        #[arg(long, default_value_t = warmup::DEFAULT_THREADS)]
+        threads: usize,
+        /// Print the result as JSON (no progress).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArg,
     },
     /// Show every mount of fs-supervisor: generation, pids, restarts.
     Status {
@@ -441,6 +464,17 @@ fn run() -> anyhow::Result<ExitCode> {
             repair_quotas,
         } => fsck(&volume, &base_dir, repair_quotas),
         Command::Quota { command } => quota::run(command),
+        Command::Warmup {
+            paths,
+            threads,
+            json,
+            socket,
+        } => warmup::run(&warmup::Plan {
+            paths: &paths,
+            threads,
+            json,
+            socket: &socket.socket,
+        }),
         Command::Gc {
             volume,
             dry_run,
@@ -459,6 +493,7 @@ fn run() -> anyhow::Result<ExitCode> {
             cache_dir,
             staging_dir,
             threads,
+            cache_size,
             persist,
             socket,
         } => {
@@ -470,6 +505,7 @@ fn run() -> anyhow::Result<ExitCode> {
                     cache_dir: cache_dir.as_deref().map(absolute).transpose()?,
                     staging_dir: staging_dir.as_deref().map(absolute).transpose()?,
                     threads,
+                    cache_size_bytes: cache_size,
                 },
                 persist,
             };
@@ -909,11 +945,7 @@ fn up(
         volume: paths.meta_url.clone(),
         mountpoint: mountpoint_abs,
         base_dir: absolute(&base_dir)?,
-        options: ClientOptions {
-            cache_dir: None,
-            staging_dir: None,
-            threads: None,
-        },
+        options: ClientOptions::default(),
         persist: false,
     };
     let code = mount(socket, &request)?;

@@ -73,6 +73,9 @@ pub fn command_args(launch: &Launch<'_>) -> Vec<std::ffi::OsString> {
     if let Some(threads) = launch.options.threads {
         args.extend(["--threads".into(), threads.to_string().into()]);
     }
+    if let Some(bytes) = launch.options.cache_size_bytes {
+        args.extend(["--cache-size".into(), bytes.to_string().into()]);
+    }
     args.push(launch.volume.into());
     args
 }
@@ -362,6 +365,7 @@ mod tests {
             cache_dir: None,
             staging_dir: Some("/s".into()),
             threads: Some(2),
+            cache_size_bytes: Some(64 << 20),
         };
         let launch = Launch {
             held_locks: Path::new("/nonexistent/locks"),
@@ -391,6 +395,8 @@ mod tests {
                 "/s",
                 "--threads",
                 "2",
+                "--cache-size",
+                "67108864",
                 "vol"
             ]
         );

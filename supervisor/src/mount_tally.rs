@@ -102,10 +102,11 @@ impl MountTally {
         for (_, counters) in self.recent.values() {
             io.add(counters);
         }
-        io.uploads_pending = self
-            .serving
-            .and_then(|g| self.recent.get(&g))
-            .map_or(0, |(_, c)| c.uploads_pending);
+        // Gauges are the serving generation's, never sums.
+        let serving = self.serving.and_then(|g| self.recent.get(&g));
+        io.uploads_pending = serving.map_or(0, |(_, c)| c.uploads_pending);
+        io.cache_used_bytes = serving.map_or(0, |(_, c)| c.cache_used_bytes);
+        io.cache_capacity_bytes = serving.map_or(0, |(_, c)| c.cache_capacity_bytes);
         MountCounters {
             io,
             generations_started: self.generations_started,

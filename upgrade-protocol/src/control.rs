@@ -27,6 +27,9 @@ pub struct ClientOptions {
     pub staging_dir: Option<PathBuf>,
     /// `--threads` (default: fsclient's).
     pub threads: Option<u32>,
+    /// `--cache-size` in bytes (default: fsclient's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_size_bytes: Option<u64>,
 }
 
 /// fsctl → supervisor: every command there is.

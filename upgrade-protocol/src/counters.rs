@@ -48,6 +48,18 @@ pub struct GenerationCounters {
     pub cache_miss_count: u64,
     /// Files with staged data not yet uploaded (gauge).
     pub uploads_pending: u64,
+    /// Bytes in the local block cache now (gauge; absent from older
+    /// generations' reports).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_used_bytes: u64,
+    /// What the local block cache may hold (gauge; 0: no cache, a local
+    /// directory's blocks are read in place).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_capacity_bytes: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl GenerationCounters {

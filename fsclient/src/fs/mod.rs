@@ -201,6 +201,8 @@ impl BatonFs {
         let cache = self.cache.stats();
         counters.cache_hit_count = cache.hit_count;
         counters.cache_miss_count = cache.miss_count;
+        counters.cache_used_bytes = cache.used_bytes;
+        counters.cache_capacity_bytes = cache.capacity_bytes;
         counters.uploads_pending = self
             .staging
             .staged_inodes()

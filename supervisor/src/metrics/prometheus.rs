@@ -53,6 +53,8 @@ const PER_MOUNT: &[(&str, &str, &str, Value)] = &[
         let total = c.io.cache_hit_count + c.io.cache_miss_count;
         (total > 0).then(|| c.io.cache_hit_count as f64 / total as f64)
     }),
+    ("baton_mount_cache_used_bytes", "gauge", "Bytes in the mount's local block cache.", |_, c| Some(c.io.cache_used_bytes as f64)),
+    ("baton_mount_cache_capacity_bytes", "gauge", "What the mount's local block cache may hold (0: blocks read in place from a local directory).", |_, c| Some(c.io.cache_capacity_bytes as f64)),
     ("baton_mount_uploads_pending", "gauge", "Files with staged data not yet uploaded to the object store.", |_, c| Some(c.io.uploads_pending as f64)),
     ("baton_mount_requests_recovered_total", "counter", "Resent requests answered from an exactly-once record of a dead generation.", |m, _| Some(m.requests_recovered as f64)),
     ("baton_mount_requests_journaled_total", "counter", "Requests handed from an old to a new generation in planned upgrades.", |_, c| Some(c.requests_journaled as f64)),

@@ -59,6 +59,8 @@ fn status() -> MountStatus {
                 cache_hit_count: 3,
                 cache_miss_count: 1,
                 uploads_pending: 2,
+                cache_used_bytes: 1 << 20,
+                cache_capacity_bytes: 1 << 30,
             },
             generations_started: 5,
             upgrades: 1,
@@ -114,6 +116,8 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         format!("baton_mount_written_bytes_total{{{labels}}} 4096"),
         format!("baton_mount_cache_hit_ratio{{{labels}}} 0.75"),
         format!("baton_mount_uploads_pending{{{labels}}} 2"),
+        format!("baton_mount_cache_used_bytes{{{labels}}} 1048576"),
+        format!("baton_mount_cache_capacity_bytes{{{labels}}} 1073741824"),
         format!("baton_mount_requests_recovered_total{{{labels}}} 3"),
         format!("baton_mount_requests_journaled_total{{{labels}}} 2"),
         // Cumulative buckets; +Inf equals the count.
