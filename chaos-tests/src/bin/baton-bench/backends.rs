@@ -31,7 +31,7 @@ struct Row {
 }
 
 /// A formatted volume of one backend.
-struct Volume {
+pub(crate) struct Volume {
     name: &'static str,
     base: PathBuf,
     volume: String,
@@ -44,7 +44,11 @@ fn with_s3_credentials(command: &mut Command) -> &mut Command {
 }
 
 impl Volume {
-    fn format(name: &'static str, base: &Path, args: &[String]) -> anyhow::Result<Volume> {
+    pub(crate) fn format(
+        name: &'static str,
+        base: &Path,
+        args: &[String],
+    ) -> anyhow::Result<Volume> {
         std::fs::create_dir_all(base.join("mnt"))?;
         let out = with_s3_credentials(&mut Command::new(workspace_binary("fsctl")))
             .args(["format", "bench"])
@@ -70,11 +74,16 @@ impl Volume {
         })
     }
 
-    fn mnt(&self) -> PathBuf {
+    pub(crate) fn mnt(&self) -> PathBuf {
         self.base.join("mnt")
     }
 
     fn mount(&self) -> anyhow::Result<Target> {
+        self.mount_with(&[])
+    }
+
+    /// `fsclient mount` with `extra` options (e.g. `--cache-size`).
+    pub(crate) fn mount_with(&self, extra: &[&str]) -> anyhow::Result<Target> {
         Target::spawn(
             self.name,
             &self.mnt(),
@@ -83,12 +92,21 @@ impl Volume {
                 .arg(self.mnt())
                 .arg("--base-dir")
                 .arg(&self.base)
+                .args(extra)
                 .stderr(Stdio::null()),
         )
     }
 
+    fn remount_cold(&self, target: Target) -> anyhow::Result<Target> {
+        self.remount_cold_with(target, &[])
+    }
+
     /// Unmounts, empties every local block cache, and mounts again.
-    fn remount_cold(&self, mut target: Target) -> anyhow::Result<Target> {
+    pub(crate) fn remount_cold_with(
+        &self,
+        mut target: Target,
+        extra: &[&str],
+    ) -> anyhow::Result<Target> {
         let status = Command::new("umount").arg(self.mnt()).status()?;
         anyhow::ensure!(status.success(), "umount {}", self.mnt().display());
         if let Some(server) = target.server.as_mut() {
@@ -103,7 +121,7 @@ impl Volume {
                 std::fs::remove_dir_all(&cache)?;
             }
         }
-        self.mount()
+        self.mount_with(extra)
     }
 
     fn measure(&self, size_mib: u64, files: usize, seconds: Duration) -> anyhow::Result<Row> {

@@ -139,6 +139,20 @@ enum Bench {
         #[arg(long)]
         postgres_url: Option<String>,
     },
+    /// A job's first read of a file set in S3 (local moto server), with no
+    /// warmup and after `fsctl warmup`, beside the same read from local
+    /// disk.
+    Warmup {
+        /// Size of the set, MiB.
+        #[arg(long, default_value_t = 2048)]
+        size_mib: u64,
+        /// Files in the set.
+        #[arg(long, default_value_t = 8)]
+        files: usize,
+        /// Where to put the data (a directory on the disk under test).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
+    },
     /// Throughput, metadata rates and memory: plain directory, bindfs,
     /// rclone mount and Baton (through fs-supervisor), in one run.
     #[command(alias = "fsclient")]
@@ -330,6 +344,11 @@ fn run() -> anyhow::Result<()> {
                 .as_deref(),
         ),
         Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
+        Bench::Warmup {
+            size_mib,
+            files,
+            dir,
+        } => warmup::run(&dir, size_mib, files),
         Bench::Application { mnt, write } => application::run(&mnt, write),
         Bench::HoldMemory { mib } => stall::hold_memory(mib),
     }
@@ -342,6 +361,7 @@ mod compare;
 mod stall;
 mod supervised;
 mod upgrade_stall;
+mod warmup;
 
 fn mount_tmpfs(path: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(path)?;
