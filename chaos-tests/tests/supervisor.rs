@@ -2765,3 +2765,52 @@ fn warmup_fills_the_block_cache_and_refuses_a_set_larger_than_it() {
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("is not on a Baton (FUSE) mount"), "{said}");
 }
+
+/// With the object store unreachable, `fsctl umount` says that written data
+/// is still staged (how many files, where, that the next mount commits it)
+/// and exits 1, or 0 with `--leave-staged`; the next mount with the store
+/// back commits it and the data reads back.
+#[test]
+fn an_unmount_that_leaves_data_staged_says_so_and_the_next_mount_commits_it() {
+    let flags = tempfile::tempdir().expect("temp dir");
+    let outage = flags.path().join("outage");
+    let fault = format!("unreachable_file={}", s(&outage));
+    let mut fx = Fixture::start_with_env(&[], &[("BATON_STORAGE_FAULT", &fault)]);
+    for (round, leave_staged) in [(1, false), (2, true)] {
+        fx.mount();
+        std::fs::write(&outage, b"").expect("start the outage");
+        let m = s(&fx.mnt).to_string();
+        let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept-{round} > {m}/f{round}")).finish();
+        assert!(ok, "a write to staging needs no store: {err}");
+        let mut args = vec!["umount", m.as_str()];
+        if leave_staged {
+            args.push("--leave-staged");
+        }
+        let out = fx.fsctl(&args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(
+            out.status.code(),
+            Some(if leave_staged { 0 } else { 1 }),
+            "{said}\n{}",
+            fx.logs()
+        );
+        assert!(
+            said.contains("still staged in")
+                && said.contains("the next mount of this volume commits them"),
+            "{said}"
+        );
+        assert!(said.contains("1 file(s)"), "{said}");
+        drop(fx.guard.take());
+        std::fs::remove_file(&outage).expect("end the outage");
+    }
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {m}/f1 {m}/f2")).finish();
+    assert!(ok && out == "kept-1\nkept-2\n", "{out}{err}");
+    let out = fx.fsctl(&["umount", &m]);
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "a clean unmount warns of nothing: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

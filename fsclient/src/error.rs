@@ -63,6 +63,19 @@ pub enum Error {
     /// The supervisor protocol failed.
     #[error(transparent)]
     Protocol(Box<upgrade_protocol::ProtocolError>),
+    /// The last flush before exit could not upload everything: the data is
+    /// safe in the staging directory and the next mount commits it.
+    #[error("{files} file(s), {bytes} bytes of acknowledged writes are still staged in {dir} ({cause}); they are kept there, and the next mount of this volume commits them once the object store takes them")]
+    LeftStaged {
+        /// Files with staged data.
+        files: usize,
+        /// Their staged bytes.
+        bytes: u64,
+        /// The staging directory.
+        dir: PathBuf,
+        /// Why the upload failed (the first error).
+        cause: String,
+    },
 }
 
 impl From<baton_meta::MetaError> for Error {

@@ -137,7 +137,11 @@ impl Generation {
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
         fs.set_connection(adoption.connection_identity, adoption.generation, inherited);
-        let recovering = adoption.handover.is_none() && adoption.unanswered == Unanswered::Resend;
+        // After a death (RESEND), and in a new mount's first generation: what
+        // an earlier mount left staged (its final flush failed) is committed
+        // before serving, as `fsclient mount` does.
+        let recovering = adoption.handover.is_none()
+            && (adoption.unanswered == Unanswered::Resend || adoption.generation == 1);
         if !recovering {
             // The predecessor, if any, is fenced: staging is ours. (After a
             // death, `recover` takes it over in its own scan, which is in
@@ -245,7 +249,7 @@ impl Generation {
             workers.stop();
         }
         self.fs.cancel_lock_waiters();
-        self.fs.flush_all().map(|()| ended)
+        self.fs.flush_all_at_exit().map(|()| ended)
     }
 
     /// Registers the mount's session, or continues it (a generation after

@@ -204,7 +204,7 @@ fn serve_until_signal(
     stopper.stop();
     let reason = waiter.join().unwrap_or(ExitReason::Stopped);
     fs.cancel_lock_waiters();
-    Ok((reason, fs.flush_all()))
+    Ok((reason, fs.flush_all_at_exit()))
 }
 
 /// Joins the workers; if the connection ends by itself, wakes the main

@@ -252,6 +252,11 @@ enum Command {
     Umount {
         /// The mountpoint.
         mountpoint: PathBuf,
+        /// Exit 0 even when the filesystem could not upload everything
+        /// before it stopped (the data stays staged on this host and the
+        /// next mount commits it); the warning is printed all the same.
+        #[arg(long)]
+        leave_staged: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -512,9 +517,17 @@ fn run() -> anyhow::Result<ExitCode> {
             mount(&socket.socket, &request)
         }
         Command::Status { json, socket } => status(&socket.socket, json),
-        Command::Umount { mountpoint, socket } => {
+        Command::Umount {
+            mountpoint,
+            leave_staged,
+            socket,
+        } => {
             let mountpoint = absolute(&mountpoint)?;
-            umount(&socket.socket, &Request::Umount { mountpoint })
+            umount(
+                &socket.socket,
+                &Request::Umount { mountpoint },
+                leave_staged,
+            )
         }
         Command::UpgradeSupervisor {
             binary,
@@ -787,11 +800,30 @@ fn status(socket: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn umount(socket: &std::path::Path, request: &Request) -> anyhow::Result<ExitCode> {
+fn umount(
+    socket: &std::path::Path,
+    request: &Request,
+    leave_staged: bool,
+) -> anyhow::Result<ExitCode> {
     match call(socket, request)? {
-        Reply::Unmounted { mountpoint } => {
+        Reply::Unmounted {
+            mountpoint,
+            warning: None,
+        } => {
             println!("unmounted {}", mountpoint.display());
             Ok(ExitCode::SUCCESS)
+        }
+        Reply::Unmounted {
+            mountpoint,
+            warning: Some(warning),
+        } => {
+            println!("unmounted {}", mountpoint.display());
+            eprintln!("fsctl: warning: {warning}");
+            if leave_staged {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("fsctl: exit 1: data was left behind; `--leave-staged` accepts that");
+            Ok(ExitCode::from(1))
         }
         other => refused(other),
     }

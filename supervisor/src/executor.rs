@@ -151,6 +151,8 @@ pub struct Mount {
     record_changed: bool,
     /// When the record was last written ([`Mount::counters_changed`]).
     history_written: Instant,
+    /// The unmount's warning ([`Mount::note_unclean_stop`]).
+    stop_warning: Option<String>,
 }
 
 /// How far behind the live counters the state record's totals may fall.
@@ -229,6 +231,7 @@ impl Mount {
             promoted_warm: false,
             record_changed: false,
             history_written: Instant::now(),
+            stop_warning: None,
             created_unix_ms: unix_ms(SystemTime::now()),
             mount_waiters: vec![waiter],
             umount_waiters: Vec::new(),
@@ -289,6 +292,9 @@ impl Mount {
                 "mount {}: event chain longer than {EVENTS_PER_DISPATCH_MAX} at {event:?}",
                 self.id
             );
+            if let (State::Stopping { .. }, Event::ActiveExited(death)) = (self.state, event) {
+                self.note_unclean_stop(death);
+            }
             if event == Event::Timer(Timer::UpgradeDeadline) {
                 if let Some(upgrade) = &mut self.upgrade {
                     upgrade.deadline_passed = true;
@@ -950,6 +956,30 @@ impl Mount {
         Some(due)
     }
 
+    /// The serving generation ended while stopping for an unmount: if not
+    /// cleanly (its final flush failed and it exited non-zero, or the stop
+    /// deadline killed it), what it said last is the unmount's warning.
+    fn note_unclean_stop(&mut self, death: Death) {
+        if death.cause == Cause::Exit(0) {
+            return;
+        }
+        let tail = log_tail(&self.log_path);
+        let said = last_log_line(&tail);
+        self.stop_warning = Some(format!(
+            "generation {} ended {} while stopping{}",
+            death.generation,
+            describe(death.cause),
+            if said.is_empty() {
+                format!(
+                    "; acknowledged data may still be staged (see {})",
+                    self.log_path.display()
+                )
+            } else {
+                format!(": {said}")
+            }
+        ));
+    }
+
     /// Closes the fd and removes the socket and record: the last step of an
     /// unmount. Answers every waiter.
     pub fn close(&mut self, env: &Env, outcome: Result<String, String>) {
@@ -961,9 +991,10 @@ impl Mount {
         }
         let reply = match &outcome {
             Ok(how) => {
-                tracing::info!(mount = %self.id, mountpoint = %self.mountpoint.display(), how, "unmounted");
+                tracing::info!(mount = %self.id, mountpoint = %self.mountpoint.display(), how, warning = self.stop_warning.as_deref(), "unmounted");
                 Reply::Unmounted {
                     mountpoint: self.mountpoint.clone(),
+                    warning: self.stop_warning.take(),
                 }
             }
             Err(err) => {

@@ -125,6 +125,11 @@ pub enum Reply {
     Unmounted {
         /// The mountpoint.
         mountpoint: PathBuf,
+        /// What the last generation could not finish before it ended (its
+        /// final flush failed: acknowledged data is still staged), as it
+        /// logged it; absent when it ended cleanly.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        warning: Option<String>,
     },
     /// fs-supervisor re-executes as `binary` now; poll `Status` for it.
     SupervisorRestarting {

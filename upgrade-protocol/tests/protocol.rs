@@ -302,6 +302,7 @@ fn control_frames_are_pinned_and_round_trip() {
             Message::ControlReply {
                 reply: Reply::Unmounted {
                     mountpoint: "/mnt/baton".into(),
+                    warning: None,
                 },
             },
         ),

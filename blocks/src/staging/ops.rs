@@ -87,6 +87,23 @@ impl Staging {
         self.list_staged(false)
     }
 
+    /// Bytes of staged block files of `inos` (what a failed final flush
+    /// leaves on this disk; sparse blocks count by their length).
+    pub fn staged_bytes(&self, inos: &[u64]) -> Result<u64> {
+        let mut bytes = 0;
+        for &ino in inos {
+            for index in self.block_indices(ino)? {
+                let path = self.block_path(ino, index);
+                bytes += match std::fs::metadata(&path) {
+                    Ok(meta) => meta.len(),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                    Err(e) => return Err(self.err("stat staged block", &path, e)),
+                };
+            }
+        }
+        Ok(bytes)
+    }
+
     fn list_staged(&self, clean: bool) -> Result<Vec<u64>> {
         let mut inos = Vec::new();
         for ino in self.inode_dirs()? {

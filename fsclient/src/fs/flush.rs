@@ -98,6 +98,23 @@ impl BatonFs {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// The last flush before this process exits: [`BatonFs::flush_all`],
+    /// and if anything could not be uploaded, [`Error::LeftStaged`] saying
+    /// how much stays where.
+    pub fn flush_all_at_exit(&self) -> Result<()> {
+        let Err(err) = self.flush_all() else {
+            return Ok(());
+        };
+        let left = self.staging.staged_inodes().unwrap_or_default();
+        let bytes = self.staging.staged_bytes(&left).unwrap_or(0);
+        Err(Error::LeftStaged {
+            files: left.len(),
+            bytes,
+            dir: self.staging.dir().to_path_buf(),
+            cause: err.to_string(),
+        })
+    }
+
     /// This process now writes the staging area alone (adopted after a
     /// death or a handover, or resumed after a rolled-back one): from here
     /// on, questions about inodes it never staged for skip the files
