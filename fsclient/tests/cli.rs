@@ -218,3 +218,49 @@ fn a_sqlite_url_volume_keeps_cache_and_staging_next_to_its_metadata() {
     assert!(dir.join("staging").is_dir() && dir.join("cache").is_dir());
     assert_unmounted(&mnt);
 }
+
+/// A read-only bind mount of a directory, detached on drop.
+struct ReadOnlyBind(std::path::PathBuf);
+
+impl ReadOnlyBind {
+    fn new(source: &Path, target: &Path) -> ReadOnlyBind {
+        use nix::mount::{mount, MsFlags};
+        std::fs::create_dir_all(target).unwrap();
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let bind = ReadOnlyBind(target.to_path_buf());
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        mount(None::<&str>, target, None::<&str>, flags, None::<&str>).unwrap();
+        bind
+    }
+}
+
+impl Drop for ReadOnlyBind {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_read_only_metadata_database_is_named_as_such_not_as_foreign() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let read_only = vol.path("read-only-base");
+    let _bind = ReadOnlyBind::new(&vol.base, &read_only);
+    let err = refused(
+        &vol,
+        &["mount", VOLUME, s(&mnt), "--base-dir", s(&read_only)],
+    );
+    assert!(
+        err.contains("cannot be written") && err.contains("Read-only file system"),
+        "{err}"
+    );
+    assert!(!err.contains("not a Baton metadata database"), "{err}");
+    assert_unmounted(&mnt);
+}

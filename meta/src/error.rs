@@ -22,6 +22,16 @@ pub enum MetaError {
         /// The path that was opened.
         path: PathBuf,
     },
+    /// The database file, or the directory its log files go in, cannot be
+    /// written (a read-only filesystem or mode): SQLite opens a WAL
+    /// database for writing even to read it.
+    #[error("metadata {path} cannot be written ({reason}): Baton needs it writable, with the directory it is in (for its -wal and -shm files); remount read-write or fix the mode")]
+    ReadOnly {
+        /// The file or directory that cannot be written.
+        path: PathBuf,
+        /// The OS error.
+        reason: String,
+    },
     /// `format` found a file where the database should be created.
     #[error("{path} already exists: refusing to format over it; remove it or choose another path")]
     AlreadyFormatted {
@@ -291,6 +301,7 @@ impl MetaError {
             MetaError::StillLinked { .. } => libc::EBUSY,
             MetaError::Store { source, .. } if is_disk_full(source) => libc::ENOSPC,
             MetaError::NotFormatted { .. }
+            | MetaError::ReadOnly { .. }
             | MetaError::Foreign { .. }
             | MetaError::UnsupportedVersion { .. }
             | MetaError::DuplicateRequest { .. }

@@ -129,6 +129,7 @@ impl SqliteMeta {
         if !path.exists() {
             return Err(MetaError::NotFormatted { path });
         }
+        check_writable(&path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(&path, flags).map_err(|e| MetaError::Foreign {
             path: path.clone(),
@@ -285,6 +286,33 @@ fn random_u128() -> std::io::Result<u128> {
 }
 
 /// Best-effort cleanup after a failed format, so the user can retry.
+/// The database file and its directory must be writable (`access(2)`,
+/// which also says EROFS for a read-only filesystem): otherwise SQLite only
+/// says "unable to open database file".
+fn check_writable(path: &Path) -> Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    for target in [path, dir] {
+        let c_path =
+            std::ffi::CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| {
+                MetaError::ReadOnly {
+                    path: target.to_path_buf(),
+                    reason: "the path holds a NUL byte".into(),
+                }
+            })?;
+        // SAFETY: a valid NUL-terminated path; access only reads it.
+        if unsafe { libc::access(c_path.as_ptr(), libc::W_OK) } != 0 {
+            return Err(MetaError::ReadOnly {
+                path: target.to_path_buf(),
+                reason: std::io::Error::last_os_error().to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn remove_db_files(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut p = path.as_os_str().to_owned();
