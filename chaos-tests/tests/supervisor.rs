@@ -2814,3 +2814,26 @@ fn an_unmount_that_leaves_data_staged_says_so_and_the_next_mount_commits_it() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A state directory whose mount sockets would not fit in a unix socket
+/// path is refused at start, before anything is created, with the fix;
+/// not accepted only for every mount to fail later with ENAMETOOLONG.
+#[test]
+fn a_state_directory_too_long_for_its_sockets_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("s".repeat(100)).join("state");
+    let out = Command::new(binary("fs-supervisor"))
+        .args(["--state-dir", s(&state)])
+        .args(["--socket", s(&dir.path().join("supervisor.sock"))])
+        .args(["--client-binary", s(&binary("fsclient"))])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run fs-supervisor");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("a unix socket path holds at most 107") && said.contains("--state-dir"),
+        "{said}"
+    );
+    assert!(!state.exists(), "the state directory was created");
+}

@@ -9,6 +9,21 @@ use nix::errno::Errno;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// A unix socket this supervisor binds would have a path longer than
+    /// the kernel's limit.
+    #[error("{what} {path} is {len} bytes long; a unix socket path holds at most {max} (`sun_path`): give a shorter {flag}")]
+    SocketPathTooLong {
+        /// Which socket.
+        what: &'static str,
+        /// Its (longest) path.
+        path: std::path::PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+        /// The option to change.
+        flag: &'static str,
+    },
     /// A FUSE request timeout is configured in the kernel.
     #[error("/proc/sys/fs/fuse/{name} is {value_s} s: a kernel request timeout aborts the whole mount when a handover takes longer; set it to 0 (`sysctl -w fs.fuse.{name}=0`) before starting fs-supervisor")]
     RequestTimeout {

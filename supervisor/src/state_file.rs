@@ -56,7 +56,12 @@ impl StateDir {
 
     /// `run/<id>.sock`.
     pub fn socket_path(&self, mount_id: &str) -> PathBuf {
-        self.root.join("run").join(format!("{mount_id}.sock"))
+        StateDir::socket_path_in(&self.root, mount_id)
+    }
+
+    /// [`StateDir::socket_path`] of a state directory at `root`.
+    pub fn socket_path_in(root: &Path, mount_id: &str) -> PathBuf {
+        root.join("run").join(format!("{mount_id}.sock"))
     }
 
     /// `run/<id>.locks`: the locks held on the mount, kept by its serving

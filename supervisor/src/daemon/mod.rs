@@ -181,6 +181,7 @@ pub fn run(config: Config) -> Result<(), Error> {
     reexec::reap_inherited_children();
     raise_fd_limit();
     preflight::check_request_timeouts(preflight::read_request_timeouts(&config.sysctl_dir)?)?;
+    check_socket_paths(&config)?;
     let state = StateDir::create(&config.state_dir)?;
     // One supervisor per state directory, claimed before anything else is
     // set up. One that already holds mounts (a successor, an image
@@ -1030,6 +1031,37 @@ impl Daemon {
         }
         Ok((mounting::check_mountpoint(mountpoint)?, spec))
     }
+}
+
+/// Bytes of a unix socket path, without the NUL (`sun_path` is 108).
+const SOCKET_PATH_BYTES_MAX: usize = 107;
+
+/// Refuses a control socket or state directory whose socket paths would
+/// not fit in `sun_path`: otherwise the supervisor starts, and every mount
+/// fails later with ENAMETOOLONG.
+fn check_socket_paths(config: &Config) -> Result<(), Error> {
+    // A mount's socket: STATE/run/<16 hex digits>.sock.
+    let longest_mount_socket = StateDir::socket_path_in(&config.state_dir, &"f".repeat(16));
+    for (what, path, flag) in [
+        ("the control socket", config.socket.clone(), "--socket"),
+        (
+            "a mount's generation socket, in the state directory:",
+            longest_mount_socket,
+            "--state-dir",
+        ),
+    ] {
+        let len = path.as_os_str().len();
+        if len > SOCKET_PATH_BYTES_MAX {
+            return Err(Error::SocketPathTooLong {
+                what,
+                path,
+                len,
+                max: SOCKET_PATH_BYTES_MAX,
+                flag,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The default `fsclient`: next to this executable.
