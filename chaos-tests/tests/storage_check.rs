@@ -114,7 +114,42 @@ fn gc_deletes_only_old_unreferenced_objects_and_fsck_reports_lost_ones() {
     assert!(said.contains("2 unreferenced (140000 bytes)"), "{said}");
     assert!(said.contains("0 missing or short"), "{said}");
 
+    let out = fsctl(&["fsck", "vol", "--json"], base);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck JSON");
+    assert_eq!(report["unreferenced_objects"], 2, "{report}");
+    assert_eq!(report["unreferenced_bytes"], 140_000, "{report}");
+    assert_eq!(report["consistent"], true, "{report}");
+
+    // A dry run gives counts; --list names the keys.
     let out = fsctl(&["gc", "vol", "--dry-run"], base);
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("1 object(s) would be deleted (--list names them)"),
+        "{said}"
+    );
+    assert!(!said.contains("dead0001"), "keys only with --list: {said}");
+    let out = fsctl(&["gc", "vol", "--dry-run", "--json", "--list"], base);
+    assert!(out.status.success(), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("gc JSON");
+    assert_eq!(
+        (
+            &report["collectable"],
+            &report["kept_younger_than_min_age"],
+            &report["deleted"]
+        ),
+        (&1.into(), &1.into(), &serde_json::Value::Null),
+        "{report}"
+    );
+    assert!(
+        report["keys"][0]
+            .as_str()
+            .unwrap_or("")
+            .contains("dead0001"),
+        "{report}"
+    );
+    let out = fsctl(&["gc", "vol", "--dry-run", "--list"], base);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert!(

@@ -11,19 +11,17 @@
 //! - 3: fs-supervisor cannot be reached or did not answer in time;
 //! - 4: fs-supervisor refused this user (only root may control it).
 
+mod check;
 mod quota;
 mod warmup;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
-use baton_volume::{
-    collectable, format, CheckReport, CheckedVolume, FormatRequest, VolumePaths, DEFAULT_BASE_DIR,
-    GC_MIN_AGE_SECS_DEFAULT, REPORT_PROBLEMS_LISTED_MAX,
-};
+use baton_volume::{format, FormatRequest, VolumePaths, DEFAULT_BASE_DIR, GC_MIN_AGE_SECS_DEFAULT};
 use clap::{Parser, Subcommand};
 use upgrade_protocol::client::{self, command_timeout, DEFAULT_SOCKET, DEFAULT_STATE_DIR};
 use upgrade_protocol::{
@@ -87,6 +85,9 @@ enum Command {
         /// file:// --storage directory (the defaults are always created).
         #[arg(long)]
         create_dirs: bool,
+        /// Print what was created as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// The main job on the embedded default: format volume NAME if it does
     /// not exist, start fs-supervisor if none is running, and mount the
@@ -155,6 +156,9 @@ enum Command {
         /// Base directory for volumes.
         #[arg(long, default_value = DEFAULT_BASE_DIR)]
         base_dir: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Delete objects of VOLUME that no metadata refers to (leftovers of
     /// crashes), if older than --min-age-secs. Refused while the volume is
@@ -162,9 +166,15 @@ enum Command {
     Gc {
         /// A volume name (under --base-dir) or sqlite:///path/meta.db.
         volume: String,
-        /// Only list what would be deleted.
+        /// Only say what would be deleted.
         #[arg(long)]
         dry_run: bool,
+        /// Name every object deleted (or, with --dry-run, to be).
+        #[arg(long)]
+        list: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
         /// Keep unreferenced objects younger than this (an upload may be
         /// waiting for its commit on another host).
         #[arg(long, default_value_t = GC_MIN_AGE_SECS_DEFAULT)]
@@ -289,105 +299,6 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
     }
 }
 
-fn fsck(volume: &str, base_dir: &std::path::Path, repair_quotas: bool) -> anyhow::Result<ExitCode> {
-    let checked = CheckedVolume::open(volume, base_dir)?;
-    // Shadowed by the printable form (a URL's password is masked).
-    let volume = checked.paths.display.as_str();
-    let report = checked.check()?;
-    print_report(volume, &report);
-    for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
-        let what = match bad.stored_bytes {
-            None => "is missing".to_string(),
-            Some(size) => format!("has {size} bytes, {} needed", bad.len_bytes),
-        };
-        println!(
-            "  inode {} block {}: object {} {what}",
-            bad.ino, bad.index, bad.key
-        );
-    }
-    let quotas_differ = !report.quota_drifts.is_empty();
-    for (path, drift) in &report.quota_drifts {
-        println!(
-            "  quota on {}: stored {} bytes and {} inodes, counted {} bytes and {} inodes",
-            path.display(),
-            drift.stored.bytes,
-            drift.stored.inodes,
-            drift.counted.bytes,
-            drift.counted.inodes
-        );
-    }
-    if quotas_differ && repair_quotas {
-        let repaired = checked.recount_quotas(true)?;
-        println!("stored the recounted usage of {} quota(s)", repaired.len());
-    }
-    if !report.is_consistent() {
-        eprintln!(
-            "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
-            report.bad_blocks.len()
-        );
-        Ok(ExitCode::from(1))
-    } else if quotas_differ && !repair_quotas {
-        eprintln!(
-            "fsctl: volume {volume}: {} quota(s) count a usage their trees do not have; store the recount with `fsctl fsck --repair-quotas {volume}`",
-            report.quota_drifts.len()
-        );
-        Ok(ExitCode::from(1))
-    } else {
-        println!("volume {volume}: consistent");
-        Ok(ExitCode::SUCCESS)
-    }
-}
-
-fn print_report(volume: &str, report: &CheckReport) {
-    let garbage_bytes: u64 = report.unreferenced.iter().map(|o| o.size_bytes).sum();
-    println!(
-        "volume {volume}: {} referenced block(s), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
-        report.referenced_count,
-        report.stored_count,
-        report.stored_bytes,
-        report.unreferenced.len(),
-        report.bad_blocks.len(),
-        report.orphan_count,
-    );
-}
-
-fn gc(
-    volume: &str,
-    base_dir: &std::path::Path,
-    dry_run: bool,
-    min_age: Duration,
-) -> anyhow::Result<ExitCode> {
-    let checked = CheckedVolume::open(volume, base_dir)?;
-    // Shadowed by the printable form (a URL's password is masked).
-    let volume = checked.paths.display.as_str();
-    // Held until gc returns: no mount of this volume starts on this host.
-    let _lock = if dry_run { None } else { checked.lock()? };
-    let report = checked.check()?;
-    print_report(volume, &report);
-    let keys = collectable(&report.unreferenced, min_age, SystemTime::now());
-    let young_count = report.unreferenced.len() - keys.len();
-    if young_count > 0 {
-        println!(
-            "keeping {young_count} unreferenced object(s) younger than {} s (--min-age-secs)",
-            min_age.as_secs()
-        );
-    }
-    if dry_run {
-        for key in &keys {
-            println!("would delete {key}");
-        }
-        println!("dry run: {} object(s) would be deleted", keys.len());
-        return Ok(ExitCode::SUCCESS);
-    }
-    let deleted_count = checked.store.delete(&keys);
-    println!("deleted {deleted_count} of {} object(s)", keys.len());
-    if deleted_count < keys.len() {
-        eprintln!("fsctl: some deletes failed (see the log above); run `fsctl gc` again");
-        return Ok(ExitCode::from(1));
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
 fn parse_block_size(text: &str) -> Result<u32, String> {
     let bytes = parse_size(text)?;
     u32::try_from(bytes).map_err(|_| format!("block size {text} is too large"))
@@ -434,6 +345,7 @@ fn run() -> anyhow::Result<ExitCode> {
             block_size,
             base_dir,
             create_dirs,
+            json,
         } => {
             let formatted = format(&FormatRequest {
                 name: name.clone(),
@@ -449,6 +361,16 @@ fn run() -> anyhow::Result<ExitCode> {
                 create_dirs,
             })?;
             let meta_url = &formatted.meta_display;
+            if json {
+                let value = serde_json::json!({
+                    "volume": name,
+                    "meta_url": meta_url,
+                    "storage_url": formatted.storage_url,
+                    "block_size_bytes": block_size,
+                });
+                println!("{}", serde_json::to_string_pretty(&value)?);
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "formatted volume {name}: metadata {meta_url}, data {}",
                 formatted.storage_url
@@ -467,7 +389,8 @@ fn run() -> anyhow::Result<ExitCode> {
             volume,
             base_dir,
             repair_quotas,
-        } => fsck(&volume, &base_dir, repair_quotas),
+            json,
+        } => check::fsck(&volume, &base_dir, repair_quotas, json),
         Command::Quota { command } => quota::run(command),
         Command::Warmup {
             paths,
@@ -483,14 +406,18 @@ fn run() -> anyhow::Result<ExitCode> {
         Command::Gc {
             volume,
             dry_run,
+            list,
+            json,
             min_age_secs,
             base_dir,
-        } => gc(
-            &volume,
-            &base_dir,
+        } => check::gc(&check::GcPlan {
+            volume: &volume,
+            base_dir: &base_dir,
             dry_run,
-            Duration::from_secs(min_age_secs),
-        ),
+            list,
+            min_age: Duration::from_secs(min_age_secs),
+            json,
+        }),
         Command::Mount {
             volume,
             mountpoint,

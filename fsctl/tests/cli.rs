@@ -62,6 +62,19 @@ fn a_formatted_volume_checks_consistent_and_a_second_format_leaves_it_alone() {
         "a refused format changed the metadata"
     );
 
+    let other = fsctl(&["format", "vol2", "--base-dir", base_dir, "--json"]);
+    assert!(other.status.success(), "format: {}", text(&other.stderr));
+    let created: serde_json::Value = serde_json::from_slice(&other.stdout).unwrap();
+    assert_eq!(created["volume"], "vol2");
+    assert_eq!(created["block_size_bytes"], 4 << 20);
+    assert!(
+        created["meta_url"]
+            .as_str()
+            .unwrap()
+            .ends_with("/vol2/meta.db"),
+        "{created}"
+    );
+
     let check = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
     assert!(check.status.success(), "fsck: {}", text(&check.stderr));
     assert!(

@@ -1,0 +1,211 @@
+//! `fsctl fsck` and `fsctl gc`: a volume's block map against its storage,
+//! printed for people or, with `--json`, as one JSON object on stdout.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use baton_volume::{collectable, CheckReport, CheckedVolume, REPORT_PROBLEMS_LISTED_MAX};
+use serde_json::{json, Value};
+
+/// `fsctl fsck`: exit 1 if blocks are lost or quota usage differs (and is
+/// not repaired).
+pub fn fsck(
+    volume: &str,
+    base_dir: &Path,
+    repair_quotas: bool,
+    as_json: bool,
+) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(volume, base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.paths.display.as_str();
+    let report = checked.check()?;
+    let quotas_differ = !report.quota_drifts.is_empty();
+    let repaired = if quotas_differ && repair_quotas {
+        Some(checked.recount_quotas(true)?.len())
+    } else {
+        None
+    };
+    if as_json {
+        let mut value = summary(volume, &report);
+        value["bad_blocks"] = report
+            .bad_blocks
+            .iter()
+            .map(|bad| {
+                json!({
+                    "ino": bad.ino,
+                    "index": bad.index,
+                    "key": bad.key.to_string(),
+                    "len_bytes": bad.len_bytes,
+                    "stored_bytes": bad.stored_bytes,
+                })
+            })
+            .collect();
+        value["quota_drifts"] = report
+            .quota_drifts
+            .iter()
+            .map(|(path, drift)| {
+                json!({
+                    "path": path.display().to_string(),
+                    "stored_bytes": drift.stored.bytes,
+                    "stored_inodes": drift.stored.inodes,
+                    "counted_bytes": drift.counted.bytes,
+                    "counted_inodes": drift.counted.inodes,
+                })
+            })
+            .collect();
+        value["quotas_repaired"] = json!(repaired);
+        value["consistent"] =
+            json!(report.is_consistent() && (!quotas_differ || repaired.is_some()));
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_summary(volume, &report);
+        for bad in report.bad_blocks.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
+            let what = match bad.stored_bytes {
+                None => "is missing".to_string(),
+                Some(size) => format!("has {size} bytes, {} needed", bad.len_bytes),
+            };
+            println!(
+                "  inode {} block {}: object {} {what}",
+                bad.ino, bad.index, bad.key
+            );
+        }
+        for (path, drift) in &report.quota_drifts {
+            println!(
+                "  quota on {}: stored {} bytes and {} inodes, counted {} bytes and {} inodes",
+                path.display(),
+                drift.stored.bytes,
+                drift.stored.inodes,
+                drift.counted.bytes,
+                drift.counted.inodes
+            );
+        }
+        if let Some(count) = repaired {
+            println!("stored the recounted usage of {count} quota(s)");
+        }
+    }
+    if !report.is_consistent() {
+        eprintln!(
+            "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
+            report.bad_blocks.len()
+        );
+        Ok(ExitCode::from(1))
+    } else if quotas_differ && !repair_quotas {
+        eprintln!(
+            "fsctl: volume {volume}: {} quota(s) count a usage their trees do not have; store the recount with `fsctl fsck --repair-quotas {volume}`",
+            report.quota_drifts.len()
+        );
+        Ok(ExitCode::from(1))
+    } else {
+        if !as_json {
+            println!("volume {volume}: consistent");
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// What `fsctl gc` is asked to do.
+pub struct GcPlan<'a> {
+    /// The volume.
+    pub volume: &'a str,
+    /// Where named volumes live.
+    pub base_dir: &'a Path,
+    /// Only say what would be deleted.
+    pub dry_run: bool,
+    /// Also list the keys (deleted, or that would be).
+    pub list: bool,
+    /// Keep unreferenced objects younger than this.
+    pub min_age: Duration,
+    /// One JSON object on stdout.
+    pub json: bool,
+}
+
+/// `fsctl gc`: exit 1 if some delete failed.
+pub fn gc(plan: &GcPlan<'_>) -> anyhow::Result<ExitCode> {
+    let checked = CheckedVolume::open(plan.volume, plan.base_dir)?;
+    // Shadowed by the printable form (a URL's password is masked).
+    let volume = checked.paths.display.as_str();
+    // Held until gc returns: no mount of this volume starts on this host.
+    let _lock = if plan.dry_run { None } else { checked.lock()? };
+    let report = checked.check()?;
+    let keys = collectable(&report.unreferenced, plan.min_age, SystemTime::now());
+    let young_count = report.unreferenced.len() - keys.len();
+    let deleted_count = if plan.dry_run {
+        None
+    } else {
+        Some(checked.store.delete(&keys))
+    };
+    if plan.json {
+        let mut value = summary(volume, &report);
+        value["dry_run"] = json!(plan.dry_run);
+        value["kept_younger_than_min_age"] = json!(young_count);
+        value["collectable"] = json!(keys.len());
+        value["deleted"] = json!(deleted_count);
+        if plan.list {
+            value["keys"] = keys.iter().map(|k| Value::from(k.to_string())).collect();
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_summary(volume, &report);
+        if young_count > 0 {
+            println!(
+                "keeping {young_count} unreferenced object(s) younger than {} s (--min-age-secs)",
+                plan.min_age.as_secs()
+            );
+        }
+        if plan.list {
+            let verb = if plan.dry_run {
+                "would delete"
+            } else {
+                "deleting"
+            };
+            for key in &keys {
+                println!("{verb} {key}");
+            }
+        }
+        match deleted_count {
+            None => println!(
+                "dry run: {} object(s) would be deleted{}",
+                keys.len(),
+                if plan.list || keys.is_empty() {
+                    ""
+                } else {
+                    " (--list names them)"
+                }
+            ),
+            Some(count) => println!("deleted {count} of {} object(s)", keys.len()),
+        }
+    }
+    if deleted_count.is_some_and(|count| count < keys.len()) {
+        eprintln!("fsctl: some deletes failed (see the log above); run `fsctl gc` again");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The figures both commands report, as JSON.
+fn summary(volume: &str, report: &CheckReport) -> Value {
+    json!({
+        "volume": volume,
+        "referenced_blocks": report.referenced_count,
+        "stored_objects": report.stored_count,
+        "stored_bytes": report.stored_bytes,
+        "unreferenced_objects": report.unreferenced.len(),
+        "unreferenced_bytes": report.unreferenced.iter().map(|o| o.size_bytes).sum::<u64>(),
+        "missing_or_short_blocks": report.bad_blocks.len(),
+        "orphan_inodes": report.orphan_count,
+    })
+}
+
+fn print_summary(volume: &str, report: &CheckReport) {
+    let garbage_bytes: u64 = report.unreferenced.iter().map(|o| o.size_bytes).sum();
+    println!(
+        "volume {volume}: {} referenced block(s), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
+        report.referenced_count,
+        report.stored_count,
+        report.stored_bytes,
+        report.unreferenced.len(),
+        report.bad_blocks.len(),
+        report.orphan_count,
+    );
+}
