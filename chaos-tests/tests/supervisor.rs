@@ -577,7 +577,20 @@ fn mount_serves_reports_generation_one_and_umount_cleans_up() {
     assert_eq!(record, 1, "one state record per mount");
     let standby = fx.wait_until_standby();
     let human = fx.fsctl(&["status"]);
-    assert!(String::from_utf8_lossy(&human.stdout).contains("serving"));
+    let table = String::from_utf8_lossy(&human.stdout).into_owned();
+    let row = table.lines().nth(1).unwrap_or("");
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        (columns.get(1), columns.get(2)),
+        (Some(&"vol"), Some(&"serving")),
+        "the volume by its name, not its URL: {table}"
+    );
+    let wide = fx.fsctl(&["status", "--wide"]);
+    let wide = String::from_utf8_lossy(&wide.stdout).into_owned();
+    assert!(
+        wide.contains("sqlite://") && wide.contains("/vol/meta.db"),
+        "{wide}"
+    );
 
     let again = fx.fsctl(&["mount", "vol", s(&fx.mnt), "--base-dir", s(&fx.base)]);
     assert_eq!(

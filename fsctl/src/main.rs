@@ -212,6 +212,9 @@ enum Command {
         /// Print JSON (`{"mounts":[...]}`) instead of a table.
         #[arg(long)]
         json: bool,
+        /// Show each volume in full (its URL or path) instead of its name.
+        #[arg(long)]
+        wide: bool,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -443,7 +446,7 @@ fn run() -> anyhow::Result<ExitCode> {
             };
             mount(&socket.socket, &request)
         }
-        Command::Status { json, socket } => status(&socket.socket, json),
+        Command::Status { json, wide, socket } => status(&socket.socket, json, wide),
         Command::Umount {
             mountpoint,
             leave_staged,
@@ -713,13 +716,13 @@ fn mount(socket: &std::path::Path, request: &Request) -> anyhow::Result<ExitCode
     }
 }
 
-fn status(socket: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
+fn status(socket: &std::path::Path, json: bool, wide: bool) -> anyhow::Result<ExitCode> {
     match call(socket, &Request::Status)? {
         Reply::Status { report } => {
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                print!("{}", table(&report));
+                print!("{}", table(&report, wide));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -806,14 +809,40 @@ fn refused(reply: Reply) -> anyhow::Result<ExitCode> {
 }
 
 /// The human status table.
-fn table(report: &StatusReport) -> String {
+/// A mount's volume in `fsctl status`: its short name, or with `--wide`
+/// the whole volume string (a URL's password masked).
+fn volume_label(volume: &str, wide: bool) -> String {
+    match upgrade_protocol::VolumeSpec::parse(volume) {
+        Ok(spec) if wide => spec.display(),
+        Ok(spec) => spec.short_name(),
+        Err(_) => volume.to_string(),
+    }
+}
+
+/// `75` → `1m15s`, `7300` → `2h1m`, `200000` → `2d7h`.
+fn human_duration(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds / 3600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m{s}s"),
+        (0, _, _) => format!("{h}h{m}m"),
+        _ => format!("{d}d{h}h"),
+    }
+}
+
+fn table(report: &StatusReport, wide: bool) -> String {
     if report.mounts.is_empty() {
         return "no mounts\n".to_string();
     }
     let mut out = format!(
         "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
         "MOUNTPOINT",
-        "VOLUME",
+        if wide { "VOLUME (full)" } else { "VOLUME" },
         "STATE",
         "GEN",
         "PID",
@@ -839,9 +868,9 @@ fn table(report: &StatusReport) -> String {
             )
         });
         out.push_str(&format!(
-            "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>7}s  {}\n",
+            "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
             m.mountpoint.display(),
-            m.volume,
+            volume_label(&m.volume, wide),
             if m.gave_up { "GAVE UP" } else { &m.state },
             m.generation,
             pid(m.pid),
@@ -850,7 +879,7 @@ fn table(report: &StatusReport) -> String {
                 "{}/{}/{}",
                 m.restarts.exit, m.restarts.signal, m.restarts.oom
             ),
-            m.uptime_s,
+            human_duration(m.uptime_s),
             recovery
         ));
     }
@@ -1011,4 +1040,17 @@ fn ensure_supervisor(socket: &Path, state_dir: &Path) -> anyhow::Result<()> {
     }
     println!("started fs-supervisor (log: {})", log_path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_in_the_two_largest_units() {
+        assert_eq!(human_duration(0), "0s");
+        assert_eq!(human_duration(75), "1m15s");
+        assert_eq!(human_duration(7_300), "2h1m");
+        assert_eq!(human_duration(200_000), "2d7h");
+    }
 }

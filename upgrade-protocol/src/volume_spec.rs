@@ -128,6 +128,27 @@ impl VolumeSpec {
         }
     }
 
+    /// A short name for tables: the volume's name, a SQLite volume's
+    /// directory (`/var/lib/baton/vol/meta.db` → `vol`), a PostgreSQL
+    /// volume's database.
+    pub fn short_name(&self) -> String {
+        match self {
+            VolumeSpec::Named(name) => name.clone(),
+            VolumeSpec::Sqlite(path) => {
+                let part = if path.file_name().is_some_and(|f| f == "meta.db") {
+                    path.parent().and_then(Path::file_name)
+                } else {
+                    path.file_stem()
+                };
+                part.map_or_else(
+                    || path.display().to_string(),
+                    |p| p.to_string_lossy().into_owned(),
+                )
+            }
+            VolumeSpec::Postgres { database, .. } => database.clone(),
+        }
+    }
+
     /// The mount's source in /proc/mounts, which every user can read: a
     /// shared volume shows its database name, never its URL.
     pub fn mount_source(&self) -> String {
@@ -189,6 +210,15 @@ fn redact_url(url: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_names_are_the_volume_the_directory_or_the_database() {
+        let short = |text: &str| VolumeSpec::parse(text).unwrap().short_name();
+        assert_eq!(short("vol"), "vol");
+        assert_eq!(short("sqlite:///var/lib/baton/data/meta.db"), "data");
+        assert_eq!(short("sqlite:///srv/team.db"), "team");
+        assert_eq!(short("postgres://u:secret@db.example/models"), "models");
+    }
 
     #[test]
     fn names_resolve_under_the_base_dir() {
