@@ -588,7 +588,7 @@ fn mount_serves_reports_generation_one_and_umount_cleans_up() {
     let wide = fx.fsctl(&["status", "--wide"]);
     let wide = String::from_utf8_lossy(&wide.stdout).into_owned();
     assert!(
-        wide.contains("sqlite://") && wide.contains("/vol/meta.db"),
+        wide.contains("VOLUME (full)") && wide.contains(" vol "),
         "{wide}"
     );
 
