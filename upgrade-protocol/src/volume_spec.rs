@@ -191,18 +191,20 @@ fn postgres_database(url: &str) -> Option<&str> {
 }
 
 /// `url` with the password of its user info masked (`user:***@host`).
+/// The user info ends at the last `@`, so a password holding an unencoded
+/// `/` or `@` is masked whole.
 fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) if userinfo.contains(':') => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}{tail}")
-        }
-        _ => url.to_string(),
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) if !user.contains('/') => {
+                format!("{scheme}://{user}:***@{host}")
+            }
+            _ => url.to_string(),
+        },
+        None => url.to_string(),
     }
 }
 
@@ -210,6 +212,19 @@ fn redact_url(url: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_password_with_a_slash_or_an_at_sign_is_masked_whole() {
+        assert_eq!(
+            redact_url("postgres://baton:pa/ss@w0rd@db.example:5432/vol"),
+            "postgres://baton:***@db.example:5432/vol"
+        );
+        assert_eq!(
+            redact_url("postgres://baton:secret@db/vol"),
+            "postgres://baton:***@db/vol"
+        );
+        assert_eq!(redact_url("postgres://db/vol"), "postgres://db/vol");
+    }
 
     #[test]
     fn short_names_are_the_volume_the_directory_or_the_database() {

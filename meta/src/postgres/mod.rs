@@ -52,23 +52,21 @@ pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
-/// `url` without its password, for messages. Pure.
+/// `url` without its password, for messages. Pure. The user info ends at
+/// the last `@`, so a password holding an unencoded `/` or `@` is masked
+/// whole (`upgrade_protocol`'s volume strings mask the same way).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, tail) = rest.split_once('/').map_or((rest, ""), |(a, t)| (a, t));
-    let authority = match authority.rsplit_once('@') {
+    match rest.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => format!("{userinfo}@{host}"),
+            Some((user, _password)) if !user.contains('/') => {
+                format!("{scheme}://{user}:***@{host}")
+            }
+            _ => url.to_string(),
         },
-        None => authority.to_string(),
-    };
-    if tail.is_empty() && !rest.contains('/') {
-        format!("{scheme}://{authority}")
-    } else {
-        format!("{scheme}://{authority}/{tail}")
+        None => url.to_string(),
     }
 }
 
@@ -400,6 +398,11 @@ mod tests {
             "postgres://postgres@127.0.0.1:5/db"
         );
         assert_eq!(redact_url("postgresql://h"), "postgresql://h");
+        // An unencoded `/` or `@` in the password: masked whole.
+        assert_eq!(
+            redact_url("postgres://baton:pa/ss@w0rd@db:5432/vol"),
+            "postgres://baton:***@db:5432/vol"
+        );
         assert!(is_postgres_url("postgresql://h/db") && !is_postgres_url("sqlite:///x"));
     }
 }
