@@ -2850,3 +2850,63 @@ fn a_state_directory_too_long_for_its_sockets_is_refused_at_start() {
     );
     assert!(!state.exists(), "the state directory was created");
 }
+
+/// fs-supervisor, its generation and its standby all killed, the mount
+/// then unmounted by hand: the next supervisor drops the record and sweeps
+/// what the dead ones left (the generation socket, its cgroups).
+#[test]
+fn a_restart_sweeps_what_a_crashed_supervisor_left_of_a_mount_that_is_gone() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let status = fx.wait_serving(1);
+    let mount_id = status["mount_id"].as_str().expect("mount id").to_string();
+    fx.wait_until_standby_ready();
+    let standby_pid = fx.status()["standby_pid"].as_i64();
+    let socket = fx.path(&format!("state/run/{mount_id}.sock"));
+    assert!(
+        socket.exists(),
+        "no generation socket at {}",
+        socket.display()
+    );
+    let cgroup_dir = fx.cgroup_dir();
+    let cgroups = || -> Vec<String> {
+        std::fs::read_dir(&cgroup_dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|n| n.starts_with(&mount_id))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(!cgroups().is_empty(), "generations run in cgroups");
+
+    let mut supervisor = fx.supervisor.take().expect("supervisor");
+    supervisor.0.kill().expect("kill -9 the supervisor");
+    supervisor.0.wait().expect("reap it");
+    for pid in [status["pid"].as_i64(), standby_pid].into_iter().flatten() {
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+    drop(fx.guard.take()); // unmounts the dead mount
+    assert!(fuse_wire::connection_id(&fx.mnt).is_err(), "still mounted");
+
+    fx.spawn_supervisor(&[]);
+    let mut report = Value::Null;
+    assert!(
+        wait_until(DEADLINE, || {
+            let out = fx.fsctl(&["status", "--json"]);
+            report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+            out.status.success()
+        }),
+        "the new supervisor does not answer: {}",
+        fx.logs()
+    );
+    assert_eq!(report["mounts"], serde_json::json!([]), "{report}");
+    assert!(!socket.exists(), "the dead mount's socket was left");
+    assert!(
+        wait_until(DEADLINE, || cgroups().is_empty()),
+        "the dead mount's cgroups were left: {:?}",
+        cgroups()
+    );
+}

@@ -263,6 +263,7 @@ impl Daemon {
                     if let Err(err) = self.env.state.remove_record(&record.mount_id) {
                         tracing::warn!(mount = %record.mount_id, %err, "cannot remove the state record");
                     }
+                    self.sweep_mount(&record.mount_id);
                 }
                 (Plan::Adopt, None) => {}
             }
@@ -273,6 +274,41 @@ impl Daemon {
                 "systemd kept a fd no state record claims; closed and removed from the store"
             );
             self.systemd.remove_fd(&name);
+        }
+        self.sweep_orphaned_sockets();
+    }
+
+    /// What a mount that is gone left behind (its previous supervisor and
+    /// generation died without unmounting it, and it was unmounted since):
+    /// its generation socket, its held-locks file, and its generations'
+    /// cgroups with anything still running in them.
+    fn sweep_mount(&self, mount_id: &str) {
+        let _ = std::fs::remove_file(self.env.state.socket_path(mount_id));
+        let _ = std::fs::remove_file(self.env.state.held_locks_path(mount_id));
+        if let Some(parent) = self.env.cgroups.as_ref().filter(|_| self.passed.is_empty()) {
+            clean_previous_cgroups(parent.dir(), mount_id);
+        }
+    }
+
+    /// Generation sockets (`run/<16 hex digits>.sock`) of mounts this
+    /// supervisor does not hold: a crash left them.
+    fn sweep_orphaned_sockets(&self) {
+        let Ok(entries) = std::fs::read_dir(self.env.state.run_dir()) else {
+            return;
+        };
+        for path in entries.flatten().map(|e| e.path()) {
+            let Some(id) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".sock"))
+            else {
+                continue;
+            };
+            let is_mount_id = id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit());
+            if is_mount_id && !self.mounts.iter().any(|m| m.id == id) {
+                tracing::info!(socket = %path.display(), "removing a generation socket no mount uses");
+                let _ = std::fs::remove_file(&path);
+            }
         }
     }
 
