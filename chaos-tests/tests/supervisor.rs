@@ -2910,3 +2910,109 @@ fn a_restart_sweeps_what_a_crashed_supervisor_left_of_a_mount_that_is_gone() {
         cgroups()
     );
 }
+
+/// `fsctl warmup` through a kill -9 of the serving generation: its reads
+/// stall and go on with the next generation, it reads the whole set and
+/// exits 0, and the cache holds the set afterwards.
+#[test]
+fn warmup_goes_on_through_a_kill_9_of_the_generation() {
+    // Generation 1 of each mount takes 200 ms per READ, so warmup is
+    // certainly reading when it is killed; generation 2 is not slowed.
+    let fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_DELAY", "read:200"), ("BATON_FAULT_GENERATION", "1")],
+    );
+    let out = Command::new(binary("fsctl"))
+        .args([
+            "format",
+            "zvol",
+            "--compression",
+            "lz4",
+            "--block-size",
+            "256K",
+        ])
+        .args(["--base-dir", s(&fx.base)])
+        .output()
+        .expect("fsctl format");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let zmnt = fx.path("zmnt");
+    std::fs::create_dir(&zmnt).expect("mountpoint");
+    let out = fx.fsctl(&[
+        "mount",
+        "zvol",
+        s(&zmnt),
+        "--base-dir",
+        s(&fx.base),
+        "--cache-size",
+        "64M",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _guard = MountGuard::new(&zmnt);
+    let z = s(&zmnt).to_string();
+    let (ok, _, err) = App::sh(
+        &zmnt,
+        &format!("mkdir {z}/set && for i in 1 2 3 4; do dd if=/dev/urandom of={z}/set/f$i bs=64k count=64 conv=fsync 2>/dev/null || exit 1; done && echo 3 > /proc/sys/vm/drop_caches"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    let mount_status = || -> Value {
+        let out = fx.fsctl(&["status", "--json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        report["mounts"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["mountpoint"] == z.as_str()).cloned())
+            .unwrap_or(Value::Null)
+    };
+    let generation = mount_status()["generation"].as_u64().expect("generation");
+    let warmup = Command::new(binary("fsctl"))
+        .args([
+            "warmup",
+            &format!("{z}/set"),
+            "--json",
+            "--socket",
+            s(&fx.socket),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fsctl warmup");
+    let mut warmup = ChildGuard(warmup);
+    // Reading: the generation has answered some READs (its report comes
+    // about once a second; each READ takes 200 ms).
+    assert!(
+        wait_until(DEADLINE, || {
+            mount_status()["counters"]["io"]["read_bytes"].as_u64() > Some(0)
+        }),
+        "warmup did not start reading: {}",
+        mount_status()
+    );
+    let pid = mount_status()["pid"].as_i64().expect("pid");
+    assert!(
+        matches!(warmup.0.try_wait(), Ok(None)),
+        "warmup ended before the kill: this test would check nothing"
+    );
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill -9 the generation");
+    let status = warmup.wait_timeout(DEADLINE).expect("warmup finishes");
+    let mut stdout = String::new();
+    if let Some(mut pipe) = warmup.0.stdout.take() {
+        std::io::Read::read_to_string(&mut pipe, &mut stdout).expect("read stdout");
+    }
+    assert!(
+        status.success(),
+        "warmup failed across the kill: {stdout}\n{}",
+        fx.logs()
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("warmup JSON");
+    assert_eq!(report["read_bytes"], 16 << 20, "{report}");
+    assert_eq!(report["failures"], serde_json::json!([]), "{report}");
+    let after = mount_status();
+    assert!(after["generation"].as_u64() > Some(generation), "{after}");
+}
