@@ -2973,13 +2973,9 @@ fn warmup_goes_on_through_a_kill_9_of_the_generation() {
     };
     let generation = mount_status()["generation"].as_u64().expect("generation");
     let warmup = Command::new(binary("fsctl"))
-        .args([
-            "warmup",
-            &format!("{z}/set"),
-            "--json",
-            "--socket",
-            s(&fx.socket),
-        ])
+        // One reader: at 200 ms a READ, 16 MiB take seconds on generation 1.
+        .args(["warmup", &format!("{z}/set"), "--json", "--threads", "1"])
+        .args(["--socket", s(&fx.socket)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
