@@ -585,6 +585,10 @@ fn mount_serves_reports_generation_one_and_umount_cleans_up() {
         (Some(&"vol"), Some(&"serving")),
         "the volume by its name, not its URL: {table}"
     );
+    assert!(
+        table.contains("note: fs-supervisor runs without systemd's fd store"),
+        "outside systemd, status says what a supervisor crash risks: {table}"
+    );
     let wide = fx.fsctl(&["status", "--wide"]);
     let wide = String::from_utf8_lossy(&wide.stdout).into_owned();
     assert!(

@@ -465,6 +465,11 @@ fn a_killed_supervisor_gets_its_fd_back_from_the_store_and_a_reader_sees_no_erro
     let link = std::fs::read_link(format!("/proc/self/fd/{}", fuse_fd.as_raw_fd())).unwrap();
     assert_eq!(link, Path::new("/dev/fuse"));
     receive_until(&fx.systemd, "STATUS=1 mounts: 1 serving", &mut seen);
+    let out = fx.fsctl(&["status", "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["supervisor"]["fd_store"], true, "{report}");
+    let human = String::from_utf8_lossy(&fx.fsctl(&["status"]).stdout).into_owned();
+    assert!(!human.contains("without systemd's fd store"), "{human}");
     let record = std::fs::read_to_string(fx.path(&format!("state/mounts/{id}.json"))).unwrap();
     assert!(record.contains("\"persistent\": true"), "{record}");
 

@@ -723,6 +723,12 @@ fn status(socket: &std::path::Path, json: bool, wide: bool) -> anyhow::Result<Ex
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", table(&report, wide));
+                let unprotected = report.supervisor.as_ref().is_some_and(|s| !s.fd_store);
+                if unprotected && !report.mounts.is_empty() {
+                    println!(
+                        "note: fs-supervisor runs without systemd's fd store: while it is down, each mount lives on in its serving generation alone, and a generation that dies then takes its mount with it. Run it from deploy/systemd/fs-supervisor.service to keep the fds."
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

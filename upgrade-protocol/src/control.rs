@@ -203,6 +203,12 @@ pub struct SupervisorInfo {
     pub version: String,
     /// When this executable started (Unix time, ms).
     pub started_unix_ms: u64,
+    /// It runs under systemd and keeps each mount's fd in the fd store, so
+    /// a mount outlives the supervisor and its generation dying together.
+    /// Without it a generation alone keeps a copy while the supervisor is
+    /// down.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fd_store: bool,
 }
 
 /// Generation deaths by cause (each one caused a restart or a takeover).

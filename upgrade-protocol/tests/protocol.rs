@@ -217,6 +217,7 @@ fn control_frames_are_pinned_and_round_trip() {
             binary: "/usr/local/bin/fs-supervisor".into(),
             version: "0.1.0".into(),
             started_unix_ms: 1_795_000_000_000,
+            fd_store: false,
         }),
         mounts: vec![MountStatus {
             mount_id: "0123456789abcdef".into(),

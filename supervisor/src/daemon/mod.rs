@@ -778,6 +778,7 @@ impl Daemon {
                         binary: std::env::current_exe().unwrap_or_default(),
                         version: env!("CARGO_PKG_VERSION").to_string(),
                         started_unix_ms: self.started_unix_ms,
+                        fd_store: self.systemd.active(),
                     }),
                     mounts: self.mounts.iter().map(Mount::status).collect(),
                 };
