@@ -405,6 +405,16 @@ fn metrics_count_real_requests_and_bytes_and_never_go_down_across_a_kill_9() {
     let gauges = samples(&fx.get("/metrics"));
     assert_eq!(value(&gauges, "baton_supervisor_mounts", &[]), 1.0);
     assert_eq!(value(&gauges, "baton_mount_serving{", &[]), 1.0);
+    let health = fx.get("/healthz");
+    assert!(
+        health.starts_with("HTTP/1.0 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+    let ready = fx.get("/readyz");
+    assert!(
+        ready.starts_with("HTTP/1.0 200") && ready.ends_with("ready\n"),
+        "{ready}"
+    );
 }
 
 /// Small writes land in the writeback cache without a round trip each:

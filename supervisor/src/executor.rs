@@ -859,6 +859,7 @@ impl Mount {
         let now = Instant::now();
         let active = self.active.as_ref();
         MountStatus {
+            persistent: self.persistent,
             mount_id: self.id.clone(),
             mountpoint: self.mountpoint.clone(),
             volume: self.volume.clone(),

@@ -164,6 +164,7 @@ mod tests {
 
     fn serving(generation: u64) -> MountStatus {
         MountStatus {
+            persistent: false,
             mount_id: "m".into(),
             mountpoint: "/mnt/m".into(),
             volume: "v".into(),

@@ -254,6 +254,10 @@ pub struct MountStatus {
     pub volume: String,
     /// The lifecycle state (`launching`, `adopting`, `serving`, ...).
     pub state: String,
+    /// `fsctl mount --persist`: mounted again after a reboot; `/readyz`
+    /// waits for every persistent mount to serve.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
     /// The generation that serves (or last served / is starting).
     pub generation: u64,
     /// Its process id, if one is alive.

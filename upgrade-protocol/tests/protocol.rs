@@ -220,6 +220,7 @@ fn control_frames_are_pinned_and_round_trip() {
             fd_store: false,
         }),
         mounts: vec![MountStatus {
+            persistent: false,
             mount_id: "0123456789abcdef".into(),
             mountpoint: "/mnt/baton".into(),
             volume: "vol1".into(),

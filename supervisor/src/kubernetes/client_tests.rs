@@ -167,6 +167,7 @@ fn mount_event(kind: MountEventKind) -> MountEvent {
 
 fn mount_status() -> MountStatus {
     MountStatus {
+        persistent: false,
         mount_id: "m1".into(),
         mountpoint: "/var/lib/baton/mounts/shared".into(),
         volume: "shared".into(),

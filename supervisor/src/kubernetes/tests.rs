@@ -113,6 +113,7 @@ fn the_status_configmap_has_one_entry_per_mount_and_applies_as_is() {
         namespace: "baton-system".into(),
     };
     let status = MountStatus {
+        persistent: false,
         mount_id: "abc".into(),
         mountpoint: "/var/lib/baton/mounts/shared".into(),
         volume: "shared".into(),

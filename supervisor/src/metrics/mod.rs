@@ -199,6 +199,22 @@ pub fn serve(addr: SocketAddr, snapshot: Snapshot) -> std::io::Result<SocketAddr
     Ok(local)
 }
 
+/// Why the supervisor is not ready: the persistent mounts (`--persist`,
+/// the ones a node must have) that do not serve. Pure.
+fn not_ready(mounts: &[MountStatus]) -> Option<String> {
+    let waiting: Vec<String> = mounts
+        .iter()
+        .filter(|m| m.persistent && m.state != "serving")
+        .map(|m| format!("{} is {}\n", m.mountpoint.display(), m.state))
+        .collect();
+    (!waiting.is_empty()).then(|| {
+        format!(
+            "not ready: persistent mounts not serving:\n{}",
+            waiting.concat()
+        )
+    })
+}
+
 fn answer(mut stream: TcpStream, snapshot: &Snapshot) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_millis(REQUEST_TIMEOUT_MS)))?;
     let mut request = Vec::new();
@@ -225,10 +241,16 @@ fn answer(mut stream: TcpStream, snapshot: &Snapshot) -> std::io::Result<()> {
             "text/html; charset=utf-8",
             render_page(&mounts, &totals, uptime_s, unix_ms_now()),
         ),
+        // The loop published a snapshot: the process answers.
+        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        "/readyz" => match not_ready(&mounts) {
+            None => ("200 OK", "text/plain", "ready\n".into()),
+            Some(why) => ("503 Service Unavailable", "text/plain", why),
+        },
         _ => (
             "404 Not Found",
             "text/plain",
-            "not found: try /metrics or /\n".into(),
+            "not found: try /metrics, /, /healthz or /readyz\n".into(),
         ),
     };
     write!(

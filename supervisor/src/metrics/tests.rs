@@ -16,6 +16,7 @@ const NOW_MS: u64 = 1_800_000_000_000;
 
 fn status() -> MountStatus {
     MountStatus {
+        persistent: false,
         mount_id: "abc".into(),
         mountpoint: "/mnt/a \"q\"".into(),
         volume: "v".into(),
@@ -332,4 +333,26 @@ fn the_endpoint_answers_metrics_and_the_page_on_loopback_only() {
         "{page}"
     );
     assert!(get("/nope").starts_with("HTTP/1.0 404"));
+}
+
+#[test]
+fn ready_means_every_persistent_mount_serves() {
+    let serving = status();
+    assert_eq!(not_ready(&[]), None, "no mounts: ready");
+    assert_eq!(not_ready(std::slice::from_ref(&serving)), None);
+    let starting = MountStatus {
+        state: "launching".into(),
+        ..serving.clone()
+    };
+    assert_eq!(
+        not_ready(std::slice::from_ref(&starting)),
+        None,
+        "a mount that is not persistent does not hold readiness"
+    );
+    let persistent_starting = MountStatus {
+        persistent: true,
+        ..starting
+    };
+    let why = not_ready(&[serving, persistent_starting]).expect("not ready");
+    assert!(why.contains("/mnt/a \"q\" is launching"), "{why}");
 }
