@@ -485,7 +485,10 @@ impl BatonFs {
     }
 
     fn quota_growth_fits(&self, ino: u64, end: u64) -> Result<bool> {
-        if self.quota_free.is_free(ino) {
+        let volume_limited = self.quota_free.volume_may_limit(|| {
+            Ok::<bool, Error>(self.meta.quotas()?.iter().any(|q| q.bytes_max.is_some()))
+        })?;
+        if !volume_limited || self.quota_free.is_free(ino) {
             return Ok(true);
         }
         let Some(headroom) = self.meta.quota_bytes_headroom(ino)? else {

@@ -6,6 +6,11 @@
 //! time. An inode a quota counts is never remembered (its headroom is read
 //! at every growth), and a rename or link on this mount forgets everything
 //! (it may have moved a file under a quota).
+//!
+//! Before any of that, the volume as a whole: whether any quota has a byte
+//! limit, asked at most once per [`QUOTA_FREE_RECHECK`], so that on a
+//! volume without byte limits (most of them) no WRITE ever asks, not even
+//! a new file's first.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,9 +24,27 @@ pub const QUOTA_FREE_RECHECK: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub(super) struct QuotaFree {
     since: Mutex<HashMap<u64, Instant>>,
+    /// When the volume was last found to have no byte-limited quota.
+    volume_free_since: Mutex<Option<Instant>>,
 }
 
 impl QuotaFree {
+    /// Whether the volume may hold a byte-limited quota: `ask` (a listing
+    /// of the volume's quotas) runs at most once per
+    /// [`QUOTA_FREE_RECHECK`] while the answer is "none".
+    pub(super) fn volume_may_limit<E>(
+        &self,
+        ask: impl FnOnce() -> Result<bool, E>,
+    ) -> Result<bool, E> {
+        let mut since = super::lock(&self.volume_free_since);
+        if since.is_some_and(|t| t.elapsed() < QUOTA_FREE_RECHECK) {
+            return Ok(false);
+        }
+        let limited = ask()?;
+        *since = (!limited).then(Instant::now);
+        Ok(limited)
+    }
+
     /// `ino` was found free of byte limits less than
     /// [`QUOTA_FREE_RECHECK`] ago.
     pub(super) fn is_free(&self, ino: u64) -> bool {
@@ -53,6 +76,32 @@ impl QuotaFree {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_volume_without_byte_limits_is_asked_once_per_recheck() {
+        let free = QuotaFree::default();
+        let mut asked = 0;
+        let mut ask = |limited: bool| {
+            free.volume_may_limit(|| {
+                asked += 1;
+                Ok::<bool, ()>(limited)
+            })
+        };
+        assert_eq!(ask(false), Ok(false));
+        assert_eq!(ask(false), Ok(false), "trusted within the recheck");
+        assert_eq!(asked, 1);
+        // A volume with limits is asked every time (the per-inode path runs).
+        let limited = QuotaFree::default();
+        let mut count = 0;
+        for _ in 0..2 {
+            let answer = limited.volume_may_limit(|| {
+                count += 1;
+                Ok::<bool, ()>(true)
+            });
+            assert_eq!(answer, Ok(true));
+        }
+        assert_eq!(count, 2);
+    }
 
     #[test]
     fn remembers_until_full_then_starts_over_and_forgets_on_demand() {
