@@ -65,36 +65,11 @@ fn parse_line(line: &str) -> Option<MountEntry> {
     let fstype = tail.split(' ').next()?;
     Some(MountEntry {
         device: (*fields.get(2)?).to_string(),
-        root: unescape(fields.get(3)?),
-        mountpoint: PathBuf::from(unescape(fields.get(4)?)),
+        root: fuse_wire::unescape_mountinfo(fields.get(3)?),
+        mountpoint: PathBuf::from(fuse_wire::unescape_mountinfo(fields.get(4)?)),
         options: fields.get(5)?.split(',').map(str::to_string).collect(),
         fstype: fstype.to_string(),
     })
-}
-
-/// Undoes the kernel's octal escapes (`\040` for a space, ...).
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A shared mount's root, held open.

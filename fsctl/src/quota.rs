@@ -213,7 +213,7 @@ fn open(path: &Path, target: &Target) -> anyhow::Result<(QuotaVolume, u64)> {
 fn baton_mount_source(dev: u64) -> anyhow::Result<String> {
     let text =
         std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    let (major, minor) = (dev_major(dev), dev_minor(dev));
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
     let wanted = format!("{major}:{minor}");
     for line in text.lines() {
         let mut fields = line.split(' ');
@@ -228,43 +228,10 @@ fn baton_mount_source(dev: u64) -> anyhow::Result<String> {
             continue;
         }
         if let Some(source) = rest.next() {
-            return Ok(unescape_mountinfo(source));
+            return Ok(fuse_wire::unescape_mountinfo(source));
         }
     }
     bail!("no Baton mount has device {wanted}")
-}
-
-fn dev_major(dev: u64) -> u64 {
-    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
-}
-
-fn dev_minor(dev: u64) -> u64 {
-    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|s| u8::from_str_radix(s, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(b)) => {
-                out.push(b);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `1536` → `1.5K`: binary units, one decimal, as `df -h` prints them.
@@ -372,12 +339,6 @@ mod tests {
         assert_eq!(human_size(1024), "1K");
         assert_eq!(human_size(1536), "1.5K");
         assert_eq!(human_size(10 << 30), "10G");
-    }
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo(r"a\040b"), "a b");
-        assert_eq!(unescape_mountinfo("plain"), "plain");
     }
 
     #[test]
