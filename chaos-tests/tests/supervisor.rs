@@ -343,6 +343,61 @@ impl Fixture {
         out
     }
 
+    /// Formats `name` with LZ4 (so it has a block cache) in 256 KiB blocks
+    /// and makes its mountpoint; returns the mountpoint.
+    fn format_cached_volume(&self, name: &str) -> PathBuf {
+        let out = Command::new(binary("fsctl"))
+            .args([
+                "format",
+                name,
+                "--compression",
+                "lz4",
+                "--block-size",
+                "256K",
+            ])
+            .args(["--base-dir", s(&self.base)])
+            .output()
+            .expect("fsctl format");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mnt = self.path(&format!("{name}-mnt"));
+        std::fs::create_dir(&mnt).expect("mountpoint");
+        mnt
+    }
+
+    /// `fsctl mount VOLUME MNT --cache-size CACHE`, unmounted on drop.
+    fn mount_with_cache(&self, volume: &str, mnt: &Path, cache: &str) -> MountGuard {
+        let out = self.fsctl(&[
+            "mount",
+            volume,
+            s(mnt),
+            "--base-dir",
+            s(&self.base),
+            "--cache-size",
+            cache,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        MountGuard::new(mnt)
+    }
+
+    /// The status entry of the mount at `mnt` (Null when there is none).
+    fn entry(&self, mnt: &Path) -> Value {
+        let out = self.fsctl(&["status", "--json"]);
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        report["mounts"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["mountpoint"] == s(mnt)).cloned())
+            .unwrap_or(Value::Null)
+    }
+
     fn cgroup_dir(&self) -> PathBuf {
         Path::new(CGROUP_V1_MEMORY).join(&self.cgroup_parent)
     }
@@ -2671,44 +2726,8 @@ fn fsctl_up_mounts_once_and_again_is_a_no_op() {
 #[test]
 fn warmup_fills_the_block_cache_and_refuses_a_set_larger_than_it() {
     let fx = Fixture::start(&[]);
-    let out = Command::new(binary("fsctl"))
-        .args([
-            "format",
-            "zvol",
-            "--compression",
-            "lz4",
-            "--block-size",
-            "256K",
-        ])
-        .args(["--base-dir", s(&fx.base)])
-        .output()
-        .expect("fsctl format");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let zmnt = fx.path("zmnt");
-    std::fs::create_dir(&zmnt).expect("mountpoint");
-    let mount = || {
-        let out = fx.fsctl(&[
-            "mount",
-            "zvol",
-            s(&zmnt),
-            "--base-dir",
-            s(&fx.base),
-            "--cache-size",
-            "8M",
-        ]);
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            fx.logs()
-        );
-        MountGuard::new(&zmnt)
-    };
-    let guard = mount();
+    let zmnt = fx.format_cached_volume("zvol");
+    let guard = fx.mount_with_cache("zvol", &zmnt, "8M");
     let z = s(&zmnt).to_string();
     let (ok, _, err) = App::sh(
         &zmnt,
@@ -2725,16 +2744,8 @@ fn warmup_fills_the_block_cache_and_refuses_a_set_larger_than_it() {
     );
     drop(guard);
     std::fs::remove_dir_all(fx.base.join("zvol/cache")).expect("remove the cache");
-    let _guard = mount();
-    let cache = || -> Value {
-        let out = fx.fsctl(&["status", "--json"]);
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        report["mounts"]
-            .as_array()
-            .and_then(|m| m.iter().find(|m| m["mountpoint"] == z.as_str()).cloned())
-            .map(|m| m["counters"]["io"].clone())
-            .unwrap_or(Value::Null)
-    };
+    let _guard = fx.mount_with_cache("zvol", &zmnt, "8M");
+    let cache = || fx.entry(&zmnt)["counters"]["io"].clone();
     assert!(
         wait_until(DEADLINE, || cache()["cache_capacity_bytes"] == 8 << 20),
         "the mount never reported its 8 MiB cache: {}",
@@ -2926,40 +2937,8 @@ fn warmup_goes_on_through_a_kill_9_of_the_generation() {
         &[],
         &[("BATON_DELAY", "read:200"), ("BATON_FAULT_GENERATION", "1")],
     );
-    let out = Command::new(binary("fsctl"))
-        .args([
-            "format",
-            "zvol",
-            "--compression",
-            "lz4",
-            "--block-size",
-            "256K",
-        ])
-        .args(["--base-dir", s(&fx.base)])
-        .output()
-        .expect("fsctl format");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let zmnt = fx.path("zmnt");
-    std::fs::create_dir(&zmnt).expect("mountpoint");
-    let out = fx.fsctl(&[
-        "mount",
-        "zvol",
-        s(&zmnt),
-        "--base-dir",
-        s(&fx.base),
-        "--cache-size",
-        "64M",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _guard = MountGuard::new(&zmnt);
+    let zmnt = fx.format_cached_volume("zvol");
+    let _guard = fx.mount_with_cache("zvol", &zmnt, "64M");
     let z = s(&zmnt).to_string();
     let (ok, _, err) = App::sh(
         &zmnt,
@@ -2967,14 +2946,7 @@ fn warmup_goes_on_through_a_kill_9_of_the_generation() {
     )
     .finish();
     assert!(ok, "{err}");
-    let mount_status = || -> Value {
-        let out = fx.fsctl(&["status", "--json"]);
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        report["mounts"]
-            .as_array()
-            .and_then(|m| m.iter().find(|m| m["mountpoint"] == z.as_str()).cloned())
-            .unwrap_or(Value::Null)
-    };
+    let mount_status = || fx.entry(&zmnt);
     let generation = mount_status()["generation"].as_u64().expect("generation");
     let warmup = Command::new(binary("fsctl"))
         // One reader: at 200 ms a READ, 16 MiB take seconds on generation 1.
