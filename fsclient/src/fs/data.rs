@@ -495,8 +495,9 @@ impl BatonFs {
             self.quota_free.remember(ino);
             return Ok(true);
         };
-        let attr = self.meta.getattr(ino)?;
+        // Staging first, as in `logical_size`.
         let staged = self.staging.staged_size(ino)?;
+        let attr = self.meta.getattr(ino)?;
         let logical = staged.map_or(attr.size, |s| s.resolve(attr.size));
         if end <= logical {
             return Ok(true);
@@ -517,10 +518,12 @@ impl BatonFs {
         Ok(())
     }
 
-    /// The size readers see: staged over committed.
+    /// The size readers see: staged over committed. Staging is read first:
+    /// a flush commits before it clears, so a record gone by then is in the
+    /// metadata read after it.
     fn logical_size(&self, ino: u64) -> Result<u64> {
-        let attr = self.meta.getattr(ino)?;
         let staged = self.staging.staged_size(ino)?;
+        let attr = self.meta.getattr(ino)?;
         Ok(staged.map_or(attr.size, |s| s.resolve(attr.size)))
     }
 
@@ -532,8 +535,9 @@ impl BatonFs {
                 Errno::EINVAL,
             ));
         }
-        let attr = self.meta.getattr(ino)?;
+        // Staging first, as in `logical_size`.
         let staged = self.staging.staged_size(ino)?;
+        let attr = self.meta.getattr(ino)?;
         let size = staged.map_or(attr.size, |s| s.resolve(attr.size));
         let offset = arg.offset;
         if offset >= size {

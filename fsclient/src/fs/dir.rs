@@ -100,9 +100,12 @@ impl BatonFs {
         }
         // READDIRPLUS: the attributes come with the listing, in one read.
         let limit = limit.min(READDIRPLUS_ENTRIES_MAX);
+        let token = self.committed_bytes.token();
         for listed in self.meta.readdir_plus(ino, arg.offset, limit)? {
             let plus = match &listed.attr {
-                Some(attr) => Some(self.entry_out_with(attr, Some(listed.committed_bytes))?),
+                Some(attr) => {
+                    Some(self.entry_out_with(attr, Some(listed.committed_bytes), Some(token))?)
+                }
                 None => None,
             };
             if !entries.push(record(&listed.entry), plus.as_ref()) {

@@ -13,7 +13,9 @@ use baton_volume::{format, FormatRequest, LockMode, Volume, VolumeOptions, Volum
 use super::*;
 
 /// A filesystem on a fresh volume under `base`, with one empty file.
-fn fs_with_a_file(base: &std::path::Path) -> (BatonFs, nix::fcntl::Flock<std::fs::File>, u64) {
+pub(super) fn fs_with_a_file(
+    base: &std::path::Path,
+) -> (BatonFs, nix::fcntl::Flock<std::fs::File>, u64) {
     let mut request = FormatRequest::new("v", base);
     request.block_size_bytes = 1 << 16;
     format(&request).unwrap();

@@ -34,6 +34,8 @@ mod write_through;
 mod xattr;
 
 #[cfg(test)]
+mod attr_tests;
+#[cfg(test)]
 mod fence_tests;
 
 use std::collections::HashMap;
@@ -424,9 +426,31 @@ impl BatonFs {
     /// Kernel attributes: the staged size over the committed one;
     /// `committed_bytes` of `a` when the caller read them with it (else
     /// looked up).
-    fn kernel_attr(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<fuse_wire::Attr> {
+    ///
+    /// `read_since`: for attributes read without the inode's mutex (LOOKUP,
+    /// GETATTR, READDIRPLUS), the [`CommittedBytes::token`] taken before
+    /// `a` was read. A flush may commit a new size and clear its staged
+    /// record between that read and this one's look at staging: the
+    /// committed size then read is older than the cleared record (a grown
+    /// file would look short, and reads past the old size end early). The
+    /// commit invalidates the inode first, so a changed token with nothing
+    /// staged means `a` is read again.
+    fn kernel_attr(
+        &self,
+        a: &Attr,
+        committed_bytes: Option<u64>,
+        read_since: Option<u64>,
+    ) -> Result<fuse_wire::Attr> {
         let (size, blocks) = if a.kind == FileKind::Regular {
             let staged = self.staging.staged_size(a.ino)?;
+            let committed_since = read_since.is_some_and(|t| t != self.committed_bytes.token());
+            let reread;
+            let (a, committed_bytes) = if staged.is_none() && committed_since {
+                reread = self.meta.getattr(a.ino)?;
+                (&reread, None)
+            } else {
+                (a, committed_bytes)
+            };
             let size = staged.map_or(a.size, |s| s.resolve(a.size));
             let mut bytes = match committed_bytes {
                 Some(bytes) => bytes,
@@ -461,26 +485,36 @@ impl BatonFs {
     }
 
     fn attr_out(&self, a: &Attr) -> Result<AttrOut> {
-        self.attr_out_with(a, None)
+        self.attr_out_with(a, None, None)
     }
 
     /// [`BatonFs::attr_out`] as [`BatonFs::kernel_attr`].
-    fn attr_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<AttrOut> {
+    fn attr_out_with(
+        &self,
+        a: &Attr,
+        committed_bytes: Option<u64>,
+        read_since: Option<u64>,
+    ) -> Result<AttrOut> {
         let (secs, nanos) = self.ttl();
         Ok(AttrOut {
             attr_valid: secs,
             attr_valid_nsec: nanos,
             dummy: 0,
-            attr: self.kernel_attr(a, committed_bytes)?,
+            attr: self.kernel_attr(a, committed_bytes, read_since)?,
         })
     }
 
     fn entry_out(&self, a: &Attr) -> Result<EntryOut> {
-        self.entry_out_with(a, None)
+        self.entry_out_with(a, None, None)
     }
 
     /// [`BatonFs::entry_out`] as [`BatonFs::kernel_attr`].
-    fn entry_out_with(&self, a: &Attr, committed_bytes: Option<u64>) -> Result<EntryOut> {
+    fn entry_out_with(
+        &self,
+        a: &Attr,
+        committed_bytes: Option<u64>,
+        read_since: Option<u64>,
+    ) -> Result<EntryOut> {
         let (secs, nanos) = self.ttl();
         Ok(EntryOut {
             nodeid: NodeId::new(a.ino),
@@ -489,7 +523,7 @@ impl BatonFs {
             attr_valid: secs,
             entry_valid_nsec: nanos,
             attr_valid_nsec: nanos,
-            attr: self.kernel_attr(a, committed_bytes)?,
+            attr: self.kernel_attr(a, committed_bytes, read_since)?,
         })
     }
 

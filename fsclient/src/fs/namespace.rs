@@ -30,22 +30,22 @@ impl BatonFs {
             self.committed_bytes
                 .remember(attr.ino, committed_bytes, token);
         }
-        self.entry_out_with(&attr, Some(committed_bytes))
+        self.entry_out_with(&attr, Some(committed_bytes), Some(token))
     }
 
     /// GETATTR: as LOOKUP, unless the committed bytes are remembered (a
     /// large file's sum over its block rows is then not repeated).
     pub(super) fn do_getattr(&self, ino: u64) -> Result<AttrOut> {
+        let token = self.committed_bytes.token();
         if self.committed_bytes.get(ino).is_some() {
             let attr = self.meta.getattr(ino)?;
-            return self.attr_out(&attr);
+            return self.attr_out_with(&attr, None, Some(token));
         }
-        let token = self.committed_bytes.token();
         let (attr, committed_bytes) = self.meta.getattr_plus(ino)?;
         if attr.kind == FileKind::Regular {
             self.committed_bytes.remember(ino, committed_bytes, token);
         }
-        self.attr_out_with(&attr, Some(committed_bytes))
+        self.attr_out_with(&attr, Some(committed_bytes), Some(token))
     }
 
     pub(super) fn do_setattr(
