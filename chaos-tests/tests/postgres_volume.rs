@@ -497,11 +497,48 @@ fn blocking_lock_type(file: &fs::File) -> i32 {
 }
 
 /// Runs `flock ARGS` (util-linux) in the background.
-fn flock_command(args: &str) -> ChildGuard {
-    ChildGuard(
+/// `flock ARGS` in a process group of its own: flock runs its command as a
+/// child, which killing flock alone would leave behind (an orphaned
+/// `sleep 600` holding the test's output open). Dropped or killed, the
+/// whole group goes.
+struct Flock(std::process::Child);
+
+impl Flock {
+    fn kill(&mut self) {
+        let group = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.0.wait();
+    }
+
+    fn wait_timeout(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Flock {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn flock_command(args: &str) -> Flock {
+    use std::os::unix::process::CommandExt;
+    Flock(
         Command::new("sh")
             .args(["-c", &format!("exec flock {args}")])
             .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("run flock (util-linux)"),
     )
@@ -570,8 +607,7 @@ fn locks_exclude_each_other_across_mounts_and_a_dead_mounts_locks_expire() {
         waiter.0.try_wait().unwrap().is_none(),
         "b's waiter must wait while a holds the lock"
     );
-    holder.0.kill().unwrap();
-    holder.0.wait().unwrap();
+    holder.kill();
     let status = waiter
         .wait_timeout(DEADLINE)
         .expect("b's waiter gets the lock");
@@ -593,7 +629,6 @@ fn locks_exclude_each_other_across_mounts_and_a_dead_mounts_locks_expire() {
         wait_until(DEADLINE, || flock_free(&b.p("shared"))),
         "a dead mount's lock is freed after its session expires"
     );
-    holder.0.kill().unwrap();
-    holder.0.wait().unwrap();
+    holder.kill();
     b.stop();
 }
