@@ -150,6 +150,21 @@ impl Volume {
     }
 }
 
+/// A local moto S3 server with a bucket, and a volume formatted on it
+/// under `root/s3`.
+pub(crate) fn s3_volume(root: &Path) -> anyhow::Result<(S3Server, Volume)> {
+    let server = S3Server::start_or_skip("bench", root, false).context("starting moto_server")?;
+    server.create_bucket("bench");
+    let args = [
+        "--storage".to_string(),
+        "s3://bench/vol".into(),
+        "--s3-endpoint".into(),
+        server.endpoint(),
+    ];
+    let volume = Volume::format("s3 (moto)", &root.join("s3"), &args)?;
+    Ok((server, volume))
+}
+
 fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
     let out = Command::new("psql")
         .args(["-q", "-v", "ON_ERROR_STOP=1", url, "-c", sql])
@@ -178,16 +193,7 @@ pub fn run(
 
     let mut s3 = None;
     if find_program(S3_SERVER_PROGRAM).is_some() {
-        let server = S3Server::start_or_skip("bench", root.path(), false)
-            .context("moto_server is on PATH")?;
-        server.create_bucket("bench");
-        let args = [
-            "--storage".to_string(),
-            "s3://bench/vol".into(),
-            "--s3-endpoint".into(),
-            server.endpoint(),
-        ];
-        let volume = Volume::format("s3 (moto)", &root.path().join("s3"), &args)?;
+        let (server, volume) = s3_volume(root.path())?;
         rows.push(volume.measure(size_mib, files, seconds)?);
         s3 = Some(server);
     } else {

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chaos_tests::bench::fs::{drop_page_cache, sequential_read, sequential_write};
 use chaos_tests::mount_guard::workspace_binary;
-use chaos_tests::s3_server::{find_program, S3Server, S3_SERVER_PROGRAM};
+use chaos_tests::s3_server::{find_program, S3_SERVER_PROGRAM};
 
-use crate::backends::Volume;
+use crate::backends::s3_volume;
 
 /// Bytes per write and read call.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -47,16 +47,7 @@ pub fn run(dir: &Path, size_mib: u64, files: usize) -> anyhow::Result<()> {
         warmup: None,
     });
 
-    let server =
-        S3Server::start_or_skip("warmup", root.path(), false).context("starting moto_server")?;
-    server.create_bucket("bench");
-    let args = [
-        "--storage".to_string(),
-        "s3://bench/vol".into(),
-        "--s3-endpoint".into(),
-        server.endpoint(),
-    ];
-    let volume = Volume::format("s3 (moto)", &root.path().join("s3"), &args)?;
+    let (server, volume) = s3_volume(root.path())?;
     // A cache that holds the whole set (warmup refuses a larger set).
     let cache_size = format!("{}", (size_mib << 20) + (size_mib << 18) + (64 << 20));
     let mount_args = ["--cache-size", cache_size.as_str()];
