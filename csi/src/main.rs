@@ -73,18 +73,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// Listens on a unix socket at `path`. The socket is bound and listening
+/// under a temporary name first and then renamed over `path` (replacing a
+/// stale one), so whoever sees the file appear (kubelet's plugin watcher,
+/// a sidecar) can connect at once: a plain bind makes the file visible a
+/// moment before listen(2), and a connect in between is refused.
 fn listen(path: &Path) -> anyhow::Result<UnixListenerStream> {
-    match std::fs::remove_file(path) {
+    let dir = path
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let name = path
+        .file_name()
+        .with_context(|| format!("socket path {} names no file", path.display()))?;
+    let staging = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    match std::fs::remove_file(&staging) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
-            return Err(err).with_context(|| format!("removing the old socket {}", path.display()))
+            return Err(err)
+                .with_context(|| format!("removing the old socket {}", staging.display()))
         }
         _ => {}
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))?;
+    let listener = UnixListener::bind(&staging)
+        .with_context(|| format!("listening on {}", staging.display()))?;
+    std::fs::rename(&staging, path).with_context(|| {
+        format!(
+            "moving the socket {} to {}",
+            staging.display(),
+            path.display()
+        )
+    })?;
     Ok(UnixListenerStream::new(listener))
 }
 

@@ -34,6 +34,35 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Stops `pid` with SIGSTOP and waits until every one of its threads has
+/// stopped. The kernel wakes a single thread to begin a group stop; until
+/// that thread runs (late, on a busy machine) the others go on, so a FUSE
+/// worker could still answer a request sent after kill(2) returned.
+fn stop(pid: Pid) {
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+    assert!(
+        wait_until(DEADLINE, || every_thread_stopped(pid)),
+        "process {pid} did not stop within {DEADLINE:?} of SIGSTOP"
+    );
+}
+
+/// Whether each thread of `pid` is in state T (stopped), from
+/// /proc/PID/task/TID/stat; a thread that exits meanwhile counts as stopped.
+fn every_thread_stopped(pid: Pid) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return true;
+        };
+        // The state follows the command name's closing parenthesis.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T")
+    })
+}
 static FIXTURES: AtomicU32 = AtomicU32::new(0);
 
 /// A binary of the workspace, next to this test's own target directory.
@@ -746,7 +775,7 @@ fn a_stalled_publication_reports_abnormal_and_still_unpublishes_within_the_deadl
     let pids = fx.serving_pids();
     let (supervisor, generations) = pids.split_last().expect("the supervisor's pid");
     for pid in generations {
-        kill(*pid, Signal::SIGSTOP).expect("SIGSTOP a generation");
+        stop(*pid);
     }
     let stalled = condition(&mut node);
     assert!(stalled.abnormal, "{stalled:?}");
@@ -755,7 +784,7 @@ fn a_stalled_publication_reports_abnormal_and_still_unpublishes_within_the_deadl
         "{stalled:?}"
     );
     // The supervisor stops too: stats say it does not answer.
-    kill(*supervisor, Signal::SIGSTOP).expect("SIGSTOP fs-supervisor");
+    stop(*supervisor);
     let unanswered = condition(&mut node);
     assert!(unanswered.abnormal, "{unanswered:?}");
     assert!(
@@ -1118,7 +1147,7 @@ fn stats_report_a_recovering_mount_as_abnormal_until_it_serves_again() {
     let standby = Pid::from_raw(mount.standby_pid.expect("standby") as i32);
     let active = Pid::from_raw(mount.pid.expect("serving pid") as i32);
     // The standby cannot adopt while stopped: the mount stays recovering.
-    kill(standby, Signal::SIGSTOP).expect("SIGSTOP the standby");
+    stop(standby);
     kill(active, Signal::SIGKILL).expect("SIGKILL the serving generation");
     // Once the supervisor knows (adopting), stats say so without a statvfs.
     let recovering = wait_until(DEADLINE, || serving().state != "serving");
