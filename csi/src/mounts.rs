@@ -37,8 +37,10 @@ impl MountEntry {
 
 /// Every mount this process sees, in mount order (later entries sit on top).
 pub fn mount_table() -> std::io::Result<Vec<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(text.lines().filter_map(parse_line).collect())
+    Ok(fuse_wire::mountinfo::read()?
+        .into_iter()
+        .map(MountEntry::from)
+        .collect())
 }
 
 /// The topmost mount at `path` (compared as given: never resolved).
@@ -58,18 +60,16 @@ pub fn binds_of(table: &[MountEntry], mountpoint: &Path) -> usize {
         .count()
 }
 
-fn parse_line(line: &str) -> Option<MountEntry> {
-    // id parent major:minor root mountpoint options [optional...] - fstype source super
-    let (head, tail) = line.split_once(" - ")?;
-    let fields: Vec<&str> = head.split(' ').collect();
-    let fstype = tail.split(' ').next()?;
-    Some(MountEntry {
-        device: (*fields.get(2)?).to_string(),
-        root: fuse_wire::unescape_mountinfo(fields.get(3)?),
-        mountpoint: PathBuf::from(fuse_wire::unescape_mountinfo(fields.get(4)?)),
-        options: fields.get(5)?.split(',').map(str::to_string).collect(),
-        fstype: fstype.to_string(),
-    })
+impl From<fuse_wire::mountinfo::MountInfo> for MountEntry {
+    fn from(m: fuse_wire::mountinfo::MountInfo) -> MountEntry {
+        MountEntry {
+            device: m.device(),
+            root: m.root.to_string_lossy().into_owned(),
+            options: m.options.split(',').map(str::to_string).collect(),
+            mountpoint: m.mountpoint,
+            fstype: m.fstype,
+        }
+    }
 }
 
 /// A shared mount's root, held open.
@@ -154,10 +154,15 @@ pub fn detach_all(target: &Path) -> std::io::Result<u32> {
 mod tests {
     use super::*;
 
+    fn parse_line(line: &str) -> Option<MountEntry> {
+        fuse_wire::mountinfo::MountInfo::parse(line.as_bytes()).map(MountEntry::from)
+    }
+
     #[test]
     fn a_mountinfo_line_with_escapes_and_optional_fields_parses() {
         let line = "36 35 0:52 /pvc\\040a /var/lib/k\\040t rw,nosuid shared:1 master:2 - fuse.baton vol rw,user_id=0";
         let entry = parse_line(line).unwrap();
+        assert_eq!(entry.options, ["rw", "nosuid"]);
         assert_eq!(entry.device, "0:52");
         assert_eq!(entry.root, "/pvc a");
         assert_eq!(entry.mountpoint, PathBuf::from("/var/lib/k t"));

@@ -211,27 +211,13 @@ fn open(path: &Path, target: &Target) -> anyhow::Result<(QuotaVolume, u64)> {
 /// The source of the Baton mount whose device is `dev`, from
 /// /proc/self/mountinfo (bind mounts of a volume share its device).
 fn baton_mount_source(dev: u64) -> anyhow::Result<String> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let table = fuse_wire::mountinfo::read().context("reading /proc/self/mountinfo")?;
     let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let wanted = format!("{major}:{minor}");
-    for line in text.lines() {
-        let mut fields = line.split(' ');
-        if fields.nth(2) != Some(wanted.as_str()) {
-            continue;
-        }
-        let Some((_, after)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut rest = after.split(' ');
-        if rest.next() != Some("fuse.baton") {
-            continue;
-        }
-        if let Some(source) = rest.next() {
-            return Ok(fuse_wire::unescape_mountinfo(source));
-        }
-    }
-    bail!("no Baton mount has device {wanted}")
+    table
+        .iter()
+        .find(|m| m.major == major && m.minor == minor && m.fstype == "fuse.baton")
+        .map(|m| m.source.to_string_lossy().into_owned())
+        .with_context(|| format!("no Baton mount has device {major}:{minor}"))
 }
 
 /// `1536` → `1.5K`: binary units, one decimal, as `df -h` prints them.

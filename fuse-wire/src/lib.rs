@@ -51,6 +51,7 @@ mod error;
 mod filesystem;
 mod init;
 mod mount;
+pub mod mountinfo;
 pub mod notify;
 pub mod reply;
 mod request;
@@ -70,7 +71,7 @@ pub use filesystem::{Filesystem, DEFAULT_POLL_MASK};
 pub use init::{initialize, negotiate, read_buffer_len, InitConfig, InitParams};
 pub use mount::{
     abort_connection, check_mountpoint, connection_id, is_mountpoint, mount_fuse, raise_read_ahead,
-    unescape_mountinfo, unmount, MountOptions, READ_AHEAD_KIB,
+    unmount, MountOptions, READ_AHEAD_KIB,
 };
 pub use nix::errno::Errno;
 pub use request::{unique_key, DecodeError, DecodeOptions, Operation, Request};

@@ -10,7 +10,7 @@ use nix::fcntl::{open, OFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::Mode;
 
-use crate::Error;
+use crate::{mountinfo, Error};
 
 /// Options of a FUSE mount.
 #[derive(Clone, Debug)]
@@ -81,12 +81,7 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, Error> {
 /// Whether `/proc/self/mountinfo` lists a mount exactly at `path` (every
 /// escape of mountinfo undone: space, tab, newline, backslash).
 pub fn is_mountpoint(path: &Path) -> bool {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|point| Path::new(&unescape_mountinfo(point)) == path)
+    mountinfo::read().is_ok_and(|table| mountinfo::top_at(&table, path).is_some())
 }
 
 /// Opens /dev/fuse (O_RDWR | O_CLOEXEC) and mounts it at `mountpoint`.
@@ -142,13 +137,7 @@ pub fn unmount(mountpoint: &Path) -> Result<(), Error> {
 /// from /proc/self/mountinfo (it is the minor device number; `stat` on the
 /// mountpoint would block until INIT is answered).
 pub fn connection_id(mountpoint: &Path) -> Result<u32, Error> {
-    let device = mount_device(mountpoint)?;
-    device
-        .split_once(':')
-        .and_then(|(_, minor)| minor.parse().ok())
-        .ok_or_else(|| Error::NotMounted {
-            path: mountpoint.to_path_buf(),
-        })
+    Ok(top_mount(mountpoint)?.minor)
 }
 
 /// Baton's readahead window, KiB: 1 MiB, INIT's `max_pages`, so that a
@@ -179,29 +168,21 @@ pub fn raise_read_ahead(mountpoint: &Path) {
 fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<(), Error> {
     let path = PathBuf::from(format!(
         "/sys/class/bdi/{}/read_ahead_kb",
-        mount_device(mountpoint)?
+        top_mount(mountpoint)?.device()
     ));
     std::fs::write(&path, kib.to_string()).map_err(|source| Error::Mountpoint { path, source })
 }
 
-/// The `major:minor` device of the mount at `mountpoint`, from
-/// /proc/self/mountinfo (the top of the stack when mounts are stacked).
-fn mount_device(mountpoint: &Path) -> Result<String, Error> {
+/// The mount at `mountpoint` from /proc/self/mountinfo (the top of the
+/// stack when mounts are stacked).
+fn top_mount(mountpoint: &Path) -> Result<mountinfo::MountInfo, Error> {
     let wanted = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| Error::Mountpoint {
-            path: PathBuf::from("/proc/self/mountinfo"),
-            source,
-        })?;
-    // Later lines are newer mounts: the last match is the top of the stack.
-    text.lines()
-        .rev()
-        .find_map(|line| {
-            let mut fields = line.split(' ');
-            let device = fields.nth(2)?;
-            let point = fields.nth(1)?;
-            (Path::new(&unescape_mountinfo(point)) == wanted).then(|| device.to_string())
-        })
+    let table = mountinfo::read().map_err(|source| Error::Mountpoint {
+        path: PathBuf::from(mountinfo::MOUNTINFO_PATH),
+        source,
+    })?;
+    mountinfo::top_at(&table, &wanted)
+        .cloned()
         .ok_or_else(|| Error::NotMounted {
             path: mountpoint.to_path_buf(),
         })
@@ -230,31 +211,6 @@ pub fn abort_connection(mountpoint: &Path) -> Result<(), Error> {
 /// Where the fusectl filesystem lists FUSE connections.
 pub const FUSECTL_DIR: &str = "/sys/fs/fuse/connections";
 
-/// A field of `/proc/self/mountinfo` as the path it names: mountinfo
-/// escapes space, tab, newline and backslash as `\ooo`.
-pub fn unescape_mountinfo(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        if let Some(digits) = octal {
-            out.push(
-                digits
-                    .iter()
-                    .fold(0u8, |acc, d| acc.wrapping_mul(8).wrapping_add(d - b'0')),
-            );
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -282,13 +238,5 @@ mod tests {
         );
         assert!(is_mountpoint(Path::new("/proc")));
         assert!(!is_mountpoint(&empty));
-    }
-
-    #[test]
-    fn every_mountinfo_escape_is_undone() {
-        assert_eq!(unescape_mountinfo(r"/x/a\040b"), "/x/a b");
-        assert_eq!(unescape_mountinfo(r"/x/new\012line"), "/x/new\nline");
-        assert_eq!(unescape_mountinfo(r"/x/t\011ab"), "/x/t\tab");
-        assert_eq!(unescape_mountinfo(r"/x/back\134slash"), r"/x/back\slash");
     }
 }

@@ -7,9 +7,15 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, suffix) = t.split_at(digits_end);
+    if number.is_empty() {
+        return Err(format!(
+            "{text:?} is not a size: expected e.g. 1G, 512M or 4096"
+        ));
+    }
+    // Only ASCII digits remain, so the one way to fail is overflow.
     let value: u64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a size: expected e.g. 1G, 512M or 4096"))?;
+        .map_err(|_| format!("{text:?} is too large"))?;
     let shift = match suffix.to_ascii_uppercase().as_str() {
         "" | "B" => 0,
         "K" | "KB" | "KIB" => 10,
@@ -52,5 +58,37 @@ mod tests {
             .unwrap_err()
             .contains("too large"));
         assert!(parse_size("-1").unwrap_err().contains("not a size"));
+    }
+
+    #[test]
+    fn a_number_too_long_for_64_bits_is_too_large() {
+        assert!(parse_size("99999999999999999999999")
+            .unwrap_err()
+            .contains("too large"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_number_with_any_unit_is_that_many_bytes_or_too_large(
+            value in proptest::prelude::any::<u64>(),
+            unit in proptest::sample::select(vec![
+                ("", 0), ("B", 0), ("k", 10), ("KiB", 10), ("M", 20), ("mb", 20),
+                ("G", 30), ("GiB", 30), ("t", 40), ("TB", 40),
+            ]),
+        ) {
+            let (suffix, shift) = unit;
+            let parsed = parse_size(&format!("{value}{suffix}"));
+            match value.checked_mul(1u64 << shift) {
+                Some(bytes) => proptest::prop_assert_eq!(parsed, Ok(bytes)),
+                None => proptest::prop_assert!(parsed.unwrap_err().contains("too large")),
+            }
+        }
+
+        #[test]
+        fn any_text_is_a_size_or_a_reason_that_quotes_it(text in "\\PC{0,24}") {
+            if let Err(reason) = parse_size(&text) {
+                proptest::prop_assert!(reason.contains(&format!("{text:?}")), "{}", reason);
+            }
+        }
     }
 }

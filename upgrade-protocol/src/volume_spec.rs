@@ -310,4 +310,41 @@ mod tests {
             "{err}"
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn every_valid_name_is_a_named_volume(
+            name in "[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}",
+        ) {
+            proptest::prop_assert_eq!(
+                VolumeSpec::parse(&name),
+                Ok(VolumeSpec::Named(name.clone()))
+            );
+        }
+
+        #[test]
+        fn any_text_parses_or_is_refused_without_a_panic(text in "\\PC{0,64}") {
+            if let Ok(spec) = VolumeSpec::parse(&text) {
+                // What parses has a directory of its own under the base.
+                let base = Path::new("/base");
+                proptest::prop_assert!(spec.is_shared() || spec.sqlite_path(base).is_some());
+            }
+        }
+
+        #[test]
+        fn a_postgres_password_never_reaches_a_message(
+            user in "[a-z]{1,8}",
+            password in "Pw[a-z0-9/@:?#%!]{2,12}",
+            host in "[a-z]{1,8}(:[0-9]{1,5})?",
+            database in "[a-z][a-z0-9_]{0,8}",
+            query in "(\\?sslmode=require)?",
+        ) {
+            let url = format!("postgres://{user}:{password}@{host}/{database}{query}");
+            let shown = match VolumeSpec::parse(&url) {
+                Ok(spec) => format!("{spec} {} {}", spec.display(), spec.mount_source()),
+                Err(err) => err.to_string(),
+            };
+            proptest::prop_assert!(!shown.contains(&password), "{} shows {}", shown, password);
+        }
+    }
 }

@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use fuse_wire::mountinfo::{self, MountInfo};
+
 /// `FSTYPE on SOURCE` for the mount holding `dir` (the longest mount
 /// point above it in `/proc/self/mountinfo`), with `, no journal` or
 /// `, journal` for ext4. `unknown` if it cannot be told.
@@ -12,55 +14,28 @@ pub fn describe(dir: &Path) -> String {
     let Ok(dir) = dir.canonicalize() else {
         return "unknown".to_string();
     };
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(table) = mountinfo::read() else {
         return "unknown".to_string();
     };
-    let Some(mount) = holding_mount(&mountinfo, &dir) else {
+    let Some(mount) = holding_mount(&table, &dir) else {
         return "unknown".to_string();
     };
-    let journal = match mount.fstype {
-        "ext4" => ext4_journal(mount.source),
+    let source = mount.source.to_string_lossy();
+    let journal = match mount.fstype.as_str() {
+        "ext4" => ext4_journal(&source),
         _ => "",
     };
-    format!("{} on {}{journal}", mount.fstype, mount.source)
+    format!("{} on {source}{journal}", mount.fstype)
 }
 
-/// One line of `/proc/self/mountinfo`, the fields used here.
-#[derive(Debug, PartialEq, Eq)]
-pub struct MountLine<'a> {
-    /// Where it is mounted (octal escapes such as `\040` for a space
-    /// undone, by [`fuse_wire::unescape_mountinfo`]).
-    pub point: String,
-    /// Its filesystem type.
-    pub fstype: &'a str,
-    /// Its source (the device).
-    pub source: &'a str,
-}
-
-impl<'a> MountLine<'a> {
-    /// Parses a mountinfo line: `ID PARENT MAJ:MIN ROOT POINT OPTIONS
-    /// [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS`.
-    pub fn parse(line: &'a str) -> Option<MountLine<'a>> {
-        let (before, after) = line.split_once(" - ")?;
-        let point = fuse_wire::unescape_mountinfo(before.split_whitespace().nth(4)?);
-        let mut after = after.split_whitespace();
-        Some(MountLine {
-            point,
-            fstype: after.next()?,
-            source: after.next()?,
-        })
-    }
-}
-
-/// The mount of `mountinfo` whose point is the longest one above `dir`
+/// The mount of `table` whose point is the longest one above `dir`
 /// (later lines win a tie: they are mounted over the earlier ones).
-pub fn holding_mount<'a>(mountinfo: &'a str, dir: &Path) -> Option<MountLine<'a>> {
-    mountinfo
-        .lines()
-        .filter_map(MountLine::parse)
-        .filter(|m| dir.starts_with(&m.point))
-        .fold(None, |best: Option<MountLine<'a>>, m| match best {
-            Some(b) if b.point.len() > m.point.len() => Some(b),
+pub fn holding_mount<'a>(table: &'a [MountInfo], dir: &Path) -> Option<&'a MountInfo> {
+    table
+        .iter()
+        .filter(|m| dir.starts_with(&m.mountpoint))
+        .fold(None, |best: Option<&MountInfo>, m| match best {
+            Some(b) if b.mountpoint.as_os_str().len() > m.mountpoint.as_os_str().len() => Some(b),
             _ => Some(m),
         })
 }
@@ -83,23 +58,32 @@ mod tests {
 
     #[test]
     fn the_longest_mount_point_above_a_directory_holds_it() {
-        let mountinfo = "\
+        let table = mountinfo::parse(
+            b"\
 27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard
 30 27 0:40 / /var/tmp/x rw - tmpfs tmpfs rw
 31 27 0:41 / /var rw - xfs /dev/vdb rw
-not a mountinfo line";
-        let held = holding_mount(mountinfo, Path::new("/var/tmp/bench")).unwrap();
-        assert_eq!(
-            (held.point.as_ref(), held.fstype, held.source),
-            ("/var", "xfs", "/dev/vdb")
+not a mountinfo line",
         );
-        let root = holding_mount(mountinfo, Path::new("/work")).unwrap();
-        assert_eq!((root.fstype, root.source), ("ext4", "/dev/vda"));
+        let fields = |m: &MountInfo| {
+            (
+                m.mountpoint.display().to_string(),
+                m.fstype.clone(),
+                m.source.to_string_lossy().into_owned(),
+            )
+        };
+        let held = holding_mount(&table, Path::new("/var/tmp/bench")).unwrap();
+        assert_eq!(
+            fields(held),
+            ("/var".into(), "xfs".into(), "/dev/vdb".into())
+        );
+        let root = holding_mount(&table, Path::new("/work")).unwrap();
+        assert_eq!(fields(root), ("/".into(), "ext4".into(), "/dev/vda".into()));
         // A path component, not a string prefix: /var/tmp/xy is not in /var/tmp/x.
-        let var = holding_mount(mountinfo, Path::new("/var/tmp/xy")).unwrap();
-        assert_eq!(var.point, "/var");
-        let spaced = "40 27 0:42 / /mnt/a\\040b rw - tmpfs tmpfs rw";
-        let held = holding_mount(spaced, Path::new("/mnt/a b/c")).unwrap();
-        assert_eq!((held.point.as_ref(), held.fstype), ("/mnt/a b", "tmpfs"));
+        let var = holding_mount(&table, Path::new("/var/tmp/xy")).unwrap();
+        assert_eq!(var.mountpoint, Path::new("/var"));
+        let spaced = mountinfo::parse(b"40 27 0:42 / /mnt/a\\040b rw - tmpfs tmpfs rw");
+        let held = holding_mount(&spaced, Path::new("/mnt/a b/c")).unwrap();
+        assert_eq!(held.mountpoint, Path::new("/mnt/a b"));
     }
 }

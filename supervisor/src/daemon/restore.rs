@@ -81,19 +81,9 @@ pub fn plan(record: &MountRecord, has_fd: bool, mounted_connection: Option<u32>)
 /// /proc/self/mountinfo. Never touches the mount itself: with no server,
 /// any stat on it would block.
 pub fn mounted_connection(mountpoint: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    text.lines()
-        .rev()
-        .filter_map(|line| {
-            let mut fields = line.split(' ');
-            let devno = fields.nth(2)?;
-            let point = fields.nth(1)?;
-            let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
-            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-            (fuse && Path::new(&fuse_wire::unescape_mountinfo(point)) == mountpoint)
-                .then_some(devno)
-        })
-        .find_map(|devno| devno.split_once(':')?.1.parse().ok())
+    let table = fuse_wire::mountinfo::read().ok()?;
+    let top = fuse_wire::mountinfo::top_at(&table, mountpoint)?;
+    top.is_fuse().then_some(top.minor)
 }
 
 /// Whether `fd` is an open /dev/fuse (what the fd store must hold).
