@@ -1254,6 +1254,96 @@ fn an_unmount_behind_the_supervisors_back_is_cleaned_up() {
     assert!(fx.logs().contains("removed outside fs-supervisor"));
 }
 
+/// One mount anywhere on the machine whose path is not UTF-8 (a Latin-1
+/// directory name) makes /proc/self/mountinfo hold bytes that are not
+/// UTF-8: reading it as a string failed, and with it every mount and every
+/// takeover (the connection number comes from mountinfo).
+#[test]
+fn a_mount_elsewhere_whose_path_is_not_utf8_does_not_stop_mounts_or_takeovers() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut fx = Fixture::start(&[]);
+    let odd = fx.path("").join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&odd).expect("mkdir of a Latin-1 name");
+    nix::mount::mount(
+        Some("tmpfs"),
+        &odd,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .expect("mount a tmpfs at the Latin-1 path");
+    let odd_guard = MountGuard::new(&odd);
+    fx.mount();
+    let pid = fx.wait_serving(1)["pid"].as_i64().expect("pid");
+    fx.wait_until_standby();
+    kill(Pid::from_raw(pid as i32), Signal::SIGKILL).expect("kill -9 the generation");
+    fx.wait_serving(2);
+    let m = s(&fx.mnt).to_string();
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("echo still > {m}/f && cat {m}/f")).finish();
+    assert!(ok, "the mount after the takeover: {err}\n{}", fx.logs());
+    assert_eq!(out, "still\n");
+    drop(odd_guard);
+    assert!(
+        !fuse_wire::is_mountpoint(&odd),
+        "the tmpfs was not unmounted"
+    );
+}
+
+/// Metadata found corrupt while serving: the call that meets it fails with
+/// EIO, every later change with EROFS (nothing builds on the damage),
+/// reads go on, and `fsctl status` says the mount is read-only and why.
+#[test]
+fn metadata_found_corrupt_while_serving_stops_changes_and_reads_go_on() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(
+        &fx.mnt,
+        &format!("echo kept > {m}/kept && echo damaged > {m}/damaged && sync"),
+    )
+    .finish();
+    assert!(ok, "writing the files: {err}");
+    // Damage behind the volume's back: a named file whose link count is 0.
+    let db = rusqlite::Connection::open(fx.base.join("vol/meta.db")).expect("open meta.db");
+    db.busy_timeout(DEADLINE).expect("busy timeout");
+    let changed = db
+        .execute(
+            "UPDATE inodes SET nlink = 0 WHERE ino = \
+             (SELECT ino FROM dentries WHERE parent = 1 AND name = ?1)",
+            [b"damaged".to_vec()],
+        )
+        .expect("damage the metadata");
+    assert_eq!(changed, 1);
+    drop(db);
+
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("rm {m}/damaged")).finish();
+    assert!(!ok, "rm of the damaged file succeeded");
+    assert!(err.contains("Input/output error"), "{err}");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {m}/new")).finish();
+    assert!(!ok, "a change was made after the corruption was found");
+    assert!(err.contains("Read-only file system"), "{err}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {m}/kept && ls {m}")).finish();
+    assert!(ok, "reads after the corruption: {err}");
+    assert_eq!(out, "kept\ndamaged\nkept\n");
+
+    let mut status = Value::Null;
+    assert!(
+        wait_until(DEADLINE, || {
+            status = fx.status();
+            status["read_only_reason"].is_string()
+        }),
+        "status never said read-only: {status}"
+    );
+    let why = status["read_only_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("nlink 0") && why.contains("fsck"), "{why}");
+    let table = fx.fsctl(&["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("READ-ONLY") && table.contains("read-only: "),
+        "{table}"
+    );
+}
+
 #[test]
 fn supervisor_shutdown_unmounts_and_stops_every_generation() {
     let mut fx = Fixture::start(&[]);

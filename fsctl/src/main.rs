@@ -877,7 +877,13 @@ fn table(report: &StatusReport, wide: bool) -> String {
             "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
             m.mountpoint.display(),
             volume_label(&m.volume, wide),
-            if m.gave_up { "GAVE UP" } else { &m.state },
+            if m.gave_up {
+                "GAVE UP"
+            } else if m.read_only_reason.is_some() {
+                "READ-ONLY"
+            } else {
+                &m.state
+            },
             m.generation,
             pid(m.pid),
             pid(m.standby_pid),
@@ -888,6 +894,11 @@ fn table(report: &StatusReport, wide: bool) -> String {
             human_duration(m.uptime_s),
             recovery
         ));
+    }
+    for m in &report.mounts {
+        if let Some(why) = &m.read_only_reason {
+            out.push_str(&format!("{}: read-only: {why}\n", m.mountpoint.display()));
+        }
     }
     out
 }

@@ -90,6 +90,9 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// See [`MetaStore::sync`].
     fn make_durable(&self) -> Result<()>;
 
+    /// Corruption found while serving ([`MetaStore::quarantined`]).
+    fn quarantine(&self) -> &crate::quarantine::Quarantine;
+
     /// See [`MetaStore::fence`].
     fn fence_writes(&self);
 
@@ -421,6 +424,10 @@ impl<E: Engine> MetaStore for E {
 
     fn shared_by_hosts(&self) -> bool {
         E::SHARED_BY_HOSTS
+    }
+
+    fn quarantined(&self) -> Option<String> {
+        self.quarantine().reason().map(str::to_string)
     }
 
     fn fence(&self) {

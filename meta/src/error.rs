@@ -233,6 +233,15 @@ pub enum MetaError {
         /// What was found.
         what: String,
     },
+    /// The store found its metadata corrupt earlier and takes no more
+    /// changes (`EROFS`): see `quarantine.rs`.
+    #[error("metadata found corrupt while serving ({what}): {op} refused, the volume serves reads only; unmount it and run `fsctl fsck`")]
+    Quarantined {
+        /// The refused operation.
+        op: &'static str,
+        /// The corruption first found.
+        what: String,
+    },
     /// A SQLite call failed (`EIO`, or `ENOSPC` for a full disk).
     #[error("metadata store error in {op}: {source}; check the disk and the database file")]
     Store {
@@ -300,6 +309,7 @@ impl MetaError {
             MetaError::FileTooLarge { .. } => libc::EFBIG,
             MetaError::StillLinked { .. } => libc::EBUSY,
             MetaError::Store { source, .. } if is_disk_full(source) => libc::ENOSPC,
+            MetaError::Quarantined { .. } => libc::EROFS,
             MetaError::NotFormatted { .. }
             | MetaError::ReadOnly { .. }
             | MetaError::Foreign { .. }
@@ -323,6 +333,24 @@ impl MetaError {
                 message,
             } => MetaError::Postgres { op, code, message },
             other => other,
+        }
+    }
+
+    /// Whether this error shows the stored metadata is damaged: a broken
+    /// invariant, a SQLite page that cannot be read (`SQLITE_CORRUPT`,
+    /// `SQLITE_NOTADB`), or PostgreSQL's data or index corruption
+    /// (SQLSTATE XX001, XX002).
+    pub fn is_corruption(&self) -> bool {
+        match self {
+            MetaError::Corrupt { .. } => true,
+            MetaError::Store { source, .. } => matches!(
+                source.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase)
+            ),
+            MetaError::Postgres {
+                code: Some(code), ..
+            } => code == "XX001" || code == "XX002",
+            _ => false,
         }
     }
 

@@ -87,6 +87,7 @@ mod error;
 pub mod limits;
 mod ops;
 pub mod postgres;
+mod quarantine;
 pub mod record;
 mod sql;
 pub mod sqlite;

@@ -238,6 +238,11 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// published for others ([`MetaStore::publish_locks`]).
     fn shared_by_hosts(&self) -> bool;
 
+    /// Why the store refuses every change, if it found its metadata corrupt
+    /// while serving (then writes fail with [`crate::MetaError::Quarantined`],
+    /// EROFS, and reads go on); None while healthy.
+    fn quarantined(&self) -> Option<String>;
+
     /// Fences the store for a handover: waits for the write transaction in
     /// progress (if any), then makes every later mutation fail with
     /// [`crate::MetaError::Fenced`] so that nothing this process still runs

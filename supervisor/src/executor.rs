@@ -878,6 +878,7 @@ impl Mount {
                 .unwrap_or(0),
             consecutive_failures: self.state.failures(),
             gave_up: matches!(self.state, State::GaveUp { .. }),
+            read_only_reason: self.tally.read_only_reason(),
             last_recovery: self.last_recovery.clone(),
             last_upgrade: self.last_upgrade.clone(),
             client_binary: self.client_binary.clone(),

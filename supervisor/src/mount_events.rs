@@ -177,6 +177,7 @@ mod tests {
             generation_uptime_s: 0,
             consecutive_failures: 0,
             gave_up: false,
+            read_only_reason: None,
             last_upgrade: None,
             client_binary: "/usr/bin/fsclient".into(),
             requests_recovered: 0,

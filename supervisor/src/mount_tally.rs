@@ -53,6 +53,13 @@ impl MountTally {
         }
     }
 
+    /// Why the serving generation's metadata takes no more changes (it
+    /// found corruption), from its last report.
+    pub fn read_only_reason(&self) -> Option<String> {
+        let (_, counters) = self.recent.get(&self.serving?)?;
+        counters.metadata_quarantined.clone()
+    }
+
     /// The serving generation died: its last report stays in the totals
     /// (counts since that report are lost, never counted twice), its
     /// pending uploads are no longer its own.

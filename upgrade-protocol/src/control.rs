@@ -274,6 +274,10 @@ pub struct MountStatus {
     pub consecutive_failures: u32,
     /// True once `--give-up-after` was reached: no more restarts.
     pub gave_up: bool,
+    /// Set when the serving generation found the volume's metadata corrupt:
+    /// it refuses every change (EROFS) and serves reads; why, and what to do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only_reason: Option<String>,
     /// The last death and takeover.
     pub last_recovery: Option<Recovery>,
     /// The last planned upgrade (or rollback).

@@ -56,6 +56,10 @@ pub struct GenerationCounters {
     /// directory's blocks are read in place).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cache_capacity_bytes: u64,
+    /// Why the volume's metadata takes no more changes: corruption found
+    /// while serving (state, not a count: never summed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_quarantined: Option<String>,
 }
 
 fn is_zero(value: &u64) -> bool {

@@ -237,6 +237,7 @@ fn control_frames_are_pinned_and_round_trip() {
             generation_uptime_s: 3,
             consecutive_failures: 0,
             gave_up: false,
+            read_only_reason: None,
             last_recovery: Some(Recovery {
                 died_generation: 1,
                 cause: "signal 9 (SIGKILL)".into(),

@@ -210,6 +210,7 @@ impl BatonFs {
             .staged_inodes()
             .map(|inodes| inodes.len() as u64)
             .unwrap_or(0);
+        counters.metadata_quarantined = self.meta.quarantined();
         counters
     }
 

@@ -507,7 +507,11 @@ pub(crate) fn dir_path<C: Db>(c: &C, dir: u64) -> Result<PathBuf> {
         names.push(OsString::from_vec(name));
         cur = parent;
     }
-    Err(MetaError::corrupt(format!(
-        "directory {dir} is deeper than {DIR_DEPTH_MAX} levels or its parents form a cycle"
-    )))
+    // Not `Corrupt`: a user can nest directories this deep (quarantine.rs).
+    Err(MetaError::invalid(
+        dir,
+        format!(
+            "directory {dir} is deeper than {DIR_DEPTH_MAX} levels (or its parents form a cycle): its path is not shown"
+        ),
+    ))
 }

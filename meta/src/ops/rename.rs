@@ -203,7 +203,12 @@ fn check_not_within<C: Db>(c: &C, dir: u64, start: u64) -> Result<()> {
         }
         cur = inode::dir_parent(c, cur)?;
     }
-    Err(MetaError::corrupt(format!(
-        "directory {start} is deeper than {DIR_DEPTH_MAX} levels or its parents form a cycle"
-    )))
+    // Not `Corrupt`: a user can nest directories this deep, and corruption
+    // puts the whole volume in quarantine (quarantine.rs).
+    Err(MetaError::invalid(
+        start,
+        format!(
+            "directory {start} is deeper than {DIR_DEPTH_MAX} levels (or its parents form a cycle): Baton does not move directories that deep"
+        ),
+    ))
 }

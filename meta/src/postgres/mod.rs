@@ -86,6 +86,8 @@ pub struct PostgresMeta {
     /// `true` once fenced. Writes hold the read side for their whole
     /// transaction; `fence` takes the write side, so it waits for them.
     fenced: std::sync::RwLock<bool>,
+    /// Corruption found while serving: writes refused.
+    quarantine: crate::quarantine::Quarantine,
 }
 
 impl std::fmt::Debug for PostgresMeta {
@@ -215,6 +217,7 @@ impl PostgresMeta {
             next: AtomicUsize::new(0),
             answered: AnsweredQueue::default(),
             fenced: std::sync::RwLock::new(false),
+            quarantine: crate::quarantine::Quarantine::default(),
         })
     }
 
@@ -301,6 +304,7 @@ impl Engine for PostgresMeta {
         if *fence {
             return Err(MetaError::Fenced { op });
         }
+        self.quarantine.check(op)?;
         let answered = match req {
             Some(_) => self.answered.take_due(),
             None => Vec::new(),
@@ -332,7 +336,9 @@ impl Engine for PostgresMeta {
                     tracing::debug!(op, attempt_count, "serialization conflict, retrying");
                     std::thread::sleep(Duration::from_millis(ms));
                 }
-                other => break other.map_err(|e| log_store_error(e.in_op(op))),
+                other => {
+                    break other.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+                }
             }
         };
         if result.is_err() && !answered.is_empty() {
@@ -358,13 +364,17 @@ impl Engine for PostgresMeta {
             c.commit()?;
             Ok(out)
         };
-        run().map_err(|e| log_store_error(e.in_op(op)))
+        run().map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     fn make_durable(&self) -> Result<()> {
         // Every PostgreSQL commit is already durable when it returns (the
         // server's synchronous_commit, on by default).
         Ok(())
+    }
+
+    fn quarantine(&self) -> &crate::quarantine::Quarantine {
+        &self.quarantine
     }
 
     fn fence_writes(&self) {

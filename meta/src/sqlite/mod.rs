@@ -65,6 +65,8 @@ pub struct SqliteMeta {
     answered: AnsweredQueue,
     /// Set by `fence`: every later write fails with `Fenced`.
     fenced: AtomicBool,
+    /// Corruption found while serving: writes refused.
+    quarantine: crate::quarantine::Quarantine,
     /// The directory was fsynced after the `-wal` file existed.
     wal_entry_synced: AtomicBool,
     /// Checkpoints the write-ahead log off the writer's path.
@@ -159,6 +161,7 @@ impl SqliteMeta {
             next_reader: AtomicUsize::new(0),
             answered: AnsweredQueue::default(),
             fenced: AtomicBool::new(false),
+            quarantine: crate::quarantine::Quarantine::default(),
             wal_entry_synced: AtomicBool::new(false),
             checkpointer,
         })
@@ -353,6 +356,7 @@ impl Engine for SqliteMeta {
         if self.fenced.load(Ordering::SeqCst) {
             return Err(MetaError::Fenced { op });
         }
+        self.quarantine.check(op)?;
         let answered = match req {
             Some(_) => self.answered.take_due(),
             None => Vec::new(),
@@ -378,7 +382,7 @@ impl Engine for SqliteMeta {
             // Rolled back: keep the keys for the next write.
             self.answered.put_back(answered);
         }
-        result.map_err(|e| log_store_error(e.in_op(op)))
+        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     /// Runs `f` in a deferred read transaction on a pool connection.
@@ -390,7 +394,7 @@ impl Engine for SqliteMeta {
             tx.end("ROLLBACK")?;
             out
         };
-        run().map_err(|e| log_store_error(e.in_op(op)))
+        run().map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     /// Runs `f`, which must issue ONE statement (its own consistent
@@ -398,7 +402,7 @@ impl Engine for SqliteMeta {
     /// the hot read path (lookup, getattr) without BEGIN and ROLLBACK.
     fn read_one<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let conn = self.reader();
-        f(&conn).map_err(|e| log_store_error(e.in_op(op)))
+        f(&conn).map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     fn read_on_every_connection(
@@ -422,6 +426,10 @@ impl Engine for SqliteMeta {
     fn make_durable(&self) -> Result<()> {
         self.sync_wal()
             .map_err(|e| log_store_error(e.in_op("sync")))
+    }
+
+    fn quarantine(&self) -> &crate::quarantine::Quarantine {
+        &self.quarantine
     }
 
     fn fence_writes(&self) {

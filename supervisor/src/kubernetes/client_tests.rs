@@ -184,6 +184,7 @@ fn mount_status() -> MountStatus {
         generation_uptime_s: 1,
         consecutive_failures: 0,
         gave_up: false,
+        read_only_reason: None,
         last_recovery: None,
         last_upgrade: None,
         client_binary: "/usr/local/bin/fsclient".into(),

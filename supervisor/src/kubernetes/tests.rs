@@ -130,6 +130,7 @@ fn the_status_configmap_has_one_entry_per_mount_and_applies_as_is() {
         generation_uptime_s: 1,
         consecutive_failures: 0,
         gave_up: false,
+        read_only_reason: None,
         last_upgrade: None,
         client_binary: "/usr/bin/fsclient".into(),
         requests_recovered: 0,
