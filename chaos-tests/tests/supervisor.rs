@@ -1835,6 +1835,50 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     assert_eq!(code, Some(2));
 }
 
+/// The serving generation killed during a planned upgrade: fsctl says it
+/// died and that crash recovery serves the mount (never that the dead one
+/// "serves on"), and the mount serves again with a later generation.
+#[test]
+fn a_generation_killed_during_an_upgrade_is_reported_dead_and_the_mount_recovers() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let before = fx.wait_serving(1);
+    let pid = before["pid"].as_i64().expect("pid") as i32;
+    let generation = before["generation"].as_u64().expect("generation");
+    // The incoming generation takes its time, so the upgrade is still in
+    // progress when the serving one is killed.
+    let slow = fsclient_wrapper(&fx, "fsclient-slow", "sleep 5;");
+    let upgrade = Command::new(binary("fsctl"))
+        .args(["upgrade", s(&fx.mnt), "--binary", s(&slow), "--timeout", "60s"])
+        .args(["--socket", s(&fx.socket)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("fsctl upgrade");
+    let upgrade = ChildGuard(upgrade);
+    assert!(
+        wait_until(DEADLINE, || fx.status()["state"] == "upgrading"),
+        "the upgrade never started: {}",
+        fx.status()
+    );
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill -9 the serving generation");
+    let mut upgrade = upgrade;
+    let status = upgrade.wait_timeout(DEADLINE).expect("fsctl upgrade did not return");
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut upgrade.0.stderr.take().expect("stderr"), &mut said)
+        .expect("fsctl's stderr");
+    assert_eq!(status.code(), Some(1), "{said}");
+    assert!(
+        said.contains(&format!("generation {generation} died")) && !said.contains("serves on"),
+        "{said}"
+    );
+    let after = fx.wait_serving(generation + 1);
+    assert_ne!(after["pid"].as_i64(), Some(i64::from(pid)), "{after}");
+    let m = s(&fx.mnt).to_string();
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("echo after > {m}/f && cat {m}/f")).finish();
+    assert!(ok && out == "after\n", "the mount after the recovery: {out}{err}");
+}
+
 #[test]
 fn a_rollback_with_a_journaled_request_still_answers_it_once() {
     // Generation 1 sleeps in mkdir, so the mkdir is journaled; the new

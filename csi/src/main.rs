@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("baton-csi: {err:#}");
+            eprintln!("baton-csi: {}", upgrade_protocol::error_chain(err.as_ref()));
             ExitCode::from(2)
         }
     }

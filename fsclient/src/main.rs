@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("fsclient: {err:#}");
+            eprintln!("fsclient: {}", upgrade_protocol::error_chain(err.as_ref()));
             ExitCode::from(2)
         }
     }

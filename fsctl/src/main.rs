@@ -320,7 +320,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("fsctl: {err:#}");
+            eprintln!("fsctl: {}", upgrade_protocol::error_chain(err.as_ref()));
             let code = err
                 .chain()
                 .find_map(|cause| match cause.downcast_ref::<ProtocolError>()? {
@@ -685,6 +685,13 @@ fn print_upgrade(report: &upgrade_protocol::UpgradeReport) {
             report.elapsed_ms,
             report.binary.display()
         );
+    } else if report.serving_died {
+        eprintln!(
+            "fsctl: {} {}: generation {} died; fs-supervisor recovers the mount as after any crash (`fsctl status` shows the generation that serves now)",
+            report.mountpoint.display(),
+            report.outcome,
+            report.generation,
+        );
     } else {
         eprintln!(
             "fsctl: {} {}; generation {} serves on with {}",
@@ -767,13 +774,23 @@ fn umount(
 
 /// An absolute path (canonical if it exists), since the supervisor runs
 /// elsewhere.
+/// `path` made absolute for a request to fs-supervisor. The control
+/// protocol carries paths as UTF-8 text, so a path that is not UTF-8 is
+/// refused here, saying so, rather than failing deep in the encoder.
 fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
-    if let Ok(canonical) = std::fs::canonicalize(path) {
-        return Ok(canonical);
+    let absolute = match std::fs::canonicalize(path) {
+        Ok(canonical) => canonical,
+        Err(_) => std::env::current_dir()
+            .context("reading the current directory")?
+            .join(path),
+    };
+    if absolute.to_str().is_none() {
+        anyhow::bail!(
+            "{} is not UTF-8: fs-supervisor's control protocol carries paths as UTF-8 text; use a path whose names are UTF-8 (rename the directory, or bind-mount it at one)",
+            absolute.display()
+        );
     }
-    Ok(std::env::current_dir()
-        .context("reading the current directory")?
-        .join(path))
+    Ok(absolute)
 }
 
 fn call(socket: &std::path::Path, request: &Request) -> anyhow::Result<Reply> {

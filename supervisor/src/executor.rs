@@ -616,6 +616,7 @@ impl Mount {
             outcome: outcome_text,
             from_generation: upgrade.from_generation,
             generation: self.active_generation(),
+            serving_died: outcome == Outcome::ServingDied,
             binary: self.client_binary.clone(),
             journaled: upgrade.journaled,
             stall_us,

@@ -254,6 +254,7 @@ mod tests {
             ok: true,
             outcome: "upgraded".into(),
             from_generation: 3,
+            serving_died: false,
             generation: 4,
             binary: "/usr/bin/fsclient-2".into(),
             journaled: 0,

@@ -165,8 +165,13 @@ pub struct UpgradeReport {
     pub outcome: String,
     /// The generation before.
     pub from_generation: u64,
-    /// The generation serving after (the new one, or the old one again).
+    /// The generation serving after (the new one, or the old one again);
+    /// with `serving_died`, the one that died.
     pub generation: u64,
+    /// The serving generation died during the upgrade: no generation of
+    /// this upgrade serves; crash recovery picks the next one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub serving_died: bool,
     /// The binary serving after.
     pub binary: PathBuf,
     /// Requests the old generation journaled for the new one.

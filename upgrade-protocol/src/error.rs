@@ -115,3 +115,46 @@ pub enum ProtocolError {
         expected: usize,
     },
 }
+
+/// An error and its causes on one line, `error: cause: cause`, for the
+/// last word of a program. A cause is added only if the line does not
+/// already hold its text: many messages embed their cause, and anyhow's
+/// `{:#}` would print it again (`body is invalid: X: X: X`).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = err.to_string();
+    let mut cause = err.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = next.source();
+    }
+    line
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        use std::os::unix::ffi::OsStringExt;
+        let latin1 = std::ffi::OsString::from_vec(b"/x/caf\xe9".to_vec());
+        let json = serde_json::to_vec(&std::path::PathBuf::from(latin1)).unwrap_err();
+        let err = ProtocolError::AtSocket {
+            path: "/run/baton/supervisor.sock".into(),
+            source: Box::new(ProtocolError::Body(json)),
+        };
+        assert_eq!(
+            error_chain(&err),
+            "talking to fs-supervisor at /run/baton/supervisor.sock: control message body is invalid: path contains invalid UTF-8 characters"
+        );
+        let wrapped = anyhow::Error::new(err).context("mounting");
+        let line = error_chain(wrapped.as_ref());
+        assert_eq!(line.matches("invalid UTF-8").count(), 1, "{line}");
+        assert!(line.starts_with("mounting: talking to"), "{line}");
+    }
+}

@@ -68,7 +68,7 @@ pub use control::{
 pub use counters::{
     GenerationCounters, Incident, MountCounters, OpcodeCounters, LATENCY_BOUNDS_US,
 };
-pub use error::ProtocolError;
+pub use error::{error_chain, ProtocolError};
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};
 pub use handover::{
     connection_identity, decode_state, encode_state, monotonic_ns, HandleState, HandoverState,

@@ -251,6 +251,7 @@ fn control_frames_are_pinned_and_round_trip() {
                 ok: true,
                 outcome: "upgraded".into(),
                 from_generation: 1,
+                serving_died: false,
                 generation: 3,
                 binary: "/usr/local/bin/fsclient".into(),
                 journaled: 0,

@@ -81,7 +81,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("fs-supervisor: {err:#}");
+            eprintln!("fs-supervisor: {}", upgrade_protocol::error_chain(err.as_ref()));
             ExitCode::from(1)
         }
     }

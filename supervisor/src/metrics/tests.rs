@@ -251,6 +251,7 @@ fn a_crash_loop_an_unreachable_store_signals_and_a_rollback_each_get_a_tip() {
         ok: false,
         outcome: "rolled back: the new generation ended before serving".into(),
         from_generation: 4,
+        serving_died: false,
         generation: 4,
         binary: "/opt/fsclient-2".into(),
         journaled: 0,

@@ -283,7 +283,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("baton-bench: {err:#}");
+            eprintln!("baton-bench: {}", upgrade_protocol::error_chain(err.as_ref()));
             ExitCode::from(2)
         }
     }
