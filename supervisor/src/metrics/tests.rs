@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 use super::*;
 use upgrade_protocol::{
@@ -101,7 +102,12 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         upgrades: 1,
         rollbacks: 2,
     };
-    let text = render(&[status()], &totals, 7);
+    let memory = Memory {
+        rss_bytes: Some(40 << 20),
+        cgroup_bytes: Some(64 << 20),
+        cgroup_limit_bytes: None,
+    };
+    let text = render(&[status()], &[memory], &totals, 7);
     let labels = r#"mount="abc",mountpoint="/mnt/a \"q\"",volume="v""#;
     let h = "baton_mount_request_duration_seconds";
     for line in [
@@ -121,8 +127,10 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         format!("baton_mount_cache_capacity_bytes{{{labels}}} 1073741824"),
         format!("baton_mount_requests_recovered_total{{{labels}}} 3"),
         format!("baton_mount_requests_journaled_total{{{labels}}} 2"),
+        format!("baton_mount_generation_rss_bytes{{{labels}}} 41943040"),
+        format!("baton_mount_cgroup_memory_bytes{{{labels}}} 67108864"),
         // Cumulative buckets; +Inf equals the count.
-        format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.00005\"}} 2"),
+        format!("{h}_bucket{{{labels},opcode=\"write\",le=\"5e-05\"}} 2"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.0001\"}} 2"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.0005\"}} 5"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"5\"}} 5"),
@@ -159,13 +167,44 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         }
     }
     assert!(text.contains("# TYPE baton_mount_requests_total counter"));
+    assert!(
+        !text.contains("baton_mount_cgroup_memory_limit_bytes{"),
+        "an unlimited cgroup has no limit sample:\n{text}"
+    );
+}
+
+#[test]
+fn memory_is_read_from_proc_status_and_cgroup_files_with_no_limit_as_none() {
+    let status = "Name:\tfsclient\nVmHWM:\t  9000 kB\nVmRSS:\t  2048 kB\n";
+    assert_eq!(parse_vm_rss_bytes(status), Some(2 << 20));
+    assert_eq!(parse_vm_rss_bytes("Name:\tx\n"), None);
+    assert_eq!(parse_cgroup_bytes("1073741824\n"), Some(1 << 30));
+    assert_eq!(parse_cgroup_bytes("max\n"), None, "v2: no limit");
+    assert_eq!(
+        parse_cgroup_bytes("9223372036854771712\n"),
+        None,
+        "v1: no limit"
+    );
+    // This process, as a mount's serving generation.
+    let mut m = status_with_pid(std::process::id());
+    m.cgroup = None;
+    let memory = read_memory(&m);
+    assert!(memory.rss_bytes.is_some_and(|b| b > 0), "{memory:?}");
+    assert_eq!(memory.cgroup_bytes, None);
+}
+
+fn status_with_pid(pid: u32) -> MountStatus {
+    MountStatus {
+        pid: Some(pid),
+        ..status()
+    }
 }
 
 #[test]
 fn a_mount_that_has_not_read_a_block_has_no_cache_ratio() {
     let mut m = status();
     m.counters = None;
-    let text = render(&[m], &SupervisorTotals::default(), 0);
+    let text = render(&[m], &[], &SupervisorTotals::default(), 0);
     assert!(!text.contains("baton_mount_cache_hit_ratio{"), "{text}");
     assert!(text.contains("baton_mount_written_bytes_total{"), "{text}");
 }
@@ -310,29 +349,117 @@ fn the_page_lists_each_mount_with_health_tips_and_incidents_escaped() {
     assert!(page.contains("write 6"), "{page}");
 }
 
+/// One request over a fresh connection, the whole response (bounded).
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TEST_DEADLINE)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    // Until EOF; a refused connection may end in a reset after its answer.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The loopback address of a server bound to every address.
+fn local(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], addr.port()))
+}
+
+const TEST_DEADLINE: Duration = Duration::from_secs(30);
+
 #[test]
-fn the_endpoint_answers_metrics_and_the_page_on_loopback_only() {
+fn the_endpoint_answers_metrics_the_page_and_health_on_any_address() {
     let snapshot = Snapshot::default();
     snapshot.publish(vec![status()]);
-    assert!(serve("0.0.0.0:0".parse().unwrap(), snapshot.clone()).is_err());
-    let addr = serve("127.0.0.1:0".parse().unwrap(), snapshot).unwrap();
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
-    let metrics = get("/metrics");
+    let addr = local(serve("0.0.0.0:0".parse().unwrap(), snapshot).unwrap());
+    let metrics = get(addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.0 200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("content-type: text/plain; version=0.0.4"),
+        "{metrics}"
+    );
     assert!(metrics.contains("baton_mount_generation{"), "{metrics}");
-    let page = get("/");
+    let page = get(addr, "/");
     assert!(
         page.contains("data-mountpoint=\"/mnt/a &quot;q&quot;\"")
             && page.contains("<td class=\"state\">serving</td>"),
         "{page}"
     );
-    assert!(get("/nope").starts_with("HTTP/1.0 404"));
+    assert!(get(addr, "/healthz").ends_with("\r\n\r\nok\n"));
+    assert!(get(addr, "/readyz").ends_with("\r\n\r\nready\n"));
+    assert!(get(addr, "/nope").starts_with("HTTP/1.0 404"));
+}
+
+/// Whether the server closed `idle` (EOF or reset) rather than keeping it
+/// open; never blocks.
+fn closed_by_server(idle: &TcpStream) -> bool {
+    idle.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let closed = !matches!(
+        (&*idle).read(&mut byte),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+    );
+    idle.set_nonblocking(false).unwrap();
+    closed
+}
+
+#[test]
+fn an_idle_connection_does_not_delay_a_scrape() {
+    let snapshot = Snapshot::default();
+    snapshot.publish(vec![status()]);
+    // The idle client gets the whole deadline to send its request: a
+    // server answering one connection at a time would serve the scrape
+    // only after closing the idle one.
+    let addr = http::serve_with("127.0.0.1:0".parse().unwrap(), snapshot, TEST_DEADLINE).unwrap();
+    let idle = TcpStream::connect(addr).unwrap();
+    // Connected first, so accepted first.
+    let metrics = get(addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.0 200 OK"), "{metrics}");
+    assert!(
+        !closed_by_server(&idle),
+        "the scrape was answered only once the idle connection was closed"
+    );
+    // Keep-alive: two scrapes over one HTTP/1.1 connection, the idle one
+    // still open.
+    let mut kept = TcpStream::connect(addr).unwrap();
+    kept.set_read_timeout(Some(TEST_DEADLINE)).unwrap();
+    for _ in 0..2 {
+        write!(kept, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut response = [0u8; 512];
+        let n = kept.read(&mut response).unwrap();
+        let text = String::from_utf8_lossy(&response[..n]);
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK") && text.ends_with("ok\n"),
+            "{text}"
+        );
+    }
+    assert!(!closed_by_server(&idle));
+}
+
+#[test]
+fn past_the_connection_max_a_client_is_told_busy_until_one_closes() {
+    let snapshot = Snapshot::default();
+    let addr = http::serve_with("127.0.0.1:0".parse().unwrap(), snapshot, TEST_DEADLINE).unwrap();
+    let mut idle: Vec<TcpStream> = (0..CONNECTIONS_MAX)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Accepted in order: this one only after every idle one holds a slot.
+    let busy = get(addr, "/metrics");
+    assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+    assert!(busy.contains("too many open connections"), "{busy}");
+    idle.pop();
+    let deadline = Instant::now() + TEST_DEADLINE;
+    loop {
+        let answer = get(addr, "/healthz");
+        if answer.starts_with("HTTP/1.0 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still busy: {answer}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
