@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -364,6 +365,12 @@ impl BlockStore {
     /// (an undeleted immutable object is garbage, never wrong data).
     /// Returns how many deletes succeeded (a missing object counts as deleted).
     pub fn delete(&self, keys: &[ObjectKey]) -> usize {
+        self.delete_counting(keys, &AtomicU64::new(0))
+    }
+
+    /// [`BlockStore::delete`], adding each delete that succeeded to
+    /// `deleted` as it does (progress for `fsctl gc`).
+    pub fn delete_counting(&self, keys: &[ObjectKey], deleted: &AtomicU64) -> usize {
         let store = self.store.clone();
         let keys = keys.to_vec();
         let attempts = self.attempt_count_max;
@@ -385,7 +392,12 @@ impl BlockStore {
                     }
                 })
                 .buffer_unordered(DELETE_PARALLEL_MAX)
-                .filter(|ok| futures::future::ready(*ok))
+                .filter(|ok| {
+                    if *ok {
+                        deleted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    futures::future::ready(*ok)
+                })
                 .count()
                 .await
         };
@@ -433,12 +445,24 @@ impl BlockStore {
     /// `fsctl gc` and `fsck`). Objects whose names are not block keys are
     /// left out.
     pub fn list_objects(&self) -> Result<Vec<StoredObject>> {
+        self.list_objects_counting(&AtomicU64::new(0))
+    }
+
+    /// [`BlockStore::list_objects`], adding each object listed to `listed`
+    /// as the listing goes (progress for `fsctl fsck` and `gc`).
+    pub fn list_objects_counting(&self, listed: &AtomicU64) -> Result<Vec<StoredObject>> {
         let store = self.store.clone();
         let url = self.url.clone();
         let metas: Vec<object_store::ObjectMeta> = self
             .block_on(async move {
                 let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
-                store.list(Some(&prefix)).try_collect().await
+                store
+                    .list(Some(&prefix))
+                    .inspect_ok(|_| {
+                        listed.fetch_add(1, Ordering::Relaxed);
+                    })
+                    .try_collect()
+                    .await
             })?
             .map_err(|source| BlocksError::unreachable(&url, source))?;
         Ok(metas
