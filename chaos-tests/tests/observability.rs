@@ -761,4 +761,19 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         bad.contains("exit 2 · signal 1 · oom 0"),
         "one kill, then two failed starts: {bad}"
     );
+    // It reloads itself, fits a phone's width and speaks human units.
+    assert!(
+        dom.contains("<meta http-equiv=\"refresh\" content=\"5\">")
+            && dom.contains("<meta name=\"viewport\" content=\"width=device-width"),
+        "{dom}"
+    );
+    assert!(text.contains("reloads every 5 s"), "{text}");
+    assert!(
+        ok.contains(" s (generation ") && ok.contains("B written"),
+        "uptime and bytes in units: {ok}"
+    );
+    assert!(
+        bad.contains("generation 3 exit 3; not served again yet"),
+        "the last takeover names the death and that nothing took over: {bad}"
+    );
 }

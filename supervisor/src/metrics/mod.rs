@@ -12,7 +12,10 @@ mod page;
 mod prometheus;
 
 pub use http::{serve, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT_MS};
-pub use page::{health, render_page, tips, Health, INCIDENTS_SHOWN_MAX, TIP_WINDOW_MS};
+pub use page::{
+    bytes_text, duration_text, health, micros_text, render_page, tips, Health, INCIDENTS_SHOWN_MAX,
+    PAGE_REFRESH_S, TIP_WINDOW_MS,
+};
 pub use prometheus::render;
 
 use std::borrow::Cow;

@@ -483,3 +483,44 @@ fn ready_means_every_persistent_mount_serves() {
     let why = not_ready(&[serving, persistent_starting]).expect("not ready");
     assert!(why.contains("/mnt/a \"q\" is launching"), "{why}");
 }
+
+#[test]
+fn the_page_speaks_human_units_and_reloads_itself() {
+    assert_eq!(duration_text(45), "45 s");
+    assert_eq!(duration_text(200), "3 min 20 s");
+    assert_eq!(duration_text(7500), "2 h 5 min");
+    assert_eq!(duration_text(97_200), "1 d 3 h");
+    assert_eq!(bytes_text(10), "10 B");
+    assert_eq!(bytes_text(1536), "1.5 KiB");
+    assert_eq!(bytes_text(3 << 30), "3.0 GiB");
+    assert_eq!(micros_text(1500), "1.5 ms");
+    let mut m = status();
+    m.uptime_s = 200;
+    m.incidents = vec![incident("signal", 2_000, "killed by signal 9")];
+    m.last_recovery = Some(Recovery {
+        died_generation: 3,
+        cause: "killed by signal 9".into(),
+        at_unix_ms: NOW_MS - 2_000,
+        next_generation: Some(4),
+        takeover_us: Some(1500),
+        warm: true,
+    });
+    let page = render_page(&[m], &SupervisorTotals::default(), 7500, NOW_MS);
+    assert!(page.contains("up 2 h 5 min, 1 mounts"), "{page}");
+    assert!(page.contains(">3 min 20 s (generation 5 s)<"), "{page}");
+    assert!(page.contains("10 B read, 4.0 KiB written"), "{page}");
+    assert!(
+        page.contains(
+            "2 s ago: generation 3 signal: killed by signal 9; served again after 1.5 ms"
+        ),
+        "the incident says how long its takeover took: {page}"
+    );
+    assert!(
+        page.contains("generation 4 served after 1.5 ms (warm standby)"),
+        "{page}"
+    );
+    assert!(page.contains("<meta name=\"viewport\" content=\"width=device-width"));
+    assert!(page.contains(&format!(
+        "<meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_S}\">"
+    )));
+}
