@@ -30,9 +30,15 @@ pub const CONNECTIONS_MAX: usize = 64;
 /// Pause after a failed accept (out of fds): the loop must not spin.
 const ACCEPT_RETRY_MS: u64 = 50;
 
-const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n\
-Content-Length: 59\r\nConnection: close\r\n\r\n\
-too many open connections to fs-supervisor's metrics: retry\n";
+const BUSY_BODY: &str = "too many open connections to fs-supervisor's metrics: retry\n";
+
+/// The whole answer to a connection past [`CONNECTIONS_MAX`].
+fn busy_response() -> String {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BUSY_BODY}",
+        BUSY_BODY.len()
+    )
+}
 
 /// Binds `addr` and answers in a thread of its own. Any address is
 /// allowed; one that is not loopback is logged as a warning, because the
@@ -83,6 +89,7 @@ async fn accept_loop(
         }
     };
     let open = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let busy = busy_response();
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _peer)) => stream,
@@ -95,7 +102,7 @@ async fn accept_loop(
         let Ok(permit) = open.clone().try_acquire_owned() else {
             // A fresh socket's send buffer takes this whole; if not, the
             // client just sees the connection closed.
-            let _ = stream.try_write(BUSY);
+            let _ = stream.try_write(busy.as_bytes());
             continue;
         };
         let snapshot = snapshot.clone();

@@ -450,6 +450,11 @@ fn past_the_connection_max_a_client_is_told_busy_until_one_closes() {
     let busy = get(addr, "/metrics");
     assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
     assert!(busy.contains("too many open connections"), "{busy}");
+    let (head, body) = busy.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains(&format!("Content-Length: {}", body.len())),
+        "{busy}"
+    );
     idle.pop();
     let deadline = Instant::now() + TEST_DEADLINE;
     loop {
