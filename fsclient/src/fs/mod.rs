@@ -210,6 +210,12 @@ impl BatonFs {
             .staged_inodes()
             .map(|inodes| inodes.len() as u64)
             .unwrap_or(0);
+        counters.storage = counters::storage_counters(
+            &self.store.stats(),
+            &self.meta.transaction_stats(),
+            self.staging.pending().unwrap_or((0, None)),
+            cache.eviction_count,
+        );
         counters
     }
 

@@ -3,8 +3,10 @@
 //! supervisor (mounts, live generations, generations started, upgrades,
 //! rollbacks) and per mount (labels `mount`, `mountpoint`, `volume`):
 //! generation, health, restarts by cause, requests by opcode with a latency
-//! histogram, bytes, block cache, pending uploads, recovered and journaled
-//! requests, takeover and upgrade stalls. Every counter is a total over the
+//! histogram, bytes, block cache (evictions too), pending uploads, staged
+//! bytes and the oldest staged block's age, object store requests, errors,
+//! bytes and latency by operation, metadata transactions and their latency,
+//! recovered and journaled requests, takeover and upgrade stalls. Every counter is a total over the
 //! mount's life (summed across generations by `mount_tally`), so it never
 //! goes down when a generation is replaced. Pure.
 
@@ -12,7 +14,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use upgrade_protocol::{GenerationCounters, MountCounters, MountStatus};
+use upgrade_protocol::{GenerationCounters, MountCounters, MountStatus, OperationCounters};
 
 use super::opcode_name;
 use super::{Memory, SupervisorTotals};
@@ -48,6 +50,9 @@ const PER_MOUNT: &[(&str, Kind, &str, Value)] = &[
     ("baton_mount_cache_used_bytes", Kind::Gauge, "Bytes in the mount's local block cache.", |_, c| Some(c.io.cache_used_bytes as f64)),
     ("baton_mount_cache_capacity_bytes", Kind::Gauge, "What the mount's local block cache may hold (0: blocks read in place from a local directory).", |_, c| Some(c.io.cache_capacity_bytes as f64)),
     ("baton_mount_uploads_pending", Kind::Gauge, "Files with staged data not yet uploaded to the object store.", |_, c| Some(c.io.uploads_pending as f64)),
+    ("baton_mount_cache_evictions_total", Kind::Counter, "Blocks evicted from the local block cache to stay within its capacity.", |_, c| Some(c.io.storage.cache_eviction_count as f64)),
+    ("baton_mount_staged_bytes", Kind::Gauge, "Bytes of staged blocks not yet uploaded to the object store (read when the generation reports, about once a second).", |_, c| Some(c.io.storage.staged_bytes as f64)),
+    ("baton_mount_staged_oldest_age_seconds", Kind::Gauge, "Seconds since the least recently written staged block was written (0: nothing staged).", |_, c| Some(c.io.storage.staged_oldest_age_s as f64)),
     ("baton_mount_requests_recovered_total", Kind::Counter, "Resent requests answered from an exactly-once record of a dead generation.", |m, _| Some(m.requests_recovered as f64)),
     ("baton_mount_requests_journaled_total", Kind::Counter, "Requests handed from an old to a new generation in planned upgrades.", |_, c| Some(c.requests_journaled as f64)),
     ("baton_mount_generations_started_total", Kind::Counter, "Generation processes started (standbys and upgrade targets included).", |_, c| Some(c.generations_started as f64)),
@@ -157,7 +162,8 @@ impl Collector for Scrape {
         }
         self.memory(&mut encoder)?;
         self.restarts(&mut encoder)?;
-        self.requests(&mut encoder)
+        self.requests(&mut encoder)?;
+        self.storage(&mut encoder)
     }
 }
 
@@ -294,6 +300,129 @@ impl Scrape {
         }
         Ok(())
     }
+}
+
+/// A family of per-operation series: (name, help, label, the operations).
+type OperationFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&GenerationCounters) -> &[OperationCounters],
+);
+
+/// One count of an operation (calls, errors).
+type OperationValue = fn(&OperationCounters) -> u64;
+
+/// Object store calls (label `operation`) and metadata transactions
+/// (label `kind`): each a counter, an error counter and a histogram.
+const OPERATION_FAMILIES: [OperationFamily; 2] = [
+    (
+        "baton_mount_object_store_request",
+        "object store requests",
+        "operation",
+        |io| &io.storage.object_store,
+    ),
+    (
+        "baton_mount_metadata_transaction",
+        "metadata transactions",
+        "kind",
+        |io| &io.storage.metadata,
+    ),
+];
+
+impl Scrape {
+    fn storage(&self, encoder: &mut DescriptorEncoder) -> std::fmt::Result {
+        for (prefix, what, label, operations) in OPERATION_FAMILIES {
+            let counts: [(&str, String, OperationValue); 2] = [
+                (
+                    "s",
+                    format!("{what} (a retried call counts once), by {label}."),
+                    |o| o.count,
+                ),
+                ("_errors", format!("{what} that failed, by {label}."), |o| {
+                    o.error_count
+                }),
+            ];
+            for (suffix, help, value) in counts {
+                let name = format!("{prefix}{suffix}");
+                let mut family =
+                    encoder.encode_descriptor(&name, &help, None, MetricType::Counter)?;
+                for (m, c) in self.mounts.iter().zip(&self.counters) {
+                    for o in operations(&c.io) {
+                        let mut labels = mount_labels(m);
+                        labels.push((label, o.operation.clone()));
+                        family
+                            .encode_family(&labels)?
+                            .encode_counter::<Labels, u64, f64>(&value(o), None)?;
+                    }
+                }
+            }
+            let name = format!("{prefix}_duration_seconds");
+            let help = format!("Duration of {what}, by {label}.");
+            let mut family =
+                encoder.encode_descriptor(&name, &help, None, MetricType::Histogram)?;
+            for (m, c) in self.mounts.iter().zip(&self.counters) {
+                for o in operations(&c.io) {
+                    let mut labels = mount_labels(m);
+                    labels.push((label, o.operation.clone()));
+                    let (sum_us, buckets) = (o.latency_us_sum, &o.latency_buckets);
+                    encode_histogram(
+                        &mut family,
+                        &labels,
+                        &c.io.latency_bounds_us,
+                        sum_us,
+                        buckets,
+                    )?;
+                }
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "baton_mount_object_store_bytes",
+            "Bytes exchanged with the object store (as stored: compressed and encrypted), by direction (received: GET bodies, sent: PUT bodies).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (m, c) in self.mounts.iter().zip(&self.counters) {
+            let storage = &c.io.storage;
+            for (direction, bytes) in [
+                ("received", storage.object_store_received_bytes),
+                ("sent", storage.object_store_sent_bytes),
+            ] {
+                let mut labels = mount_labels(m);
+                labels.push(("direction", direction.to_string()));
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<Labels, u64, f64>(&bytes, None)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One histogram sample set: cumulative buckets from per-bucket counts;
+/// left out when the buckets do not match the bounds.
+fn encode_histogram(
+    family: &mut MetricEncoder,
+    labels: &Labels,
+    bounds_us: &[u64],
+    sum_us: u64,
+    per_bucket: &[u64],
+) -> std::fmt::Result {
+    if per_bucket.len() != bounds_us.len() + 1 {
+        return Ok(());
+    }
+    let buckets: Vec<(f64, u64)> = bounds_us
+        .iter()
+        .zip(per_bucket)
+        .map(|(bound_us, n)| (*bound_us as f64 / 1e6, *n))
+        .collect();
+    let count: u64 = per_bucket.iter().sum();
+    family.encode_family(labels)?.encode_histogram::<Labels>(
+        sum_us as f64 / 1e6,
+        count,
+        &buckets,
+        None,
+    )
 }
 
 /// The histogram samples of one mount, by opcode: cumulative buckets,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::*;
 use upgrade_protocol::{
-    GenerationCounters, Incident, MountCounters, NegotiatedInit, OpcodeCounters, Recovery,
-    Restarts, UpgradeReport, LATENCY_BOUNDS_US,
+    GenerationCounters, Incident, MountCounters, NegotiatedInit, OpcodeCounters, OperationCounters,
+    Recovery, Restarts, StorageCounters, UpgradeReport, LATENCY_BOUNDS_US,
 };
 
 const NOW_MS: u64 = 1_800_000_000_000;
@@ -61,6 +61,27 @@ fn status() -> MountStatus {
                 cache_hit_count: 3,
                 cache_miss_count: 1,
                 uploads_pending: 2,
+                storage: StorageCounters {
+                    object_store: vec![OperationCounters {
+                        operation: "put".into(),
+                        count: 4,
+                        error_count: 1,
+                        latency_us_sum: 2_000,
+                        latency_buckets: vec![0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0],
+                    }],
+                    object_store_received_bytes: 0,
+                    object_store_sent_bytes: 8192,
+                    metadata: vec![OperationCounters {
+                        operation: "write".into(),
+                        count: 9,
+                        error_count: 0,
+                        latency_us_sum: 900,
+                        latency_buckets: vec![0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    }],
+                    staged_bytes: 4096,
+                    staged_oldest_age_s: 3,
+                    cache_eviction_count: 5,
+                },
                 cache_used_bytes: 1 << 20,
                 cache_capacity_bytes: 1 << 30,
             },
@@ -137,6 +158,18 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"+Inf\"}} 6"),
         format!("{h}_count{{{labels},opcode=\"write\"}} 6"),
         format!("{h}_sum{{{labels},opcode=\"write\"}} 0.003"),
+        format!("baton_mount_object_store_requests_total{{{labels},operation=\"put\"}} 4"),
+        format!("baton_mount_object_store_request_errors_total{{{labels},operation=\"put\"}} 1"),
+        format!("baton_mount_object_store_request_duration_seconds_bucket{{{labels},operation=\"put\",le=\"0.001\"}} 4"),
+        format!("baton_mount_object_store_request_duration_seconds_sum{{{labels},operation=\"put\"}} 0.002"),
+        format!("baton_mount_object_store_bytes_total{{{labels},direction=\"sent\"}} 8192"),
+        format!("baton_mount_object_store_bytes_total{{{labels},direction=\"received\"}} 0"),
+        format!("baton_mount_metadata_transactions_total{{{labels},kind=\"write\"}} 9"),
+        format!("baton_mount_metadata_transaction_errors_total{{{labels},kind=\"write\"}} 0"),
+        format!("baton_mount_metadata_transaction_duration_seconds_count{{{labels},kind=\"write\"}} 9"),
+        format!("baton_mount_staged_bytes{{{labels}}} 4096"),
+        format!("baton_mount_staged_oldest_age_seconds{{{labels}}} 3"),
+        format!("baton_mount_cache_evictions_total{{{labels}}} 5"),
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
     }
