@@ -69,6 +69,9 @@ pub struct CacheStats {
     pub capacity_bytes: u64,
     /// Blocks currently cached.
     pub entry_count: u64,
+    /// Blocks evicted to stay within capacity since the cache was opened
+    /// (those evicted while opening it not counted).
+    pub eviction_count: u64,
 }
 
 /// In-memory LRU index (pure: no I/O).
@@ -160,6 +163,7 @@ struct Inner {
     prefetch_queued_count: AtomicU64,
     prefetch_dropped_count: AtomicU64,
     prefetch_failed_count: AtomicU64,
+    eviction_count: AtomicU64,
     shutdown: AtomicBool,
 }
 
@@ -347,6 +351,7 @@ impl DiskCache {
             prefetch_queued_count: AtomicU64::new(0),
             prefetch_dropped_count: AtomicU64::new(0),
             prefetch_failed_count: AtomicU64::new(0),
+            eviction_count: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
         });
         let (tx, rx) = std::sync::mpsc::sync_channel(PREFETCH_QUEUE_MAX);
@@ -428,6 +433,7 @@ impl DiskCache {
             prefetch_queued_count: i.prefetch_queued_count.load(Ordering::Relaxed),
             prefetch_dropped_count: i.prefetch_dropped_count.load(Ordering::Relaxed),
             prefetch_failed_count: i.prefetch_failed_count.load(Ordering::Relaxed),
+            eviction_count: i.eviction_count.load(Ordering::Relaxed),
             used_bytes,
             capacity_bytes,
             entry_count,
@@ -510,6 +516,7 @@ impl Inner {
         // Unlink under the lock so a concurrent re-insert of an evicted key
         // cannot lose its fresh file.
         for old in lru.insert(key.clone(), len) {
+            self.eviction_count.fetch_add(1, Ordering::Relaxed);
             remove_quietly(&self.dir.join(old.file_name()));
         }
         Ok(())

@@ -79,6 +79,7 @@ mod faulty_store;
 mod in_place;
 mod key;
 mod local_put;
+mod op_stats;
 mod passphrase;
 pub mod private_fs;
 mod s3;
@@ -94,6 +95,7 @@ pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use in_place::OPEN_OBJECT_FILES_MAX;
 pub use key::{KeyLayout, ObjectKey, KEY_PREFIX};
+pub use op_stats::{StoreOp, StoreOpSnapshot, StoreStats, STORE_LATENCY_BOUNDS_US};
 pub use passphrase::{
     derive_key, key_for, new_salt, read_passphrase_file, KeySource, KDF_ARGON2ID,
 };

@@ -9,8 +9,9 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -19,6 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use crate::codec::{Codec, CodecSpec, KEY_BYTES};
 use crate::error::{BlocksError, Result};
 use crate::key::{KeyLayout, ObjectKey};
+use crate::op_stats::{StoreCounters, StoreOp, StoreStats};
 use crate::s3::S3Location;
 
 /// Maximum attempts for one object operation (first try included).
@@ -152,6 +154,8 @@ pub struct BlockStore {
     local_root: Option<PathBuf>,
     // How new uploads' keys are spelled: the volume's, set by its opener.
     key_layout: KeyLayout,
+    // Calls, errors, latency and bytes by operation, for metrics.
+    counters: Arc<StoreCounters>,
     // Invariant: Some until Drop; taken there to shut down without blocking.
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -245,6 +249,7 @@ impl BlockStore {
             codec: None,
             local_root: None,
             key_layout: KeyLayout::default(),
+            counters: Arc::new(StoreCounters::default()),
             runtime: Some(runtime),
         })
     }
@@ -260,6 +265,13 @@ impl BlockStore {
     /// The URL this store was opened with.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Object store calls so far: by operation, with errors, latency and
+    /// bytes each way (blocks written to or read in place from a local
+    /// directory count too; a retried call counts once).
+    pub fn stats(&self) -> StoreStats {
+        self.counters.snapshot()
     }
 
     fn block_on<F: std::future::Future>(&self, fut: F) -> Result<F::Output> {
@@ -280,7 +292,15 @@ impl BlockStore {
         let store = self.store.clone();
         let codec = self.codec.clone();
         let key = ObjectKey::generate(ino, index, self.key_layout);
-        self.block_on(put_one(store, codec, self.attempt_count_max, key, data))?
+        let counters = Arc::clone(&self.counters);
+        self.block_on(put_one(
+            store,
+            codec,
+            self.attempt_count_max,
+            key,
+            data,
+            counters,
+        ))?
     }
 
     /// Uploads many blocks, at most [`UPLOAD_PARALLEL_MAX`] at once. Keys are
@@ -296,11 +316,13 @@ impl BlockStore {
         let attempts = self.attempt_count_max;
         let codec = self.codec.clone();
         let layout = self.key_layout;
+        let counters = &self.counters;
         let results: Vec<Result<ObjectKey>> = self.block_on(async move {
             futures::stream::iter(blocks)
                 .map(|(ino, index, data)| {
                     let key = ObjectKey::generate(ino, index, layout);
-                    put_one(store.clone(), codec.clone(), attempts, key, data)
+                    let counters = Arc::clone(counters);
+                    put_one(store.clone(), codec.clone(), attempts, key, data, counters)
                 })
                 .buffered(UPLOAD_PARALLEL_MAX)
                 .collect()
@@ -327,13 +349,22 @@ impl BlockStore {
 
     /// Writes one block as a file of the local store at `root`.
     fn put_local(&self, root: &Path, ino: u64, index: u64, data: &Bytes) -> Result<ObjectKey> {
+        let start = Instant::now();
         let key = ObjectKey::generate(ino, index, self.key_layout);
+        let put = |bytes: &[u8]| {
+            let result = crate::local_put::put_file(root, &key, bytes);
+            self.counters.record(StoreOp::Put, start, result.is_ok());
+            if result.is_ok() {
+                self.counters.sent(bytes.len() as u64);
+            }
+            result
+        };
         match &self.codec {
             Some(codec) => {
                 let encoded = codec.encode(key.to_path().as_ref(), data)?;
-                crate::local_put::put_file(root, &key, &encoded)?
+                put(&encoded)?
             }
-            None => crate::local_put::put_file(root, &key, data)?,
+            None => put(data)?,
         }
         Ok(key)
     }
@@ -351,30 +382,44 @@ impl BlockStore {
         }
         let store = self.store.clone();
         let codec = self.codec.clone();
-        self.block_on(get_range(
+        let start = Instant::now();
+        let result = self.block_on(get_range(
             store,
             codec,
             self.attempt_count_max,
             key.clone(),
             range,
-        ))?
+            Arc::clone(&self.counters),
+        ))?;
+        self.counters.record(StoreOp::Get, start, result.is_ok());
+        result
     }
 
     /// Deletes objects, best effort: failures are logged, not returned
     /// (an undeleted immutable object is garbage, never wrong data).
     /// Returns how many deletes succeeded (a missing object counts as deleted).
     pub fn delete(&self, keys: &[ObjectKey]) -> usize {
+        self.delete_counting(keys, &AtomicU64::new(0))
+    }
+
+    /// [`BlockStore::delete`], adding each delete that succeeded to
+    /// `deleted` as it does (progress for `fsctl gc`).
+    pub fn delete_counting(&self, keys: &[ObjectKey], deleted: &AtomicU64) -> usize {
         let store = self.store.clone();
         let keys = keys.to_vec();
         let attempts = self.attempt_count_max;
+        let counters = &self.counters;
         let fut = async move {
             futures::stream::iter(keys)
                 .map(|key| {
                     let store = store.clone();
                     async move {
                         let path = key.to_path();
+                        let start = Instant::now();
                         let (res, attempt_count) =
                             with_retry(&key.to_string(), attempts, || store.delete(&path)).await;
+                        let ok = matches!(res, Ok(()) | Err(object_store::Error::NotFound { .. }));
+                        counters.record(StoreOp::Delete, start, ok);
                         match res {
                             Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
                             Err(error) => {
@@ -385,7 +430,12 @@ impl BlockStore {
                     }
                 })
                 .buffer_unordered(DELETE_PARALLEL_MAX)
-                .filter(|ok| futures::future::ready(*ok))
+                .filter(|ok| {
+                    if *ok {
+                        deleted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    futures::future::ready(*ok)
+                })
                 .count()
                 .await
         };
@@ -433,14 +483,27 @@ impl BlockStore {
     /// `fsctl gc` and `fsck`). Objects whose names are not block keys are
     /// left out.
     pub fn list_objects(&self) -> Result<Vec<StoredObject>> {
+        self.list_objects_counting(&AtomicU64::new(0))
+    }
+
+    /// [`BlockStore::list_objects`], adding each object listed to `listed`
+    /// as the listing goes (progress for `fsctl fsck` and `gc`).
+    pub fn list_objects_counting(&self, listed: &AtomicU64) -> Result<Vec<StoredObject>> {
         let store = self.store.clone();
         let url = self.url.clone();
-        let metas: Vec<object_store::ObjectMeta> = self
-            .block_on(async move {
-                let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
-                store.list(Some(&prefix)).try_collect().await
-            })?
-            .map_err(|source| BlocksError::unreachable(&url, source))?;
+        let start = Instant::now();
+        let listing = self.block_on(async move {
+            let prefix = object_store::path::Path::from(crate::key::KEY_PREFIX);
+            store
+                .list(Some(&prefix))
+                .inspect_ok(|_| {
+                    listed.fetch_add(1, Ordering::Relaxed);
+                })
+                .try_collect::<Vec<object_store::ObjectMeta>>()
+                .await
+        })?;
+        self.counters.record(StoreOp::List, start, listing.is_ok());
+        let metas = listing.map_err(|source| BlocksError::unreachable(&url, source))?;
         Ok(metas
             .iter()
             .filter_map(|m| {
@@ -477,12 +540,15 @@ async fn put_one(
     attempt_count_max: u32,
     key: ObjectKey,
     data: Bytes,
+    counters: Arc<StoreCounters>,
 ) -> Result<ObjectKey> {
     let path = key.to_path();
     let data = match &codec {
         Some(codec) => Bytes::from(codec.encode(path.as_ref(), &data)?),
         None => data,
     };
+    let start = Instant::now();
+    let sent_bytes = data.len() as u64;
     let (res, attempt_count) = if data.len() >= MULTIPART_THRESHOLD_BYTES {
         with_retry(path.as_ref(), attempt_count_max, || {
             put_in_parts(store.as_ref(), &path, data.clone())
@@ -496,6 +562,10 @@ async fn put_one(
         .await;
         (res.map(|_| ()), attempt_count)
     };
+    counters.record(StoreOp::Put, start, res.is_ok());
+    if res.is_ok() {
+        counters.sent(sent_bytes);
+    }
     match res {
         Ok(()) => Ok(key),
         Err(source) => Err(BlocksError::Put {
@@ -535,15 +605,19 @@ async fn get_range(
     attempt_count_max: u32,
     key: ObjectKey,
     range: Range<u64>,
+    counters: Arc<StoreCounters>,
 ) -> Result<Bytes> {
     let path = key.to_path();
     if let Some(codec) = codec {
-        return get_decoded(store, &codec, attempt_count_max, key, range).await;
+        return get_decoded(store, &codec, attempt_count_max, key, range, &counters).await;
     }
     let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || {
         store.get_range(&path, range.clone())
     })
     .await;
+    if let Ok(bytes) = &res {
+        counters.received(bytes.len() as u64);
+    }
     let expected_bytes = range.end - range.start;
     match res {
         Ok(bytes) if bytes.len() as u64 == expected_bytes => Ok(bytes),
@@ -573,12 +647,16 @@ async fn get_decoded(
     attempt_count_max: u32,
     key: ObjectKey,
     range: Range<u64>,
+    counters: &StoreCounters,
 ) -> Result<Bytes> {
     let path = key.to_path();
     let (res, attempt_count) = with_retry(path.as_ref(), attempt_count_max, || async {
         store.get(&path).await?.bytes().await
     })
     .await;
+    if let Ok(bytes) = &res {
+        counters.received(bytes.len() as u64);
+    }
     let stored = match res {
         Ok(bytes) => bytes,
         Err(object_store::Error::NotFound { .. }) => {

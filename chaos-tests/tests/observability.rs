@@ -417,6 +417,156 @@ fn metrics_count_real_requests_and_bytes_and_never_go_down_across_a_kill_9() {
     );
 }
 
+/// Every PromQL expression in the Grafana dashboard (panel targets and the
+/// template variable's `label_values`), with Grafana's variables filled
+/// in.
+fn dashboard_queries(dashboard: &Value) -> Vec<String> {
+    fn walk(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for (key, v) in map {
+                    match (key.as_str(), v.as_str()) {
+                        ("expr", Some(expr)) => out.push(expr.to_string()),
+                        ("definition", Some(query)) => {
+                            // label_values(METRIC, LABEL): METRIC is PromQL.
+                            let inner = query
+                                .strip_prefix("label_values(")
+                                .and_then(|q| q.rsplit_once(','))
+                                .map(|(metric, _)| metric.to_string());
+                            out.push(inner.unwrap_or_else(|| query.to_string()));
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard, &mut out);
+    out.iter()
+        .map(|q| {
+            q.replace("$__rate_interval", "1m")
+                .replace("$__interval", "1m")
+                .replace("$mountpoint", ".*")
+        })
+        .collect()
+}
+
+/// The metric names and label names an expression selects. Panics with
+/// the parser's message if it is not PromQL.
+fn selected(expr: &str) -> Vec<(String, Vec<String>)> {
+    use promql_parser::parser::Expr;
+    struct Selectors(Vec<(String, Vec<String>)>);
+    impl promql_parser::util::ExprVisitor for Selectors {
+        type Error = ();
+        fn pre_visit(&mut self, expr: &Expr) -> Result<bool, ()> {
+            let vs = match expr {
+                Expr::VectorSelector(vs) => vs,
+                Expr::MatrixSelector(ms) => &ms.vs,
+                _ => return Ok(true),
+            };
+            let labels = vs
+                .matchers
+                .matchers
+                .iter()
+                .map(|m| m.name.clone())
+                .filter(|n| n != "__name__")
+                .collect();
+            self.0.push((vs.name.clone().unwrap_or_default(), labels));
+            Ok(true)
+        }
+    }
+    let parsed = promql_parser::parser::parse(expr)
+        .unwrap_or_else(|err| panic!("not PromQL: {expr}\n{err}"));
+    let mut selectors = Selectors(Vec::new());
+    let _ = promql_parser::util::walk_expr(&mut selectors, &parsed);
+    selectors.0
+}
+
+/// What a metrics text serves: each sample name (declared by `# TYPE`,
+/// with `_bucket`, `_sum` and `_count` of a histogram) with the label
+/// names its samples carry (none yet: a gauge such as the last takeover's
+/// time has no sample before the first takeover).
+fn served(text: &str) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for (name, kind) in text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split_once(' '))
+    {
+        out.entry(name.to_string()).or_default();
+        if kind == "histogram" {
+            for part in ["_bucket", "_sum", "_count"] {
+                out.entry(format!("{name}{part}")).or_default();
+            }
+        }
+    }
+    for key in samples(text).keys() {
+        let (name, labels) = key.split_once('{').unwrap_or((key.as_str(), ""));
+        let entry = out.entry(name.to_string()).or_default();
+        for pair in labels.trim_end_matches('}').split("\",") {
+            if let Some((label, _)) = pair.split_once('=') {
+                entry.insert(label.trim_start_matches(',').to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The Grafana dashboard (`deploy/grafana/baton.json`) asks only for
+/// series a real fs-supervisor serves, with labels they carry: every query
+/// parses as PromQL and each metric it selects is declared in a scrape of
+/// a mount that has done I/O, its samples carrying the labels matched.
+#[test]
+fn every_series_the_grafana_dashboard_queries_is_served() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/baton.json");
+    let text = std::fs::read_to_string(&path).expect("deploy/grafana/baton.json");
+    let dashboard: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let queries = dashboard_queries(&dashboard);
+    assert!(queries.len() >= 20, "{queries:?}");
+
+    let mut fx = Fixture::start(&[]);
+    let mnt = fx.mount("vol");
+    let m = s(&mnt);
+    app(&format!(
+        "dd if=/dev/urandom of={m}/a bs=64k count=4 conv=fsync 2>/dev/null && dd if={m}/a of=/dev/null bs=64k iflag=direct 2>/dev/null"
+    ));
+    let mut scrape = String::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            scrape = fx.get("/metrics");
+            scrape.contains("baton_mount_request_duration_seconds_bucket{")
+                && scrape.contains("baton_mount_requests_total{")
+        }),
+        "no request series after I/O:\n{scrape}"
+    );
+    // Memory is read at scrape time: the generation's RSS and its cgroup.
+    let now = samples(&scrape);
+    for name in [
+        "baton_mount_generation_rss_bytes{",
+        "baton_mount_cgroup_memory_bytes{",
+    ] {
+        assert!(value(&now, name, &[]) > 0.0, "no {name}:\n{scrape}");
+    }
+    let served = served(&scrape);
+    for query in &queries {
+        let selected = selected(query);
+        assert!(!selected.is_empty(), "selects no series: {query}");
+        for (name, labels) in selected {
+            let Some(carried) = served.get(&name) else {
+                panic!("`{query}` asks for {name}, which fs-supervisor does not serve:\n{scrape}");
+            };
+            for label in labels {
+                assert!(
+                    carried.is_empty() || carried.contains(&label),
+                    "`{query}` matches label {label}, which {name} does not carry ({carried:?})"
+                );
+            }
+        }
+    }
+}
+
 /// Small writes land in the writeback cache without a round trip each:
 /// the mount clears set-ID bits itself (HANDLE_KILLPRIV_V2), so the kernel
 /// does not ask for `security.capability` (GETXATTR) on every `write(2)`.
@@ -610,5 +760,20 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
     assert!(
         bad.contains("exit 2 · signal 1 · oom 0"),
         "one kill, then two failed starts: {bad}"
+    );
+    // It reloads itself, fits a phone's width and speaks human units.
+    assert!(
+        dom.contains("<meta http-equiv=\"refresh\" content=\"5\">")
+            && dom.contains("<meta name=\"viewport\" content=\"width=device-width"),
+        "{dom}"
+    );
+    assert!(text.contains("reloads every 5 s"), "{text}");
+    assert!(
+        ok.contains(" s (generation ") && ok.contains("B written"),
+        "uptime and bytes in units: {ok}"
+    );
+    assert!(
+        bad.contains("generation 3 exit 3; not served again yet"),
+        "the last takeover names the death and that nothing took over: {bad}"
     );
 }

@@ -2248,6 +2248,70 @@ fn a_successor_in_its_own_pid_namespace_takes_the_mounts_like_a_new_pod() {
     handover_to_a_successor(true, 2);
 }
 
+/// The DaemonSet's socket moved from `fs-supervisor.sock` to the binaries'
+/// default between releases: a rolling update starts the new supervisor
+/// with another `--socket` than the serving one's. It finds its
+/// predecessor through the shared state directory, takes the mount over
+/// (same connection, the application sees no error), serves on the new
+/// path, and the old path's socket file is gone.
+#[test]
+fn a_successor_on_a_new_socket_path_takes_over_from_one_on_the_old_path() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let first = wait_supervisor_serving(&fx);
+    let workload = Workload::start(&fx);
+    assert!(
+        workload.progresses(200),
+        "the workload does not run: {:?}",
+        workload.errors()
+    );
+    let old_socket = fx.socket.clone();
+    let mut old = fx.supervisor.take().expect("supervisor");
+    fx.socket = fx.path("new-layout.sock");
+    let waiting = fx.path("state/run/successor.sock");
+    fx.spawn_supervisor_until(&[], &["--successor"], &waiting);
+    assert!(
+        !fx.socket.exists(),
+        "the successor serves before its predecessor stopped"
+    );
+    assert!(
+        workload.progresses(100),
+        "stalled while the successor waits: {:?}",
+        workload.errors()
+    );
+    kill(supervisor_pid(&old), Signal::SIGTERM).expect("SIGTERM the old supervisor");
+    let status = old
+        .wait_timeout(DEADLINE)
+        .expect("the old supervisor exits");
+    assert!(
+        status.success(),
+        "old supervisor: {status:?}\n{}",
+        fx.logs()
+    );
+    let after = wait_supervisor_serving(&fx);
+    assert_eq!(
+        after["mounts"][0]["connection_id"], first["mounts"][0]["connection_id"],
+        "the same FUSE connection (no remount)"
+    );
+    assert!(
+        after["mounts"][0]["generation"].as_u64() > first["mounts"][0]["generation"].as_u64(),
+        "the successor serves with a new generation: {first} -> {after}"
+    );
+    assert!(
+        wait_until(DEADLINE, || !old_socket.exists()),
+        "the old socket path is left behind"
+    );
+    assert!(
+        workload.progresses(200),
+        "stalled after the handover: {:?}\n{}",
+        workload.errors(),
+        fx.logs()
+    );
+    let (done, errors) = workload.finish();
+    assert!(errors.is_empty(), "the workload saw errors: {errors:?}");
+    assert!(done.contains("errors=0"), "{done}");
+}
+
 #[test]
 fn a_successor_that_fails_before_taking_the_fds_leaves_a_normal_shutdown() {
     let mut fx = Fixture::start(&[]);

@@ -24,7 +24,7 @@
 //! ```no_run
 //! # async fn f() -> Result<(), tonic::Status> {
 //! let supervisor = baton_csi::supervisor::Supervisor::new(
-//!     "/run/baton/fs-supervisor.sock".into(),
+//!     "/run/baton/supervisor.sock".into(),
 //!     "/var/lib/baton/volumes".into(),
 //!     "/var/lib/baton/mounts/csi".into(),
 //! );

@@ -1,12 +1,68 @@
 //! `fsctl fsck` and `fsctl gc`: a volume's block map against its storage,
 //! printed for people or, with `--json`, as one JSON object on stdout.
+//! Progress (objects listed, block-map rows compared, deletes) goes to
+//! stderr (`crate::progress`).
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use baton_volume::{collectable, CheckReport, CheckedVolume, REPORT_PROBLEMS_LISTED_MAX};
+use baton_volume::{
+    collectable, CheckProgress, CheckReport, CheckedVolume, REPORT_PROBLEMS_LISTED_MAX,
+};
 use serde_json::{json, Value};
+
+use crate::progress::{Progress, Sink, Tick};
+
+/// How far fsck or gc got.
+#[derive(Default)]
+struct Counts {
+    check: CheckProgress,
+    /// Objects gc deletes (0 until it starts deleting).
+    deleting: AtomicU64,
+    /// Deletes that succeeded so far.
+    deleted: AtomicU64,
+}
+
+/// What the progress display shows for `counts`. Pure.
+fn tick(counts: &Counts) -> Tick {
+    let listed = counts.check.listed_objects.load(Ordering::Relaxed);
+    let scanned = counts.check.scanned_blocks.load(Ordering::Relaxed);
+    let deleting = counts.deleting.load(Ordering::Relaxed);
+    let deleted = counts.deleted.load(Ordering::Relaxed);
+    if deleting > 0 {
+        return Tick {
+            position: deleted,
+            length: Some(deleting),
+            message: format!("deleted {deleted} of {deleting} unreferenced object(s)"),
+        };
+    }
+    let message = if counts.check.recounting_quotas.load(Ordering::Relaxed) {
+        format!("{listed} object(s) listed, {scanned} block(s) compared; recounting quotas")
+    } else if scanned > 0 {
+        format!("{listed} object(s) listed; comparing the block map: {scanned} block(s)")
+    } else {
+        format!("listing the storage: {listed} object(s)")
+    };
+    Tick {
+        position: listed + scanned,
+        length: None,
+        message,
+    }
+}
+
+fn show(command: &'static str, counts: &Arc<Counts>) -> Progress {
+    let counts = counts.clone();
+    Progress::start(
+        command,
+        Sink::Stderr {
+            template: "{bar:30} {msg} ETA {eta}",
+        },
+        move |_| tick(&counts),
+    )
+}
 
 /// `fsctl fsck`: exit 1 if blocks are lost or quota usage differs (and is
 /// not repaired).
@@ -19,7 +75,10 @@ pub fn fsck(
     let checked = CheckedVolume::open(volume, base_dir)?;
     // Shadowed by the printable form (a URL's password is masked).
     let volume = checked.paths.display.as_str();
-    let report = checked.check()?;
+    let counts = Arc::new(Counts::default());
+    let display = show("fsck", &counts);
+    let report = checked.check_counting(&counts.check)?;
+    display.finish();
     let quotas_differ = !report.quota_drifts.is_empty();
     let repaired = if quotas_differ && repair_quotas {
         Some(checked.recount_quotas(true)?.len())
@@ -127,14 +186,18 @@ pub fn gc(plan: &GcPlan<'_>) -> anyhow::Result<ExitCode> {
     let volume = checked.paths.display.as_str();
     // Held until gc returns: no mount of this volume starts on this host.
     let _lock = if plan.dry_run { None } else { checked.lock()? };
-    let report = checked.check()?;
+    let counts = Arc::new(Counts::default());
+    let display = show("gc", &counts);
+    let report = checked.check_counting(&counts.check)?;
     let keys = collectable(&report.unreferenced, plan.min_age, SystemTime::now());
     let young_count = report.unreferenced.len() - keys.len();
     let deleted_count = if plan.dry_run {
         None
     } else {
-        Some(checked.store.delete(&keys))
+        counts.deleting.store(keys.len() as u64, Ordering::Relaxed);
+        Some(checked.store.delete_counting(&keys, &counts.deleted))
     };
+    display.finish();
     if plan.json {
         let mut value = summary(volume, &report);
         value["dry_run"] = json!(plan.dry_run);
@@ -208,4 +271,37 @@ fn print_summary(volume: &str, report: &CheckReport) {
         report.bad_blocks.len(),
         report.orphan_count,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_names_the_phase_and_counts_deletes_against_their_total() {
+        let counts = Counts::default();
+        assert_eq!(tick(&counts).message, "listing the storage: 0 object(s)");
+        counts.check.listed_objects.store(7, Ordering::Relaxed);
+        counts.check.scanned_blocks.store(4096, Ordering::Relaxed);
+        let scanning = tick(&counts);
+        assert_eq!(
+            scanning.message,
+            "7 object(s) listed; comparing the block map: 4096 block(s)"
+        );
+        assert_eq!(scanning.length, None, "no total is known while checking");
+        counts
+            .check
+            .recounting_quotas
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(tick(&counts).message.ends_with("recounting quotas"));
+        counts.deleting.store(5, Ordering::Relaxed);
+        counts.deleted.store(2, Ordering::Relaxed);
+        let deleting = tick(&counts);
+        assert_eq!(
+            (deleting.position, deleting.length),
+            (2, Some(5)),
+            "a bar over the deletes"
+        );
+        assert_eq!(deleting.message, "deleted 2 of 5 unreferenced object(s)");
+    }
 }

@@ -12,6 +12,7 @@
 //! - 4: fs-supervisor refused this user (only root may control it).
 
 mod check;
+mod progress;
 mod quota;
 mod warmup;
 

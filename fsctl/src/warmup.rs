@@ -17,7 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -29,8 +29,6 @@ const READ_CHUNK_BYTES: usize = 1 << 20;
 pub const DEFAULT_THREADS: usize = 4;
 /// Reader threads at most.
 const THREADS_MAX: usize = 64;
-/// How often a plain (non-terminal) progress line is printed.
-const PLAIN_PROGRESS_INTERVAL: Duration = Duration::from_secs(5);
 /// Files whose read failed listed in the report at most.
 const FAILURES_LISTED_MAX: usize = 20;
 /// `f_type` of a FUSE filesystem.
@@ -99,9 +97,10 @@ pub fn run(plan: &Plan<'_>) -> anyhow::Result<ExitCode> {
         }
     }
     let started = Instant::now();
-    let progress = Progress::new(set.files.len(), set.bytes, plan.json);
+    let progress = Progress::new(set.files.len(), set.bytes);
+    let display = progress.show();
     let failures = read_all(&set.files, threads, &progress);
-    progress.finish();
+    display.finish();
     let seconds = started.elapsed().as_secs_f64();
     let read_bytes = progress.bytes_done.load(Ordering::Relaxed);
     let cache_note = cache_note(cache.as_ref());
@@ -256,7 +255,6 @@ fn read_all(
                 }
             });
         }
-        scope.spawn(|| progress.report_until_done());
     });
     failures
         .into_inner()
@@ -276,89 +274,57 @@ fn read_file(path: &Path, buf: &mut [u8], progress: &Progress) -> std::io::Resul
     }
 }
 
-/// Files and bytes done, shown as a bar on a terminal, as a line every few
-/// seconds otherwise, and not at all with `--json`.
+/// Files and bytes done, shown on stderr (`crate::progress`; stdout
+/// keeps the result, with `--json` too).
 struct Progress {
     files_total: usize,
     bytes_total: u64,
     files_done: AtomicUsize,
     bytes_done: AtomicU64,
-    bar: Option<indicatif::ProgressBar>,
-    plain: bool,
-    done: std::sync::atomic::AtomicBool,
 }
 
 impl Progress {
-    fn new(files_total: usize, bytes_total: u64, json: bool) -> Progress {
-        use std::io::IsTerminal;
-        let terminal = !json && std::io::stderr().is_terminal();
-        let bar = terminal.then(|| {
-            let bar = indicatif::ProgressBar::new(bytes_total);
-            let style = indicatif::ProgressStyle::with_template(
-                "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-            bar.set_style(style);
-            bar
-        });
-        Progress {
+    fn new(files_total: usize, bytes_total: u64) -> Arc<Progress> {
+        Arc::new(Progress {
             files_total,
             bytes_total,
             files_done: AtomicUsize::new(0),
             bytes_done: AtomicU64::new(0),
-            bar,
-            plain: !json && !terminal,
-            done: std::sync::atomic::AtomicBool::new(false),
-        }
+        })
     }
 
     fn add_bytes(&self, n: u64) {
         self.bytes_done.fetch_add(n, Ordering::Relaxed);
-        if let Some(bar) = &self.bar {
-            bar.inc(n);
-        }
     }
 
     fn file_done(&self) {
-        let done = self.files_done.fetch_add(1, Ordering::Relaxed) + 1;
-        if let Some(bar) = &self.bar {
-            bar.set_message(format!("{done}/{} files", self.files_total));
-        }
-        if done == self.files_total {
-            self.done.store(true, Ordering::Relaxed);
-        }
+        self.files_done.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Prints a plain line every [`PLAIN_PROGRESS_INTERVAL`] until every
-    /// file is done (non-terminal output only).
-    fn report_until_done(&self) {
-        if !self.plain {
-            return;
-        }
-        let started = Instant::now();
-        let mut last = Instant::now();
-        while !self.done.load(Ordering::Relaxed) && self.files_total > 0 {
-            std::thread::sleep(Duration::from_millis(100));
-            if last.elapsed() >= PLAIN_PROGRESS_INTERVAL {
-                last = Instant::now();
-                let bytes = self.bytes_done.load(Ordering::Relaxed);
-                eprintln!(
-                    "fsctl warmup: {}/{} files, {} of {} ({}/s)",
-                    self.files_done.load(Ordering::Relaxed),
-                    self.files_total,
-                    human(bytes),
-                    human(self.bytes_total),
-                    human(rate(bytes, started.elapsed().as_secs_f64()) as u64)
-                );
-            }
-        }
-    }
-
-    fn finish(&self) {
-        self.done.store(true, Ordering::Relaxed);
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
+    /// Shows it until the returned display is finished.
+    fn show(self: &Arc<Progress>) -> crate::progress::Progress {
+        let this = self.clone();
+        crate::progress::Progress::start(
+            "warmup",
+            crate::progress::Sink::Stderr {
+                template: "{bar:30} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {msg}",
+            },
+            move |elapsed| {
+                let bytes = this.bytes_done.load(Ordering::Relaxed);
+                let files = this.files_done.load(Ordering::Relaxed);
+                crate::progress::Tick {
+                    position: bytes,
+                    length: Some(this.bytes_total),
+                    message: format!(
+                        "{files}/{} files, {} of {} ({}/s)",
+                        this.files_total,
+                        human(bytes),
+                        human(this.bytes_total),
+                        human(rate(bytes, elapsed.as_secs_f64()) as u64)
+                    ),
+                }
+            },
+        )
     }
 }
 

@@ -49,6 +49,10 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// Answered requests whose exactly-once records a later write deletes.
     fn answered_queue(&self) -> &AnsweredQueue;
 
+    /// The counters [`Engine::write`], [`Engine::read`] and
+    /// [`Engine::read_one`] keep.
+    fn tx_counters(&self) -> &crate::tx_stats::TxCounters;
+
     /// Runs `f` as one write transaction; with a request key, also records
     /// `encode(result)` and forgets the answered requests that are due, in
     /// that transaction. Refused with `Fenced { op }` once fenced; errors
@@ -428,6 +432,10 @@ impl<E: Engine> MetaStore for E {
 
     fn quarantined(&self) -> Option<String> {
         self.quarantine().reason().map(str::to_string)
+    }
+
+    fn transaction_stats(&self) -> crate::tx_stats::TxStats {
+        self.tx_counters().snapshot()
     }
 
     fn fence(&self) {

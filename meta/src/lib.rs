@@ -92,6 +92,7 @@ pub mod record;
 mod sql;
 pub mod sqlite;
 pub mod store;
+pub mod tx_stats;
 pub mod types;
 
 pub use answered::{ANSWERED_QUEUE_MAX, ANSWERED_RECORD_KEEP};
@@ -100,6 +101,7 @@ pub use postgres::PostgresMeta;
 pub use record::Recorded;
 pub use sqlite::SqliteMeta;
 pub use store::{Location, MetaStore};
+pub use tx_stats::{TxKind, TxKindStats, TxStats, TX_LATENCY_BOUNDS_US};
 pub use types::*;
 
 /// Metadata format version written by this build and the newest it opens.

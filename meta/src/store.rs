@@ -243,6 +243,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// EROFS, and reads go on); None while healthy.
     fn quarantined(&self) -> Option<String>;
 
+    /// Read and write transactions run so far, with errors and latency
+    /// (for the generation's metrics).
+    fn transaction_stats(&self) -> crate::tx_stats::TxStats;
+
     /// Fences the store for a handover: waits for the write transaction in
     /// progress (if any), then makes every later mutation fail with
     /// [`crate::MetaError::Fenced`] so that nothing this process still runs

@@ -21,7 +21,7 @@
 //!   [`daemon::restore`]: mounts restored from it at start;
 //!   [`state_lock`]: one supervisor per state directory.
 //! - [`systemd`]: sd_notify, the watchdog and the fd store (FDSTORE).
-//! - [`metrics`]: Prometheus `/metrics` and a status page on loopback;
+//! - [`metrics`]: Prometheus `/metrics`, a status page, `/healthz`, `/readyz`;
 //!   [`mount_tally`]: per-mount counters summed across generations;
 //!   [`mount_events`]: crash/OOM/recovery/upgrade events from status diffs;
 //!   `kubernetes` (feature): Events, status ConfigMap, node-scoped pod watch.

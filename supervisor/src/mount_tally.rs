@@ -114,6 +114,8 @@ impl MountTally {
         io.uploads_pending = serving.map_or(0, |(_, c)| c.uploads_pending);
         io.cache_used_bytes = serving.map_or(0, |(_, c)| c.cache_used_bytes);
         io.cache_capacity_bytes = serving.map_or(0, |(_, c)| c.cache_capacity_bytes);
+        io.storage.staged_bytes = serving.map_or(0, |(_, c)| c.storage.staged_bytes);
+        io.storage.staged_oldest_age_s = serving.map_or(0, |(_, c)| c.storage.staged_oldest_age_s);
         MountCounters {
             io,
             generations_started: self.generations_started,

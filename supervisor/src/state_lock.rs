@@ -88,6 +88,30 @@ pub fn claim_when_free(state: &StateDir, socket: &Path) {
     }
 }
 
+/// The control socket the supervisor holding `state` recorded, if one
+/// holds it now (a successor finds its predecessor by the state directory
+/// it shares, whatever socket path either was given: a DaemonSet whose
+/// `--socket` changed between releases). `None` if the lock is free
+/// (taken for an instant and let go) or names no socket.
+pub fn holder_socket(state: &StateDir) -> Option<PathBuf> {
+    let file = open(&lock_path(state)).ok()?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(_free) => None,
+        Err((mut file, Errno::EWOULDBLOCK)) => {
+            let mut holder = String::new();
+            file.read_to_string(&mut holder).ok()?;
+            recorded_socket(&holder)
+        }
+        Err(_) => None,
+    }
+}
+
+/// The socket in a holder line (`pid N, socket PATH`). Pure.
+fn recorded_socket(holder: &str) -> Option<PathBuf> {
+    let (_, socket) = holder.trim_end_matches('\n').split_once(", socket ")?;
+    (!socket.is_empty()).then(|| PathBuf::from(socket))
+}
+
 fn open(path: &Path) -> Result<File, Error> {
     OpenOptions::new()
         .read(true)
@@ -144,9 +168,20 @@ mod tests {
             said.contains("pid 4242") && said.contains("/run/other.sock"),
             "{said}"
         );
+        assert_eq!(
+            holder_socket(&state),
+            Some(PathBuf::from("/run/other.sock")),
+            "a successor finds its predecessor's socket through the lock"
+        );
         drop(other);
+        assert_eq!(holder_socket(&state), None, "a free lock has no holder");
         claim(&state, Path::new("/run/mine.sock")).unwrap();
         let recorded = std::fs::read_to_string(&path).unwrap();
         assert!(recorded.contains(&format!("pid {}", std::process::id())));
+        assert_eq!(
+            recorded_socket(&recorded),
+            Some(PathBuf::from("/run/mine.sock"))
+        );
+        assert_eq!(recorded_socket("pid 1\n"), None);
     }
 }

@@ -66,7 +66,8 @@ pub use control::{
     UpgradeReport, RECORD_FORMAT_VERSION,
 };
 pub use counters::{
-    GenerationCounters, Incident, MountCounters, OpcodeCounters, LATENCY_BOUNDS_US,
+    GenerationCounters, Incident, MountCounters, OpcodeCounters, OperationCounters,
+    StorageCounters, LATENCY_BOUNDS_US,
 };
 pub use error::{error_chain, ProtocolError};
 pub use fdpass::{recv_message, send_message, FDS_PER_MESSAGE_MAX};

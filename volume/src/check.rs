@@ -14,6 +14,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use baton_blocks::{BlockStore, ObjectKey, StoredObject};
@@ -66,6 +67,18 @@ pub struct CheckReport {
     pub quota_drifts: Vec<(std::path::PathBuf, baton_meta::QuotaDrift)>,
 }
 
+/// How far a check (and a gc's deletes) got, counted as it goes; another
+/// thread reads it to show progress.
+#[derive(Debug, Default)]
+pub struct CheckProgress {
+    /// Objects listed in the storage so far (the first phase).
+    pub listed_objects: AtomicU64,
+    /// Block-map rows compared so far (the second phase).
+    pub scanned_blocks: AtomicU64,
+    /// Set once the block map is read, when quotas are recounted.
+    pub recounting_quotas: AtomicBool,
+}
+
 impl CheckReport {
     /// No referenced object is missing or short.
     pub fn is_consistent(&self) -> bool {
@@ -105,11 +118,16 @@ impl CheckedVolume {
 
     /// Compares the block map with the storage listing.
     pub fn check(&self) -> Result<CheckReport, VolumeError> {
+        self.check_counting(&CheckProgress::default())
+    }
+
+    /// [`CheckedVolume::check`], counting into `progress` as it goes.
+    pub fn check_counting(&self, progress: &CheckProgress) -> Result<CheckReport, VolumeError> {
         // Storage first: an object committed after the listing is referenced
         // by then, so it is never taken for garbage.
         let stored = self
             .store
-            .list_objects()
+            .list_objects_counting(&progress.listed_objects)
             .map_err(|source| VolumeError::Storage {
                 volume: self.paths.display.clone(),
                 cause: Box::new(source),
@@ -142,6 +160,9 @@ impl CheckedVolume {
                 break;
             };
             after = Some((*ino, last.index));
+            progress
+                .scanned_blocks
+                .fetch_add(page.len() as u64, Ordering::Relaxed);
             for (ino, row) in page {
                 report.referenced_count += 1;
                 let stored_bytes = sizes.get(&row.object_key).copied();
@@ -162,6 +183,7 @@ impl CheckedVolume {
             .into_iter()
             .filter(|o| !referenced.contains(&o.key.to_string()))
             .collect();
+        progress.recounting_quotas.store(true, Ordering::Relaxed);
         report.quota_drifts = self.recount_quotas(false)?;
         Ok(report)
     }

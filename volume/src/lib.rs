@@ -40,7 +40,7 @@ mod quota;
 pub use baton_blocks::private_fs;
 pub use baton_meta::{Quota, QuotaDrift, QuotaUsage};
 pub use check::{
-    collectable, BadBlock, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT,
+    collectable, BadBlock, CheckProgress, CheckReport, CheckedVolume, GC_MIN_AGE_SECS_DEFAULT,
     REPORT_PROBLEMS_LISTED_MAX, SCAN_PAGE_ROWS_MAX,
 };
 pub use error::VolumeError;

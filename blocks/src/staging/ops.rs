@@ -104,6 +104,30 @@ impl Staging {
         Ok(bytes)
     }
 
+    /// What is staged and not uploaded, changing nothing (for metrics,
+    /// about once a second): the bytes of every staged block file and the
+    /// modification time of the least recently written one (`None` when
+    /// nothing is staged). A file removed meanwhile is skipped.
+    pub fn pending(&self) -> Result<(u64, Option<std::time::SystemTime>)> {
+        let mut bytes = 0;
+        let mut oldest: Option<std::time::SystemTime> = None;
+        for ino in self.inode_dirs()? {
+            for index in self.block_indices(ino)? {
+                let path = self.block_path(ino, index);
+                let meta = match std::fs::metadata(&path) {
+                    Ok(meta) => meta,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(self.err("stat staged block", &path, e)),
+                };
+                bytes += meta.len();
+                if let Ok(modified) = meta.modified() {
+                    oldest = Some(oldest.map_or(modified, |o| o.min(modified)));
+                }
+            }
+        }
+        Ok((bytes, oldest))
+    }
+
     fn list_staged(&self, clean: bool) -> Result<Vec<u64>> {
         let mut inos = Vec::new();
         for ino in self.inode_dirs()? {

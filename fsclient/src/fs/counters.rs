@@ -6,9 +6,11 @@
 //! second.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
-use upgrade_protocol::{GenerationCounters, OpcodeCounters, LATENCY_BOUNDS_US};
+use upgrade_protocol::{
+    GenerationCounters, OpcodeCounters, OperationCounters, StorageCounters, LATENCY_BOUNDS_US,
+};
 
 /// Opcodes counted one by one; higher ones (none in ABI 7.45, whose last
 /// is 52) share the last slot.
@@ -117,10 +119,92 @@ impl RequestCounters {
     }
 }
 
+/// The storage part of a report: the object store's and the metadata
+/// store's calls, what staging holds (bytes, and the modification time of
+/// its least recently written block) and the cache's evictions. Histograms
+/// keep their buckets only when their bounds are the report's. Pure but
+/// for reading the clock.
+pub fn storage_counters(
+    store: &baton_blocks::StoreStats,
+    transactions: &baton_meta::TxStats,
+    (staged_bytes, staged_oldest): (u64, Option<SystemTime>),
+    cache_eviction_count: u64,
+) -> StorageCounters {
+    let buckets = |same_bounds: bool, buckets: &[u64]| match same_bounds {
+        true => buckets.to_vec(),
+        false => Vec::new(),
+    };
+    let store_bounds = baton_blocks::STORE_LATENCY_BOUNDS_US == LATENCY_BOUNDS_US;
+    let tx_bounds = baton_meta::TX_LATENCY_BOUNDS_US == LATENCY_BOUNDS_US;
+    StorageCounters {
+        object_store: store
+            .operations
+            .iter()
+            .map(|(op, s)| OperationCounters {
+                operation: op.name().to_string(),
+                count: s.count,
+                error_count: s.error_count,
+                latency_us_sum: s.latency_us_sum,
+                latency_buckets: buckets(store_bounds, &s.latency_buckets),
+            })
+            .collect(),
+        object_store_received_bytes: store.received_bytes,
+        object_store_sent_bytes: store.sent_bytes,
+        metadata: transactions
+            .iter()
+            .map(|(kind, s)| OperationCounters {
+                operation: kind.name().to_string(),
+                count: s.count,
+                error_count: s.error_count,
+                latency_us_sum: s.latency_us_sum,
+                latency_buckets: buckets(tx_bounds, &s.latency_buckets),
+            })
+            .collect(),
+        staged_bytes,
+        staged_oldest_age_s: staged_oldest
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .map_or(0, |age| age.as_secs()),
+        cache_eviction_count,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn storage_histograms_share_the_reports_bounds() {
+        assert_eq!(baton_blocks::STORE_LATENCY_BOUNDS_US, LATENCY_BOUNDS_US);
+        assert_eq!(baton_meta::TX_LATENCY_BOUNDS_US, LATENCY_BOUNDS_US);
+    }
+
+    #[test]
+    fn storage_counters_carry_operations_staging_age_and_evictions() {
+        let store = baton_blocks::StoreStats {
+            operations: vec![(
+                baton_blocks::StoreOp::Put,
+                baton_blocks::StoreOpSnapshot {
+                    count: 3,
+                    error_count: 1,
+                    latency_us_sum: 900,
+                    latency_buckets: vec![0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                },
+            )],
+            received_bytes: 7,
+            sent_bytes: 12,
+        };
+        let ten_s_ago = SystemTime::now() - std::time::Duration::from_secs(10);
+        let storage = storage_counters(&store, &Vec::new(), (4096, Some(ten_s_ago)), 2);
+        assert_eq!(storage.object_store.len(), 1);
+        assert_eq!(storage.object_store[0].operation, "put");
+        assert_eq!(storage.object_store[0].error_count, 1);
+        assert_eq!(storage.object_store[0].latency_buckets.len(), 13);
+        assert_eq!(storage.object_store_sent_bytes, 12);
+        assert!((10..=11).contains(&storage.staged_oldest_age_s));
+        assert_eq!(storage.staged_bytes, 4096);
+        assert_eq!(storage.cache_eviction_count, 2);
+    }
 
     #[test]
     fn latencies_land_in_the_first_bucket_whose_bound_they_do_not_exceed() {

@@ -211,6 +211,12 @@ impl BatonFs {
             .map(|inodes| inodes.len() as u64)
             .unwrap_or(0);
         counters.metadata_quarantined = self.meta.quarantined();
+        counters.storage = counters::storage_counters(
+            &self.store.stats(),
+            &self.meta.transaction_stats(),
+            self.staging.pending().unwrap_or((0, None)),
+            cache.eviction_count,
+        );
         counters
     }
 

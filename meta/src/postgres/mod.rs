@@ -22,7 +22,7 @@ pub mod tls;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ::postgres::{Client, IsolationLevel, NoTls};
 
@@ -32,6 +32,7 @@ use crate::engine::Engine;
 use crate::error::{MetaError, Result};
 use crate::ops::requests;
 use crate::record::Recorded;
+use crate::tx_stats::{TxCounters, TxKind};
 use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
 use crate::FORMAT_VERSION;
 
@@ -83,6 +84,7 @@ pub struct PostgresMeta {
     next: AtomicUsize,
     /// Answered requests whose records a later write deletes.
     answered: AnsweredQueue,
+    tx: TxCounters,
     /// `true` once fenced. Writes hold the read side for their whole
     /// transaction; `fence` takes the write side, so it waits for them.
     fenced: std::sync::RwLock<bool>,
@@ -216,6 +218,7 @@ impl PostgresMeta {
             pool,
             next: AtomicUsize::new(0),
             answered: AnsweredQueue::default(),
+            tx: TxCounters::default(),
             fenced: std::sync::RwLock::new(false),
             quarantine: crate::quarantine::Quarantine::default(),
         })
@@ -288,6 +291,10 @@ impl Engine for PostgresMeta {
         &self.answered
     }
 
+    fn tx_counters(&self) -> &TxCounters {
+        &self.tx
+    }
+
     /// Runs `f` in one SERIALIZABLE transaction; with a request key, also
     /// records `encode(result)` in it. Retried on serialization failures.
     fn write<T>(
@@ -309,6 +316,7 @@ impl Engine for PostgresMeta {
             Some(_) => self.answered.take_due(),
             None => Vec::new(),
         };
+        let start = Instant::now();
         let mut guard = self.conn().map_err(|e| e.in_op(op))?;
         let mut attempt_count = 0;
         let result = loop {
@@ -345,12 +353,20 @@ impl Engine for PostgresMeta {
             // Rolled back: keep the keys for a later write.
             self.answered.put_back(answered);
         }
+        self.tx.record(TxKind::Write, start, result.is_ok());
         result
     }
 
     /// Runs `f` in a REPEATABLE READ, READ ONLY transaction.
     fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection<'_>) -> Result<T>) -> Result<T> {
-        let mut guard = self.conn().map_err(|e| e.in_op(op))?;
+        let start = Instant::now();
+        let mut guard = match self.conn() {
+            Ok(guard) => guard,
+            Err(e) => {
+                self.tx.record(TxKind::Read, start, false);
+                return Err(e.in_op(op));
+            }
+        };
         let PgConn { client, cache } = &mut *guard;
         let run = || -> Result<T> {
             let tx = client
@@ -364,7 +380,9 @@ impl Engine for PostgresMeta {
             c.commit()?;
             Ok(out)
         };
-        run().map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+        let result = run();
+        self.tx.record(TxKind::Read, start, result.is_ok());
+        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     fn make_durable(&self) -> Result<()> {

@@ -39,6 +39,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use rusqlite::{Connection, OpenFlags};
 
@@ -50,6 +51,7 @@ use crate::limits::READ_CONNECTIONS_MAX;
 use crate::ops::requests;
 use crate::record::Recorded;
 use crate::store::Location;
+use crate::tx_stats::{TxCounters, TxKind};
 use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
 use crate::FORMAT_VERSION;
 
@@ -63,6 +65,7 @@ pub struct SqliteMeta {
     next_reader: AtomicUsize,
     /// Answered requests whose records a later write deletes.
     answered: AnsweredQueue,
+    tx: TxCounters,
     /// Set by `fence`: every later write fails with `Fenced`.
     fenced: AtomicBool,
     /// Corruption found while serving: writes refused.
@@ -160,6 +163,7 @@ impl SqliteMeta {
             readers,
             next_reader: AtomicUsize::new(0),
             answered: AnsweredQueue::default(),
+            tx: TxCounters::default(),
             fenced: AtomicBool::new(false),
             quarantine: crate::quarantine::Quarantine::default(),
             wal_entry_synced: AtomicBool::new(false),
@@ -338,6 +342,10 @@ impl Engine for SqliteMeta {
         &self.answered
     }
 
+    fn tx_counters(&self) -> &TxCounters {
+        &self.tx
+    }
+
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction; with a request key,
     /// also records `encode(result)` in it and deletes the records of
     /// requests answered since the last write. Commits only if all
@@ -349,6 +357,7 @@ impl Engine for SqliteMeta {
         f: impl Fn(&Connection) -> Result<T>,
         encode: impl Fn(&T) -> Recorded,
     ) -> Result<T> {
+        let start = Instant::now();
         self.checkpointer.wait_while_behind();
         let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         // Checked under the writer lock, which `fence` takes: no write
@@ -382,11 +391,13 @@ impl Engine for SqliteMeta {
             // Rolled back: keep the keys for the next write.
             self.answered.put_back(answered);
         }
+        self.tx.record(TxKind::Write, start, result.is_ok());
         result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     /// Runs `f` in a deferred read transaction on a pool connection.
     fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let start = Instant::now();
         let conn = self.reader();
         let run = || -> Result<T> {
             let tx = Tx::begin(&conn, "BEGIN DEFERRED")?;
@@ -394,15 +405,20 @@ impl Engine for SqliteMeta {
             tx.end("ROLLBACK")?;
             out
         };
-        run().map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+        let result = run();
+        self.tx.record(TxKind::Read, start, result.is_ok());
+        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     /// Runs `f`, which must issue ONE statement (its own consistent
     /// snapshot), on a pool connection outside any explicit transaction:
     /// the hot read path (lookup, getattr) without BEGIN and ROLLBACK.
     fn read_one<T>(&self, op: &'static str, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let start = Instant::now();
         let conn = self.reader();
-        f(&conn).map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+        let result = f(&conn);
+        self.tx.record(TxKind::Read, start, result.is_ok());
+        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
     }
 
     fn read_on_every_connection(

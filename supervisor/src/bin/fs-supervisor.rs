@@ -58,8 +58,9 @@ struct Cli {
     /// not it was started with this flag.
     #[arg(long)]
     successor: bool,
-    /// Serve Prometheus metrics (/metrics) and a status page (/) on this
-    /// loopback address, e.g. 127.0.0.1:9464.
+    /// Serve Prometheus metrics (/metrics), a status page (/), /healthz and
+    /// /readyz on this address, e.g. 127.0.0.1:9464 (a non-loopback address
+    /// is logged as a warning: the page names mount paths and volumes).
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<std::net::SocketAddr>,
     /// Publish Kubernetes Events on pods using a mount and a per-node

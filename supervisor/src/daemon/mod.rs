@@ -83,7 +83,7 @@ pub struct Config {
     /// If another supervisor serves the state directory, wait to take its
     /// mounts over when it stops (`succession.rs`) instead of refusing.
     pub successor: bool,
-    /// Serve /metrics and the status page here (loopback only).
+    /// Serve /metrics, the status page, /healthz and /readyz here.
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Publish Kubernetes Events and a status ConfigMap (feature
     /// `kubernetes`; an error without it).
@@ -187,7 +187,11 @@ pub fn run(config: Config) -> Result<(), Error> {
     // set up. One that already holds mounts (a successor, an image
     // re-executed in place, a restart with stored fds) must serve them,
     // so it claims the directory once it is free, below.
-    let successor = config.successor && control::answers(&config.socket);
+    let predecessor_socket = match config.successor {
+        true => succession::find_predecessor(&state, &config.socket),
+        false => None,
+    };
+    let successor = predecessor_socket.is_some();
     let holds_mounts = successor || !stored_fds.is_empty();
     if !holds_mounts {
         if control::answers(&config.socket) {
@@ -306,6 +310,12 @@ pub fn run(config: Config) -> Result<(), Error> {
         // The new generations are starting; switch now.
         predecessor.confirm(passed)?;
         daemon.passed.clear();
+        if let Some(old) = predecessor_socket.filter(|old| *old != config.socket) {
+            // The predecessor leaves its socket to its successor; at
+            // another path it would only answer "refused" from now on.
+            let _ = std::fs::remove_file(&old);
+            tracing::info!(old = %old.display(), socket = %config.socket.display(), "took over from the fs-supervisor on another control socket; clients use this one now");
+        }
     }
     let status = status_line(&daemon.statuses());
     daemon.systemd.ready(&status);

@@ -73,6 +73,23 @@ pub fn successor_socket(state: &StateDir) -> PathBuf {
     state.run_dir().join("successor.sock")
 }
 
+/// The control socket of the supervisor a successor takes over from: its
+/// own socket path if that answers, else the one the holder of the state
+/// directory recorded, if that answers (a DaemonSet rollout that changes
+/// `--socket`: the old pod on the old path, the new one on the new path,
+/// both on one state directory). `None`: no predecessor, start normally.
+pub fn find_predecessor(state: &StateDir, own: &Path) -> Option<PathBuf> {
+    if answers(own) {
+        return Some(own.to_path_buf());
+    }
+    let recorded = crate::state_lock::holder_socket(state)?;
+    if !answers(&recorded) {
+        return None;
+    }
+    tracing::info!(predecessor = %recorded.display(), socket = %own.display(), "the fs-supervisor serving this state directory listens on another control socket; taking over from it");
+    Some(recorded)
+}
+
 /// What a successor got from its predecessor.
 pub enum Succession {
     /// Mounts to restore (their records are in the state directory).

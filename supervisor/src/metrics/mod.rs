@@ -1,30 +1,30 @@
-//! Prometheus metrics (`GET /metrics`, text format 0.0.4, `prometheus.rs`)
-//! and an HTML status page with tips (`GET /`, `page.rs`) on a loopback
-//! address (`--metrics-listen`). The event loop publishes a [`Snapshot`] of
-//! every mount's status after each turn; one thread answers HTTP from the
-//! latest snapshot, so a scrape never touches the loop. Plain std HTTP/1.0:
-//! one request per connection, a bounded request size and a read timeout.
+//! Prometheus metrics (`GET /metrics`, text format 0.0.4 by
+//! `prometheus-client`, `prometheus.rs`), an HTML status page with tips
+//! (`GET /`, `page.rs`), `/healthz` and `/readyz` on the address the
+//! operator names (`--metrics-listen`; a non-loopback one is logged as a
+//! warning). The event loop publishes a [`Snapshot`] of every mount's status
+//! after each turn; the HTTP thread (`http.rs`: hyper, a task per
+//! connection) answers from the latest snapshot, so a scrape never touches
+//! the loop and an idle connection never delays another's scrape.
 
+mod http;
 mod page;
 mod prometheus;
 
-pub use page::{health, render_page, tips, Health, INCIDENTS_SHOWN_MAX, TIP_WINDOW_MS};
-pub use prometheus::{escape_label, render};
+pub use http::{serve, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT_MS};
+pub use page::{
+    bytes_text, duration_text, health, micros_text, render_page, tips, Health, INCIDENTS_SHOWN_MAX,
+    PAGE_REFRESH_S, TIP_WINDOW_MS,
+};
+pub use prometheus::render;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use fuse_wire::abi::opcode;
 use upgrade_protocol::MountStatus;
-
-/// Bytes of an HTTP request read at most.
-pub const REQUEST_BYTES_MAX: usize = 8192;
-/// How long a client may take to send its request.
-pub const REQUEST_TIMEOUT_MS: u64 = 2_000;
 
 /// Supervisor-wide counters: every mount's, the unmounted ones included.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,28 +175,56 @@ fn unix_ms_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// Binds `addr` (refusing non-loopback addresses: the page names paths
-/// and pids) and answers in a thread.
-pub fn serve(addr: SocketAddr, snapshot: Snapshot) -> std::io::Result<SocketAddr> {
-    if !addr.ip().is_loopback() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("--metrics-listen {addr} is not a loopback address; use 127.0.0.1:PORT or [::1]:PORT"),
-        ));
+/// A mount's memory at scrape time: the serving generation's resident set
+/// (`/proc/PID/status`) and its memory cgroup's usage and limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Memory {
+    /// VmRSS of the serving generation.
+    pub rss_bytes: Option<u64>,
+    /// The cgroup's `memory.current` (v2) or `memory.usage_in_bytes` (v1).
+    pub cgroup_bytes: Option<u64>,
+    /// Its `memory.max` or `memory.limit_in_bytes`; `None` when unlimited.
+    pub cgroup_limit_bytes: Option<u64>,
+}
+
+/// A v1 limit at or above this is "no limit" (the kernel shows
+/// `PAGE_COUNTER_MAX` pages, about 2^63 bytes).
+const UNLIMITED_BYTES_MIN: u64 = 1 << 62;
+
+/// Reads `m`'s [`Memory`] now; what cannot be read is `None`.
+pub fn read_memory(m: &MountStatus) -> Memory {
+    let rss_bytes = m
+        .pid
+        .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .and_then(|status| parse_vm_rss_bytes(&status));
+    let cgroup_file = |names: [&str; 2]| {
+        let dir = m.cgroup.as_deref()?;
+        let text = names
+            .iter()
+            .find_map(|name| std::fs::read_to_string(dir.join(name)).ok())?;
+        parse_cgroup_bytes(&text)
+    };
+    Memory {
+        rss_bytes,
+        cgroup_bytes: cgroup_file(["memory.current", "memory.usage_in_bytes"]),
+        cgroup_limit_bytes: cgroup_file(["memory.max", "memory.limit_in_bytes"]),
     }
-    let listener = TcpListener::bind(addr)?;
-    let local = listener.local_addr()?;
-    tracing::info!(addr = %local, "metrics and status page");
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                if let Err(err) = answer(stream, &snapshot) {
-                    tracing::debug!(%err, "metrics request failed");
-                }
-            }
-        })?;
-    Ok(local)
+}
+
+/// `VmRSS:   1234 kB` of a `/proc/PID/status`, in bytes. Pure.
+pub fn parse_vm_rss_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kib: u64 = line.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A cgroup memory file's byte count; `None` for `max` or a v1 "no
+/// limit". Pure.
+pub fn parse_cgroup_bytes(text: &str) -> Option<u64> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|bytes| *bytes < UNLIMITED_BYTES_MIN)
 }
 
 /// Why the supervisor is not ready: the persistent mounts (`--persist`,
@@ -213,51 +241,6 @@ fn not_ready(mounts: &[MountStatus]) -> Option<String> {
             waiting.concat()
         )
     })
-}
-
-fn answer(mut stream: TcpStream, snapshot: &Snapshot) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_millis(REQUEST_TIMEOUT_MS)))?;
-    let mut request = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < REQUEST_BYTES_MAX {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        request.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&request);
-    let path = line.split_whitespace().nth(1).unwrap_or("");
-    let (mounts, totals) = snapshot.read();
-    let uptime_s = snapshot.started.elapsed().as_secs();
-    let (status, kind, body) = match path {
-        "/metrics" => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            render(&mounts, &totals, uptime_s),
-        ),
-        "/" => (
-            "200 OK",
-            "text/html; charset=utf-8",
-            render_page(&mounts, &totals, uptime_s, unix_ms_now()),
-        ),
-        // The loop published a snapshot: the process answers.
-        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
-        "/readyz" => match not_ready(&mounts) {
-            None => ("200 OK", "text/plain", "ready\n".into()),
-            Some(why) => ("503 Service Unavailable", "text/plain", why),
-        },
-        _ => (
-            "404 Not Found",
-            "text/plain",
-            "not found: try /metrics, /, /healthz or /readyz\n".into(),
-        ),
-    };
-    write!(
-        stream,
-        "HTTP/1.0 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
 }
 
 #[cfg(test)]

@@ -2,7 +2,10 @@
 //! restarts, last incidents, and a plain-language tip for each failing
 //! state, derived from what the supervisor knows (restart causes and when
 //! they happened, consecutive failed starts, the give-up state, what a dying
-//! generation logged last, the last upgrade). Pure.
+//! generation logged last, the last upgrade). Durations and sizes in human
+//! units, each crash with the time its takeover took and the last upgrade
+//! with its stall; it reloads itself every [`PAGE_REFRESH_S`] and fits a
+//! phone's width. Pure.
 
 use std::fmt::Write as _;
 
@@ -14,6 +17,51 @@ use super::{opcode_name, SupervisorTotals};
 pub const TIP_WINDOW_MS: u64 = 10 * 60 * 1000;
 /// Incidents shown per mount (newest first).
 pub const INCIDENTS_SHOWN_MAX: usize = 5;
+/// The page reloads itself this often.
+pub const PAGE_REFRESH_S: u64 = 5;
+
+/// `200` → `3 min 20 s`, `7500` → `2 h 5 min`, `97200` → `1 d 3 h`. Pure.
+pub fn duration_text(seconds: u64) -> String {
+    let (d, h, m, s) = (
+        seconds / 86_400,
+        seconds / 3600 % 24,
+        seconds / 60 % 60,
+        seconds % 60,
+    );
+    match seconds {
+        0..=59 => format!("{s} s"),
+        60..=3599 if s == 0 => format!("{m} min"),
+        60..=3599 => format!("{m} min {s} s"),
+        3600..=86_399 if m == 0 => format!("{h} h"),
+        3600..=86_399 => format!("{h} h {m} min"),
+        _ if h == 0 => format!("{d} d"),
+        _ => format!("{d} d {h} h"),
+    }
+}
+
+/// `1536` → `1.5 KiB`, `10` → `10 B`. Pure.
+pub fn bytes_text(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Microseconds as people read a stall: `1500` → `1.5 ms`. Pure.
+pub fn micros_text(us: u64) -> String {
+    match us {
+        0..=999 => format!("{us} µs"),
+        1000..=999_999 => format!("{:.1} ms", us as f64 / 1e3),
+        _ => format!("{:.2} s", us as f64 / 1e6),
+    }
+}
 
 /// How a mount is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,9 +209,11 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64) {
          <tr><th>generation</th><td class=\"generation\">{g}</td></tr><tr><th>pid</th><td>{pid}</td></tr>\
          <tr><th>restarts</th><td class=\"restarts\">exit {re} · signal {rs} · oom {ro}</td></tr>\
          <tr><th>failed starts in a row</th><td>{cf}</td></tr>\
-         <tr><th>uptime</th><td>{up} s (generation {gup} s)</td></tr>\
+         <tr><th>uptime</th><td class=\"uptime\">{up} (generation {gup})</td></tr>\
          <tr><th>requests</th><td class=\"requests\">{req}</td></tr>\
-         <tr><th>upgrades / rollbacks</th><td>{upg} / {rb}</td></tr></table>",
+         <tr><th>last takeover</th><td class=\"takeover\">{takeover}</td></tr>\
+         <tr><th>upgrades / rollbacks</th><td>{upg} / {rb}</td></tr>\
+         <tr><th>last upgrade</th><td class=\"upgrade\">{upgrade}</td></tr></table>",
         h = health.name(),
         mp = escape_html(&m.mountpoint.to_string_lossy()),
         vol = escape_html(&m.volume),
@@ -174,8 +224,10 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64) {
         rs = m.restarts.signal,
         ro = m.restarts.oom,
         cf = m.consecutive_failures,
-        up = m.uptime_s,
-        gup = m.generation_uptime_s,
+        up = duration_text(m.uptime_s),
+        gup = duration_text(m.generation_uptime_s),
+        takeover = escape_html(&takeover_text(m, now_unix_ms)),
+        upgrade = escape_html(&upgrade_text(m, now_unix_ms)),
         req = escape_html(&request_summary(&counters.io)),
         upg = counters.upgrades,
         rb = counters.rollbacks,
@@ -194,18 +246,66 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64) {
     } else {
         out.push_str("<ol class=\"incidents\">");
         for i in m.incidents.iter().rev().take(INCIDENTS_SHOWN_MAX) {
+            // The last crash's takeover, beside the death it followed.
+            let took = m
+                .last_recovery
+                .as_ref()
+                .filter(|r| r.died_generation == i.generation && i.kind != "rollback")
+                .and_then(|r| r.takeover_us)
+                .map(|us| format!("; served again after {}", micros_text(us)))
+                .unwrap_or_default();
             let _ = write!(
                 out,
-                "<li class=\"incident {k}\">{ago}: generation {g} {k}: {d}</li>",
+                "<li class=\"incident {k}\">{ago}: generation {g} {k}: {d}{took}</li>",
                 ago = ago(now_unix_ms, i.at_unix_ms),
                 k = escape_html(&i.kind),
                 g = i.generation,
-                d = escape_html(&i.detail)
+                d = escape_html(&i.detail),
+                took = escape_html(&took)
             );
         }
         out.push_str("</ol>");
     }
     out.push_str("</section>");
+}
+
+/// The last crash recovery in words. Pure.
+fn takeover_text(m: &MountStatus, now_unix_ms: u64) -> String {
+    let Some(r) = m.last_recovery.as_ref() else {
+        return "none".into();
+    };
+    let took = match (r.takeover_us, r.next_generation) {
+        (Some(us), Some(next)) => format!(
+            "generation {next} served after {}{}",
+            micros_text(us),
+            if r.warm { " (warm standby)" } else { "" }
+        ),
+        _ => "not served again yet".into(),
+    };
+    format!(
+        "{}: generation {} {}; {took}",
+        ago(now_unix_ms, r.at_unix_ms),
+        r.died_generation,
+        r.cause
+    )
+}
+
+/// The last planned upgrade in words. Pure.
+fn upgrade_text(m: &MountStatus, now_unix_ms: u64) -> String {
+    let Some(u) = m.last_upgrade.as_ref() else {
+        return "none".into();
+    };
+    let stall = u
+        .stall_us
+        .map(|us| format!(", applications stalled {}", micros_text(us)))
+        .unwrap_or_default();
+    format!(
+        "{}: generation {} to {} {}{stall}",
+        ago(now_unix_ms, u.at_unix_ms),
+        u.from_generation,
+        u.generation,
+        u.outcome
+    )
 }
 
 fn request_summary(io: &upgrade_protocol::GenerationCounters) -> String {
@@ -220,11 +320,11 @@ fn request_summary(io: &upgrade_protocol::GenerationCounters) -> String {
         .map(|o| format!("{} {}", opcode_name(o.opcode), o.count))
         .collect();
     format!(
-        "{} in all ({}); {} B read, {} B written",
+        "{} in all ({}); {} read, {} written",
         io.request_count(),
         top.join(", "),
-        io.read_bytes,
-        io.written_bytes
+        bytes_text(io.read_bytes),
+        bytes_text(io.written_bytes)
     )
 }
 
@@ -250,11 +350,20 @@ pub fn render_page(
     }
     format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>fs-supervisor</title>\
-         <style>body{{font-family:sans-serif;margin:1em 2em}}section{{border:1px solid #ccc;padding:0 1em;margin:1em 0}}\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_S}\">\
+         <style>body{{font-family:sans-serif;margin:0 auto;padding:0 1em;max-width:60em}}\
+         section{{border:1px solid #ccc;padding:0 1em;margin:1em 0}}\
+         h2{{overflow-wrap:anywhere}}table{{border-collapse:collapse;width:100%}}\
+         th,td{{vertical-align:top;overflow-wrap:anywhere}}\
          .healthy .health{{color:#070}}.degraded .health{{color:#a60}}.failing .health{{color:#b00}}\
-         th{{text-align:left;padding-right:1em}}.tip{{color:#b00}}</style></head><body>\
-         <h1>fs-supervisor</h1><p id=\"summary\">up {uptime_s} s, {n} mounts, {failing} need attention; \
-         {gs} generations started, {up} upgrades, {rb} rollbacks. <a href=\"/metrics\">metrics</a></p>{body}</body></html>\n",
+         th{{text-align:left;padding-right:1em;white-space:nowrap}}.tip{{color:#b00}}\
+         @media (max-width:40em){{body{{padding:0 .5em}}section{{padding:0 .5em}}th,td{{display:block}}\
+         th{{padding-top:.4em}}td{{padding-left:1em}}}}</style></head><body>\
+         <h1>fs-supervisor</h1><p id=\"summary\">up {up_text}, {n} mounts, {failing} need attention; \
+         {gs} generations started, {up} upgrades, {rb} rollbacks. <a href=\"/metrics\">metrics</a> \
+         · reloads every {PAGE_REFRESH_S} s</p>{body}</body></html>\n",
+        up_text = duration_text(uptime_s),
         n = mounts.len(),
         gs = totals.generations_started,
         up = totals.upgrades,

@@ -4,12 +4,13 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
 use super::*;
 use upgrade_protocol::{
-    GenerationCounters, Incident, MountCounters, NegotiatedInit, OpcodeCounters, Recovery,
-    Restarts, UpgradeReport, LATENCY_BOUNDS_US,
+    GenerationCounters, Incident, MountCounters, NegotiatedInit, OpcodeCounters, OperationCounters,
+    Recovery, Restarts, StorageCounters, UpgradeReport, LATENCY_BOUNDS_US,
 };
 
 const NOW_MS: u64 = 1_800_000_000_000;
@@ -61,6 +62,27 @@ fn status() -> MountStatus {
                 cache_hit_count: 3,
                 cache_miss_count: 1,
                 uploads_pending: 2,
+                storage: StorageCounters {
+                    object_store: vec![OperationCounters {
+                        operation: "put".into(),
+                        count: 4,
+                        error_count: 1,
+                        latency_us_sum: 2_000,
+                        latency_buckets: vec![0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0],
+                    }],
+                    object_store_received_bytes: 0,
+                    object_store_sent_bytes: 8192,
+                    metadata: vec![OperationCounters {
+                        operation: "write".into(),
+                        count: 9,
+                        error_count: 0,
+                        latency_us_sum: 900,
+                        latency_buckets: vec![0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    }],
+                    staged_bytes: 4096,
+                    staged_oldest_age_s: 3,
+                    cache_eviction_count: 5,
+                },
                 cache_used_bytes: 1 << 20,
                 cache_capacity_bytes: 1 << 30,
                 metadata_quarantined: None,
@@ -103,7 +125,12 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         upgrades: 1,
         rollbacks: 2,
     };
-    let text = render(&[status()], &totals, 7);
+    let memory = Memory {
+        rss_bytes: Some(40 << 20),
+        cgroup_bytes: Some(64 << 20),
+        cgroup_limit_bytes: None,
+    };
+    let text = render(&[status()], &[memory], &totals, 7);
     let labels = r#"mount="abc",mountpoint="/mnt/a \"q\"",volume="v""#;
     let h = "baton_mount_request_duration_seconds";
     for line in [
@@ -123,14 +150,28 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         format!("baton_mount_cache_capacity_bytes{{{labels}}} 1073741824"),
         format!("baton_mount_requests_recovered_total{{{labels}}} 3"),
         format!("baton_mount_requests_journaled_total{{{labels}}} 2"),
+        format!("baton_mount_generation_rss_bytes{{{labels}}} 41943040"),
+        format!("baton_mount_cgroup_memory_bytes{{{labels}}} 67108864"),
         // Cumulative buckets; +Inf equals the count.
-        format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.00005\"}} 2"),
+        format!("{h}_bucket{{{labels},opcode=\"write\",le=\"5e-05\"}} 2"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.0001\"}} 2"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"0.0005\"}} 5"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"5\"}} 5"),
         format!("{h}_bucket{{{labels},opcode=\"write\",le=\"+Inf\"}} 6"),
         format!("{h}_count{{{labels},opcode=\"write\"}} 6"),
         format!("{h}_sum{{{labels},opcode=\"write\"}} 0.003"),
+        format!("baton_mount_object_store_requests_total{{{labels},operation=\"put\"}} 4"),
+        format!("baton_mount_object_store_request_errors_total{{{labels},operation=\"put\"}} 1"),
+        format!("baton_mount_object_store_request_duration_seconds_bucket{{{labels},operation=\"put\",le=\"0.001\"}} 4"),
+        format!("baton_mount_object_store_request_duration_seconds_sum{{{labels},operation=\"put\"}} 0.002"),
+        format!("baton_mount_object_store_bytes_total{{{labels},direction=\"sent\"}} 8192"),
+        format!("baton_mount_object_store_bytes_total{{{labels},direction=\"received\"}} 0"),
+        format!("baton_mount_metadata_transactions_total{{{labels},kind=\"write\"}} 9"),
+        format!("baton_mount_metadata_transaction_errors_total{{{labels},kind=\"write\"}} 0"),
+        format!("baton_mount_metadata_transaction_duration_seconds_count{{{labels},kind=\"write\"}} 9"),
+        format!("baton_mount_staged_bytes{{{labels}}} 4096"),
+        format!("baton_mount_staged_oldest_age_seconds{{{labels}}} 3"),
+        format!("baton_mount_cache_evictions_total{{{labels}}} 5"),
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
     }
@@ -161,13 +202,44 @@ fn metrics_carry_generation_restarts_io_and_escaped_labels() {
         }
     }
     assert!(text.contains("# TYPE baton_mount_requests_total counter"));
+    assert!(
+        !text.contains("baton_mount_cgroup_memory_limit_bytes{"),
+        "an unlimited cgroup has no limit sample:\n{text}"
+    );
+}
+
+#[test]
+fn memory_is_read_from_proc_status_and_cgroup_files_with_no_limit_as_none() {
+    let status = "Name:\tfsclient\nVmHWM:\t  9000 kB\nVmRSS:\t  2048 kB\n";
+    assert_eq!(parse_vm_rss_bytes(status), Some(2 << 20));
+    assert_eq!(parse_vm_rss_bytes("Name:\tx\n"), None);
+    assert_eq!(parse_cgroup_bytes("1073741824\n"), Some(1 << 30));
+    assert_eq!(parse_cgroup_bytes("max\n"), None, "v2: no limit");
+    assert_eq!(
+        parse_cgroup_bytes("9223372036854771712\n"),
+        None,
+        "v1: no limit"
+    );
+    // This process, as a mount's serving generation.
+    let mut m = status_with_pid(std::process::id());
+    m.cgroup = None;
+    let memory = read_memory(&m);
+    assert!(memory.rss_bytes.is_some_and(|b| b > 0), "{memory:?}");
+    assert_eq!(memory.cgroup_bytes, None);
+}
+
+fn status_with_pid(pid: u32) -> MountStatus {
+    MountStatus {
+        pid: Some(pid),
+        ..status()
+    }
 }
 
 #[test]
 fn a_mount_that_has_not_read_a_block_has_no_cache_ratio() {
     let mut m = status();
     m.counters = None;
-    let text = render(&[m], &SupervisorTotals::default(), 0);
+    let text = render(&[m], &[], &SupervisorTotals::default(), 0);
     assert!(!text.contains("baton_mount_cache_hit_ratio{"), "{text}");
     assert!(text.contains("baton_mount_written_bytes_total{"), "{text}");
 }
@@ -313,29 +385,122 @@ fn the_page_lists_each_mount_with_health_tips_and_incidents_escaped() {
     assert!(page.contains("write 6"), "{page}");
 }
 
+/// One request over a fresh connection, the whole response (bounded).
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(TEST_DEADLINE)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
+    // Until EOF; a refused connection may end in a reset after its answer.
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n @ 1..) = s.read(&mut buf) {
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The loopback address of a server bound to every address.
+fn local(addr: SocketAddr) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], addr.port()))
+}
+
+const TEST_DEADLINE: Duration = Duration::from_secs(30);
+
 #[test]
-fn the_endpoint_answers_metrics_and_the_page_on_loopback_only() {
+fn the_endpoint_answers_metrics_the_page_and_health_on_any_address() {
     let snapshot = Snapshot::default();
     snapshot.publish(vec![status()]);
-    assert!(serve("0.0.0.0:0".parse().unwrap(), snapshot.clone()).is_err());
-    let addr = serve("127.0.0.1:0".parse().unwrap(), snapshot).unwrap();
-    let get = |path: &str| {
-        let mut s = TcpStream::connect(addr).unwrap();
-        write!(s, "GET {path} HTTP/1.0\r\n\r\n").unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
-    let metrics = get("/metrics");
+    let addr = local(serve("0.0.0.0:0".parse().unwrap(), snapshot).unwrap());
+    let metrics = get(addr, "/metrics");
     assert!(metrics.starts_with("HTTP/1.0 200 OK"), "{metrics}");
+    assert!(
+        metrics.contains("content-type: text/plain; version=0.0.4"),
+        "{metrics}"
+    );
     assert!(metrics.contains("baton_mount_generation{"), "{metrics}");
-    let page = get("/");
+    let page = get(addr, "/");
     assert!(
         page.contains("data-mountpoint=\"/mnt/a &quot;q&quot;\"")
             && page.contains("<td class=\"state\">serving</td>"),
         "{page}"
     );
-    assert!(get("/nope").starts_with("HTTP/1.0 404"));
+    assert!(get(addr, "/healthz").ends_with("\r\n\r\nok\n"));
+    assert!(get(addr, "/readyz").ends_with("\r\n\r\nready\n"));
+    assert!(get(addr, "/nope").starts_with("HTTP/1.0 404"));
+}
+
+/// Whether the server closed `idle` (EOF or reset) rather than keeping it
+/// open; never blocks.
+fn closed_by_server(idle: &TcpStream) -> bool {
+    idle.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let closed = !matches!(
+        (&*idle).read(&mut byte),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+    );
+    idle.set_nonblocking(false).unwrap();
+    closed
+}
+
+#[test]
+fn an_idle_connection_does_not_delay_a_scrape() {
+    let snapshot = Snapshot::default();
+    snapshot.publish(vec![status()]);
+    // The idle client gets the whole deadline to send its request: a
+    // server answering one connection at a time would serve the scrape
+    // only after closing the idle one.
+    let addr = http::serve_with("127.0.0.1:0".parse().unwrap(), snapshot, TEST_DEADLINE).unwrap();
+    let idle = TcpStream::connect(addr).unwrap();
+    // Connected first, so accepted first.
+    let metrics = get(addr, "/metrics");
+    assert!(metrics.starts_with("HTTP/1.0 200 OK"), "{metrics}");
+    assert!(
+        !closed_by_server(&idle),
+        "the scrape was answered only once the idle connection was closed"
+    );
+    // Keep-alive: two scrapes over one HTTP/1.1 connection, the idle one
+    // still open.
+    let mut kept = TcpStream::connect(addr).unwrap();
+    kept.set_read_timeout(Some(TEST_DEADLINE)).unwrap();
+    for _ in 0..2 {
+        write!(kept, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut response = [0u8; 512];
+        let n = kept.read(&mut response).unwrap();
+        let text = String::from_utf8_lossy(&response[..n]);
+        assert!(
+            text.starts_with("HTTP/1.1 200 OK") && text.ends_with("ok\n"),
+            "{text}"
+        );
+    }
+    assert!(!closed_by_server(&idle));
+}
+
+#[test]
+fn past_the_connection_max_a_client_is_told_busy_until_one_closes() {
+    let snapshot = Snapshot::default();
+    let addr = http::serve_with("127.0.0.1:0".parse().unwrap(), snapshot, TEST_DEADLINE).unwrap();
+    let mut idle: Vec<TcpStream> = (0..CONNECTIONS_MAX)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Accepted in order: this one only after every idle one holds a slot.
+    let busy = get(addr, "/metrics");
+    assert!(busy.starts_with("HTTP/1.1 503"), "{busy}");
+    assert!(busy.contains("too many open connections"), "{busy}");
+    let (head, body) = busy.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains(&format!("Content-Length: {}", body.len())),
+        "{busy}"
+    );
+    idle.pop();
+    let deadline = Instant::now() + TEST_DEADLINE;
+    loop {
+        let answer = get(addr, "/healthz");
+        if answer.starts_with("HTTP/1.0 200") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still busy: {answer}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -358,4 +523,45 @@ fn ready_means_every_persistent_mount_serves() {
     };
     let why = not_ready(&[serving, persistent_starting]).expect("not ready");
     assert!(why.contains("/mnt/a \"q\" is launching"), "{why}");
+}
+
+#[test]
+fn the_page_speaks_human_units_and_reloads_itself() {
+    assert_eq!(duration_text(45), "45 s");
+    assert_eq!(duration_text(200), "3 min 20 s");
+    assert_eq!(duration_text(7500), "2 h 5 min");
+    assert_eq!(duration_text(97_200), "1 d 3 h");
+    assert_eq!(bytes_text(10), "10 B");
+    assert_eq!(bytes_text(1536), "1.5 KiB");
+    assert_eq!(bytes_text(3 << 30), "3.0 GiB");
+    assert_eq!(micros_text(1500), "1.5 ms");
+    let mut m = status();
+    m.uptime_s = 200;
+    m.incidents = vec![incident("signal", 2_000, "killed by signal 9")];
+    m.last_recovery = Some(Recovery {
+        died_generation: 3,
+        cause: "killed by signal 9".into(),
+        at_unix_ms: NOW_MS - 2_000,
+        next_generation: Some(4),
+        takeover_us: Some(1500),
+        warm: true,
+    });
+    let page = render_page(&[m], &SupervisorTotals::default(), 7500, NOW_MS);
+    assert!(page.contains("up 2 h 5 min, 1 mounts"), "{page}");
+    assert!(page.contains(">3 min 20 s (generation 5 s)<"), "{page}");
+    assert!(page.contains("10 B read, 4.0 KiB written"), "{page}");
+    assert!(
+        page.contains(
+            "2 s ago: generation 3 signal: killed by signal 9; served again after 1.5 ms"
+        ),
+        "the incident says how long its takeover took: {page}"
+    );
+    assert!(
+        page.contains("generation 4 served after 1.5 ms (warm standby)"),
+        "{page}"
+    );
+    assert!(page.contains("<meta name=\"viewport\" content=\"width=device-width"));
+    assert!(page.contains(&format!(
+        "<meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_S}\">"
+    )));
 }

@@ -36,8 +36,16 @@ pub struct Options {
     pub idle_mounts: usize,
     pub stall_kills: usize,
     pub targets: Vec<String>,
+    /// How long to wait at most for a quiet machine before each
+    /// measurement ([`quiet`]).
+    #[serde(rename = "quiet_wait_s", serialize_with = "seconds")]
+    pub quiet_wait: Duration,
     #[serde(skip)]
     pub dir: PathBuf,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 /// The names the table and the JSON use.
@@ -372,7 +380,7 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
     // before writeback never had a block, and freeing nothing is fast).
     let small_dir = |threads: usize| t.root.join(format!("small-{threads}"));
     for threads in [1, 4] {
-        quiet(&o.dir);
+        quiet(o);
         let rates =
             create_small_files(&small_dir(threads), o.files, threads).context("small files")?;
         out.push((key("create", "ops/s", threads), rates.create));
@@ -380,13 +388,13 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         out.push((key("readdir", "entries/s", threads), rates.readdir));
     }
     for threads in [1, 4] {
-        quiet(&o.dir);
+        quiet(o);
         let dir = small_dir(threads);
         let rate = unlink_small_files(&dir, o.files, threads).context("unlinking small files")?;
         out.push((key("unlink", "ops/s", threads), rate));
         std::fs::remove_dir(&dir).context("removing the small-file directory")?;
     }
-    quiet(&o.dir);
+    quiet(o);
     let sizes = tree_sizes(o.tree_files, o.tree_min_mib, o.tree_max_mib);
     let tree = t.root.join("tree");
     write_tree(&tree, &sizes).context("writing the many-file tree")?;
@@ -525,14 +533,11 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long [`quiet`] waits for the machine at most.
-const SETTLE_MAX: Duration = Duration::from_secs(30);
-
-/// Before a measurement: waits for the machine to be quiet, `dir` being on
-/// the disk under test ([`chaos_tests::bench::settle::settle`]), and says
-/// so if it was not.
-fn quiet(dir: &Path) {
-    let (waited, settled) = chaos_tests::bench::settle::settle(dir, SETTLE_MAX);
+/// Before a measurement: waits up to `o.quiet_wait` for the machine to be
+/// quiet, `o.dir` being on the disk under test
+/// ([`chaos_tests::bench::settle::settle`]), and says so if it was not.
+fn quiet(o: &Options) {
+    let (waited, settled) = chaos_tests::bench::settle::settle(&o.dir, o.quiet_wait);
     if !settled {
         println!(
             "   the machine was still busy after {:.0} s; measuring anyway",
@@ -564,7 +569,7 @@ fn measure_target(
     }
     let mut all = Vec::new();
     for run in 0..o.runs {
-        quiet(&o.dir);
+        quiet(o);
         let figures =
             run_once(&mut target, o).with_context(|| format!("{} run {}", target.name, run + 1))?;
         println!("   run {} done", run + 1);
@@ -606,7 +611,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
     report.baton.idle_mounts = o.idle_mounts;
     if o.idle_mounts > 0 {
         println!("== baton: supervisor with {} idle mounts", o.idle_mounts);
-        quiet(&o.dir);
+        quiet(o);
         match idle_mounts(&root.join("idle-mounts"), o.idle_mounts) {
             Ok((rss, hwm)) => {
                 report.baton.supervisor_rss_kib_with_idle_mounts = rss;
@@ -617,7 +622,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
     }
     if o.stall_kills > 0 {
         println!("== baton: kill -9 stall, {} kills", o.stall_kills);
-        quiet(&o.dir);
+        quiet(o);
         let dir = root.join("stall");
         let measured = std::fs::create_dir_all(&dir)
             .map_err(anyhow::Error::from)
@@ -642,7 +647,7 @@ fn baton_only(root: &Path, o: &Options, report: &mut Report) {
             "== baton: planned-upgrade stall, {} upgrades",
             o.stall_kills
         );
-        quiet(&o.dir);
+        quiet(o);
         let dir = root.join("upgrade-stall");
         let measured = std::fs::create_dir_all(&dir)
             .map_err(anyhow::Error::from)
@@ -717,8 +722,8 @@ fn print_report(r: &Report) {
         o.runs
     );
     println!(
-        "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB",
-        o.size_mib, o.size_mib / 4, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib
+        "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB; up to {:.0} s wait for a quiet machine before each measurement",
+        o.size_mib, o.size_mib / 4, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib, o.quiet_wait.as_secs_f64()
     );
     for (name, reason) in &r.skipped {
         println!("  skipped {name}: {reason}");

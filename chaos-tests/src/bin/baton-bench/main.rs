@@ -220,6 +220,11 @@ struct FsArgs {
     /// Small sizes for a smoke run (under a minute); overrides the above.
     #[arg(long)]
     quick: bool,
+    /// Seconds to wait at most, before each measurement, for the CPUs to
+    /// be 90% idle over half a second (after a syncfs of --dir); then it
+    /// measures anyway and says so. Default 30, or 1 with --quick.
+    #[arg(long, value_name = "SECONDS")]
+    quiet_wait_s: Option<f64>,
     /// Where to put the data (a directory on the disk under test).
     #[arg(long, default_value = "/var/tmp")]
     dir: std::path::PathBuf,
@@ -229,7 +234,12 @@ struct FsArgs {
 }
 
 impl FsArgs {
-    fn options(&self) -> compare::Options {
+    fn options(&self) -> anyhow::Result<compare::Options> {
+        let quiet_wait_s = self.quiet_wait_s.unwrap_or(if self.quick {
+            QUICK_QUIET_WAIT_S
+        } else {
+            QUIET_WAIT_S
+        });
         let mut o = compare::Options {
             size_mib: self.size_mib,
             files: self.files,
@@ -242,6 +252,7 @@ impl FsArgs {
             idle_mounts: self.idle_mounts,
             stall_kills: self.stall_kills,
             targets: self.targets.clone(),
+            quiet_wait: seconds_arg("--quiet-wait-s", quiet_wait_s)?,
             dir: self.dir.clone(),
         };
         if self.quick {
@@ -259,9 +270,17 @@ impl FsArgs {
                 ..o
             };
         }
-        o
+        Ok(o)
     }
 }
+
+/// `baton-bench fs`'s wait for a quiet machine, at most, before each
+/// measurement: long enough for a full run's writeback to drain.
+const QUIET_WAIT_S: f64 = 30.0;
+/// The same with `--quick`: two settle windows. A smoke run waits before
+/// about 30 measurements (four targets), so on a busy machine the waits
+/// add at most about 30 s, not 15 min.
+const QUICK_QUIET_WAIT_S: f64 = 1.0;
 
 #[derive(serde::Serialize)]
 struct Row {
@@ -343,7 +362,7 @@ fn run() -> anyhow::Result<()> {
                 .or_else(|| std::env::var("BATON_TEST_POSTGRES_URL").ok())
                 .as_deref(),
         ),
-        Bench::Fs(args) => compare::run(&args.options(), args.json.as_deref()),
+        Bench::Fs(args) => compare::run(&args.options()?, args.json.as_deref()),
         Bench::Warmup {
             size_mib,
             files,
