@@ -209,8 +209,9 @@ fn pvcs_of_the_csi_driver_serve_pods_on_a_real_kubelet_through_crashes() {
     let Some(binaries) = prerequisites() else {
         return;
     };
+    node::sweep_stale_runs();
     let mut tmp = tempfile::Builder::new()
-        .prefix("baton-e2e-")
+        .prefix(&node::run_prefix())
         .tempdir()
         .expect("temp dir");
     if std::env::var_os("BATON_KUBE_TEST_KEEP").is_some() {
@@ -362,6 +363,24 @@ fn pod_log(pod: &Pod) -> String {
         .map(|l| l.splitn(4, ' ').nth(3).unwrap_or_default().to_string())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The slowest iteration the CHECKED_IO pod has reported so far (ms).
+fn slowest_so_far(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.starts_with("progress "))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("max_ms=")))
+        .filter_map(|v| v.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The supervisor's takeover time of the volume's last recovery (µs).
+fn takeover_us(env: &Env<'_>, volume: &str) -> u64 {
+    env.shared_mounts(volume)
+        .first()
+        .and_then(|m| m["last_recovery"]["takeover_us"].as_u64())
+        .unwrap_or(0)
 }
 
 fn progress_of(log: &str) -> u64 {
@@ -710,22 +729,28 @@ async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
     eprintln!("publish: first pod of the volume {first:?}, second pod {second:?}");
 
     // 3. kill -9 of the serving generation under checked I/O.
-    let (_, _) = pod_published(env, &client, "io-kill", "data-a", CHECKED_IO).await;
+    let (io_kill, _) = pod_published(env, &client, "io-kill", "data-a", CHECKED_IO).await;
     let ops = wait_progress(env, &client, "io-kill", 20).await;
     let (pid, generation) = serving(env, "shared", 0).await;
+    let before_ms = slowest_so_far(&pod_log(&io_kill));
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     let killed_at = Instant::now();
     serving(env, "shared", generation).await;
     wait_progress(env, &client, "io-kill", ops + 20).await;
     let stall_ms = finish_checked(env, &client, "io-kill").await;
-    eprintln!("kill -9: generation {generation} killed, served again after {:?}; slowest pod iteration {stall_ms} ms, zero errors", killed_at.elapsed());
+    eprintln!(
+        "kill -9: generation {generation} killed, served again after {:?} (takeover {} us); slowest pod iteration {stall_ms} ms ({before_ms} ms before the kill), zero errors",
+        killed_at.elapsed(),
+        takeover_us(env, "shared")
+    );
 
     // 4. A real OOM kill of the serving generation under pod I/O.
     const C_BYTES: u64 = 1 << 30;
     provision_pvc(env, &client, "data-c", C_BYTES).await;
-    pod_published(env, &client, "io-oom", "data-c", CHECKED_IO).await;
+    let (io_oom, _) = pod_published(env, &client, "io-oom", "data-c", CHECKED_IO).await;
     let ops = wait_progress(env, &client, "io-oom", 10).await;
     let (pid, generation) = serving(env, "shared", 0).await;
+    let before_ms = slowest_so_far(&pod_log(&io_oom));
     let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let memory = cgroup
         .lines()
@@ -763,7 +788,12 @@ async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
     );
     wait_progress(env, &client, "io-oom", ops + 10).await;
     let stall_ms = finish_checked(env, &client, "io-oom").await;
-    eprintln!("OOM: limit {} B, served again after {:?}; slowest pod iteration {stall_ms} ms, zero errors", usage + (8 << 20), oom_at.elapsed());
+    eprintln!(
+        "OOM: limit {} B, served again after {:?} (takeover {} us, the 256 MiB write's pod included); slowest pod iteration {stall_ms} ms ({before_ms} ms before), zero errors",
+        usage + (8 << 20),
+        oom_at.elapsed(),
+        takeover_us(env, "shared")
+    );
 
     // 5. A crash of the node plugin.
     pod_published(env, &client, "io-plugin", "data-b", CHECKED_IO).await;

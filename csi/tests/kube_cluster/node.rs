@@ -200,7 +200,7 @@ impl Node {
     /// Starts containerd and imports `images` into its `k8s.io` namespace.
     pub fn start_runtime(dir: &Path, images: &[PathBuf]) -> Node {
         let cgroup_root = format!("baton-e2e-{}", std::process::id());
-        let sysctls = KUBELET_SYSCTLS
+        let sysctls: Vec<(PathBuf, String)> = KUBELET_SYSCTLS
             .iter()
             .map(|name| {
                 let path = Path::new("/proc/sys").join(name);
@@ -208,6 +208,12 @@ impl Node {
                 (path, value.trim().to_string())
             })
             .collect();
+        // For sweep_stale_runs, should this process die without its drop.
+        let saved: String = sysctls
+            .iter()
+            .map(|(path, value)| format!("{}\t{value}\n", s(path)))
+            .collect();
+        std::fs::write(dir.join(SYSCTLS_FILE), saved).unwrap();
         let mut node = Node {
             dir: dir.to_path_buf(),
             kubelet_dir: dir.join("kubelet"),
@@ -421,19 +427,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop();
         }
-        for _ in 0..20 {
-            let mut pids = Vec::new();
-            for hierarchy in cgroup_hierarchies() {
-                procs_in_tree(&hierarchy.join(&self.cgroup_root), &mut pids);
-            }
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        kill_cgroup_root(&self.cgroup_root);
         for pid in pids_mentioning(s(&self.containerd_socket)) {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
@@ -456,10 +450,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             }
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
-                let ours = name.starts_with("baton-e2e_")
-                    || name.starts_with("baton-system_")
-                    || name.contains("_baton-e2e_")
-                    || name.contains("_baton-system_");
+                let ours = is_our_pod_log(&name);
                 let new = entry
                     .metadata()
                     .and_then(|m| m.modified())
@@ -478,15 +469,7 @@ impl Drop for Node {
         self.kill_everything();
         // Pods' binds, the FUSE mounts, containerd's rootfs and shm mounts,
         // kubelet's own bind of its root: all under the test's directory.
-        for _ in 0..5 {
-            let mounts = mounts_under(&self.dir);
-            if mounts.is_empty() {
-                break;
-            }
-            for mount in mounts {
-                let _ = umount2(&mount, MntFlags::MNT_DETACH);
-            }
-        }
+        detach_mounts_under(&self.dir);
         for hierarchy in cgroup_hierarchies() {
             rmdir_tree(&hierarchy.join(&self.cgroup_root));
         }
@@ -496,6 +479,110 @@ impl Drop for Node {
             }
         }
         self.remove_pod_logs();
+        let _ = std::fs::write(self.dir.join(TORN_DOWN_FILE), "");
+    }
+}
+
+/// A /var/log/pods (NS_POD_UID) or /var/log/containers
+/// (POD_NS_CONTAINER-ID.log) entry of the test's namespaces.
+fn is_our_pod_log(name: &str) -> bool {
+    ["baton-e2e", "baton-system"]
+        .iter()
+        .any(|ns| name.starts_with(&format!("{ns}_")) || name.contains(&format!("_{ns}_")))
+}
+
+/// Written once a run's drop has stopped and removed everything (a dir
+/// kept with BATON_KUBE_TEST_KEEP=1 is then left alone).
+const TORN_DOWN_FILE: &str = "torn-down";
+
+/// The kernel settings as they were before kubelet, in the run's directory.
+const SYSCTLS_FILE: &str = "sysctls.tsv";
+
+/// The name prefix of a run's temp dir: `baton-e2e-PID-`.
+pub fn run_prefix() -> String {
+    format!("baton-e2e-{}-", std::process::id())
+}
+
+/// Kills every process in the cgroup root `root` (every hierarchy).
+fn kill_cgroup_root(root: &str) {
+    for _ in 0..20 {
+        let mut pids = Vec::new();
+        for hierarchy in cgroup_hierarchies() {
+            procs_in_tree(&hierarchy.join(root), &mut pids);
+        }
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn detach_mounts_under(dir: &Path) {
+    for _ in 0..5 {
+        let mounts = mounts_under(dir);
+        if mounts.is_empty() {
+            return;
+        }
+        for mount in mounts {
+            let _ = umount2(&mount, MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// Stops and removes what a run killed outright left behind (SIGKILL, a
+/// CI timeout: no drop ran): for each temp dir `baton-e2e-PID-*` whose
+/// process is gone, the processes of its pods (cgroup root
+/// `baton-e2e-PID`) and every process naming the dir (kubelet,
+/// containerd and its shims, the API server, etcd), its mounts, cgroups,
+/// kernel settings and pod logs, then the dir.
+pub fn sweep_stale_runs() {
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix("baton-e2e-")
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = entry.path();
+        if Path::new(&format!("/proc/{pid}")).exists() || dir.join(TORN_DOWN_FILE).exists() {
+            continue;
+        }
+        eprintln!("sweeping what the killed run {pid} left: {}", dir.display());
+        let root = format!("baton-e2e-{pid}");
+        kill_cgroup_root(&root);
+        for stray in pids_mentioning(s(&dir)) {
+            let _ = kill(Pid::from_raw(stray), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        detach_mounts_under(&dir);
+        for hierarchy in cgroup_hierarchies() {
+            rmdir_tree(&hierarchy.join(&root));
+        }
+        let saved = std::fs::read_to_string(dir.join(SYSCTLS_FILE)).unwrap_or_default();
+        for (path, value) in saved.lines().filter_map(|l| l.split_once('\t')) {
+            if !value.is_empty() {
+                let _ = std::fs::write(path, value);
+            }
+        }
+        for logs in ["/var/log/pods", "/var/log/containers"] {
+            for entry in std::fs::read_dir(logs).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                if is_our_pod_log(&name) {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
