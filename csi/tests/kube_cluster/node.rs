@@ -440,6 +440,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     }
 
     fn remove_pod_logs(&self) {
+        // A kept run keeps its pods' logs too (kubelet writes them to
+        // /var/log/pods whatever its root dir).
+        if std::env::var_os("BATON_KUBE_TEST_KEEP").is_some() {
+            let kept = self.dir.join("pod-logs");
+            let _ = std::fs::create_dir_all(&kept);
+            for entry in std::fs::read_dir("/var/log/pods")
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                if is_our_pod_log(&entry.file_name().to_string_lossy()) {
+                    let _ = Command::new("cp")
+                        .arg("-a")
+                        .arg(entry.path())
+                        .arg(&kept)
+                        .status();
+                }
+            }
+        }
         for (dir, existed) in [
             ("/var/log/pods", self.log_dirs_existed.0),
             ("/var/log/containers", self.log_dirs_existed.1),
