@@ -600,6 +600,9 @@ pub fn sweep_stale_runs() {
                     let _ = std::fs::remove_file(entry.path());
                 }
             }
+            // kubelet made it if nothing else is in it (no other kubelet
+            // runs here); a directory in use is not empty.
+            let _ = std::fs::remove_dir(logs);
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
