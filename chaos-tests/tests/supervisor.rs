@@ -2164,6 +2164,132 @@ fn supervisor_kill_9_and_supervisor_upgrades_under_a_workload_lose_nothing() {
     assert!(done.contains("errors=0"), "{done}");
 }
 
+/// Kills fs-supervisor and then every generation of the fixture with
+/// SIGKILL (no fd store): the last copy of the mount's /dev/fuse fd closes,
+/// the kernel aborts the connection and the mount is dead (ENOTCONN).
+/// Returns the dead connection's id.
+fn kill_supervisor_and_generations(fx: &mut Fixture) -> u32 {
+    let connection = fuse_wire::connection_id(&fx.mnt).expect("a FUSE mount");
+    // Not while a generation is being spawned (see issue 32).
+    fx.wait_until_standby_ready();
+    let mut old = fx.supervisor.take().expect("supervisor");
+    old.0.kill().expect("kill -9 the supervisor");
+    old.0.wait().expect("reap it");
+    let pids: Vec<i64> = fx
+        .generation_cgroups()
+        .iter()
+        .flat_map(|cgroup| {
+            std::fs::read_to_string(cgroup.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse::<i64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(!pids.is_empty(), "no generation runs\n{}", fx.logs());
+    for pid in &pids {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+    }
+    assert!(
+        wait_until(DEADLINE, || pids.iter().all(|pid| !pid_alive(*pid))),
+        "the generations {pids:?} did not die"
+    );
+    // Dead, not stalled: an application gets ENOTCONN at once.
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(
+        !ok && err.contains("Transport endpoint is not connected"),
+        "the mount is not dead: ok={ok} {out} {err}"
+    );
+    assert_eq!(fuse_wire::connection_id(&fx.mnt).ok(), Some(connection));
+    connection
+}
+
+#[test]
+fn a_persistent_mount_nobody_holds_any_more_is_detached_and_mounted_again() {
+    let mut fx = Fixture::start(&[]);
+    let out = fx.fsctl(&[
+        "mount",
+        "--persist",
+        "vol",
+        s(&fx.mnt),
+        "--base-dir",
+        s(&fx.base),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.guard = Some(MountGuard::new(&fx.mnt));
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("echo before > {m}/a && sync {m}/a")).finish();
+    assert!(ok, "{err}");
+
+    kill_supervisor_and_generations(&mut fx);
+    fx.spawn_supervisor(&[]);
+    let report = wait_supervisor_serving(&fx);
+
+    // The dead mount is gone, not hidden: one FUSE mount there (a new
+    // connection; its number may be the dead one's, freed by the detach).
+    assert!(fuse_wire::connection_id(&fx.mnt).is_ok(), "{report}");
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let layers = mountinfo
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(m.as_str()))
+        .count();
+    assert_eq!(layers, 1, "{mountinfo}");
+    let notes = report["supervisor"]["start_notes"].to_string();
+    assert!(notes.contains("detached and mounted again"), "{report}");
+    assert!(
+        fx.logs().contains("the dead mount is detached"),
+        "{}",
+        fx.logs()
+    );
+    // It serves: what was written before, and a new write, from a child.
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!("cat {m}/a && echo after > {m}/b && cat {m}/b"),
+    )
+    .finish_or(|| fx.logs());
+    assert!(ok, "{err}\n{}", fx.logs());
+    assert_eq!(out, "before\nafter\n");
+}
+
+#[test]
+fn a_mount_nobody_holds_any_more_that_is_not_persistent_is_detached_and_dropped() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let dead = kill_supervisor_and_generations(&mut fx);
+    fx.spawn_supervisor(&[]);
+    let mut report = Value::Null;
+    let up = wait_until(DEADLINE, || {
+        let out = fx.fsctl(&["status", "--json"]);
+        report = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        out.status.success()
+    });
+    assert!(up, "the supervisor does not answer\n{}", fx.logs());
+    assert_eq!(report["mounts"], serde_json::json!([]), "{report}");
+    // Detached: the mountpoint is a plain directory again (not dead).
+    assert!(
+        fuse_wire::connection_id(&fx.mnt).is_err(),
+        "the dead mount (connection {dead}) is still there\n{}",
+        fx.logs()
+    );
+    let notes = report["supervisor"]["start_notes"].to_string();
+    assert!(
+        notes.contains("dropped since it is not persistent"),
+        "{report}"
+    );
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("ls {}", s(&fx.mnt))).finish();
+    assert!(ok, "{err}");
+    let human = fx.fsctl(&["status"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("at start: "),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+}
+
 /// A DaemonSet rollout with maxSurge, `rounds` times: the new pod's
 /// supervisor starts beside the serving one (`--successor`: it waits), the
 /// old one gets SIGTERM and hands every mount over; the application sees no

@@ -36,6 +36,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
+pub mod authority;
 pub mod controller;
 pub mod identity;
 pub mod mounts;

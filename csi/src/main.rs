@@ -12,6 +12,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
+
+use baton_csi::authority;
 use tonic::transport::Server;
 
 use baton_csi::controller::ControllerService;
@@ -190,7 +192,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         tokio::spawn(async move {
             let served = Server::builder()
                 .add_service(service)
-                .serve_with_incoming(incoming)
+                .serve_with_incoming(authority::incoming(incoming))
                 .await;
             if let Err(err) = served {
                 tracing::error!(socket = %path.display(), error = %err, "registration service stopped");
@@ -203,7 +205,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         .add_service(IdentityServer::new(identity))
         .add_optional_service(node)
         .add_optional_service(controller)
-        .serve_with_incoming_shutdown(incoming, shutdown())
+        .serve_with_incoming_shutdown(authority::incoming(incoming), shutdown())
         .await
         .with_context(|| format!("serving CSI on {}", endpoint.display()))
 }

@@ -731,6 +731,9 @@ fn status(socket: &std::path::Path, json: bool, wide: bool) -> anyhow::Result<Ex
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", table(&report, wide));
+                for note in report.supervisor.iter().flat_map(|s| &s.start_notes) {
+                    println!("at start: {note}");
+                }
                 let unprotected = report.supervisor.as_ref().is_some_and(|s| !s.fd_store);
                 if unprotected && !report.mounts.is_empty() {
                     println!(

@@ -214,6 +214,11 @@ pub struct SupervisorInfo {
     /// down.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fd_store: bool,
+    /// What its start did to mounts it could not restore as they were,
+    /// one line each (e.g. a dead mount detached and mounted again, or
+    /// dropped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub start_notes: Vec<String>,
 }
 
 /// Generation deaths by cause (each one caused a restart or a takeover).

@@ -218,6 +218,7 @@ fn control_frames_are_pinned_and_round_trip() {
             version: "0.1.0".into(),
             started_unix_ms: 1_795_000_000_000,
             fd_store: false,
+            start_notes: Vec::new(),
         }),
         mounts: vec![MountStatus {
             persistent: false,

@@ -49,6 +49,9 @@ pub mod succession;
 pub use upgrade_protocol::client::DEFAULT_STATE_DIR;
 /// Mounts one supervisor holds at most.
 pub const MOUNTS_MAX: usize = 256;
+/// Lines kept about what the start did to mounts it could not restore as
+/// they were (`fsctl status`).
+pub const START_NOTES_MAX: usize = MOUNTS_MAX;
 /// Fds a mount costs the supervisor at most: the /dev/fuse fd, the
 /// generation listener, a pidfd and a connection per process (active,
 /// standby, retiring), the log.
@@ -163,6 +166,9 @@ struct Daemon {
     previous: Vec<upgrade_protocol::MountStatus>,
     /// When this executable started (status).
     started_unix_ms: u64,
+    /// What the start did to mounts it could not restore as they were (a
+    /// dead mount detached; at most `START_NOTES_MAX`).
+    start_notes: Vec<String>,
     #[cfg(feature = "kubernetes")]
     kubernetes: Option<crate::kubernetes::client::Publisher>,
 }
@@ -297,6 +303,7 @@ pub fn run(config: Config) -> Result<(), Error> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
+        start_notes: Vec::new(),
         #[cfg(feature = "kubernetes")]
         kubernetes,
     };
@@ -789,6 +796,7 @@ impl Daemon {
                         version: env!("CARGO_PKG_VERSION").to_string(),
                         started_unix_ms: self.started_unix_ms,
                         fd_store: self.systemd.active(),
+                        start_notes: self.start_notes.clone(),
                     }),
                     mounts: self.mounts.iter().map(Mount::status).collect(),
                 };

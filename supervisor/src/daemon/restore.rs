@@ -2,18 +2,34 @@
 //! /dev/fuse fds systemd kept in its fd store (matched by mount id):
 //!
 //! ```text
-//! record           stored fd   mount live (same connection)   what happens
-//! --------------   ---------   ----------------------------   -------------------------------------
-//! any              yes         yes                            adopt: the previous generation is
-//!                                                             killed and waited for (pidfd), then
-//!                                                             a new one starts with RESEND
-//! any              no          yes, its generation alive      the fd is copied from that generation
-//!                                                             (pidfd_getfd), then adopted as above
-//! persistent       no / stale  no                             mounted again (reboot)
-//! persistent       no          yes, no generation             kept, error: no fd to adopt
-//! not persistent   no          yes, no generation             record removed, logged
-//! not persistent   no / stale  no                             record removed, logged
+//! record           fd (stored, or      mount live          what happens
+//!                  copied)             (same connection)
+//! --------------   -----------------   -----------------   -------------------------------------
+//! any              yes                 yes                 adopt: the previous generation is
+//!                                                          killed and waited for (pidfd), then
+//!                                                          a new one starts with RESEND
+//! persistent       no / stale          no                  mounted again (reboot)
+//! persistent       no, nobody holds    yes (dead)          detached (MNT_DETACH), mounted again
+//! persistent       no, held elsewhere  yes                 kept, error: no fd to adopt
+//! not persistent   no, nobody holds    yes (dead)          detached, record removed, logged
+//! not persistent   no, held elsewhere  yes                 record removed, logged
+//! not persistent   no / stale          no                  record removed, logged
 //! ```
+//!
+//! "fd copied": no stored fd, but the recorded generation still runs and
+//! holds it; it is copied with pidfd_getfd.
+//!
+//! "Nobody holds": no stored fd, and no live process that is a generation
+//! of this mount (its command line names the mount's socket) holds a
+//! /dev/fuse fd. The supervisor, every generation and systemd's fd store
+//! are the only holders Baton makes, so the last copy was closed and the
+//! kernel aborted the connection: the mount is dead (ENOTCONN) and stays so
+//! until unmounted. It is detached without a look through it (no stat: a
+//! mount whose connection is alive but unserved would block one), so the
+//! mountpoint is a plain directory again, then made afresh or dropped
+//! (also listed in `fsctl status` as a start note). "Held elsewhere": such
+//! a generation lives but its fd could not be copied; the mount may be
+//! served, so it is left alone.
 //!
 //! The copy from a live generation covers a supervisor restarted outside
 //! systemd, and `systemctl stop` + `start` (systemd 252 empties the fd
@@ -38,13 +54,17 @@ use fuse_wire::Channel;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use upgrade_protocol::{listen_seqpacket, MountRecord};
 
-use super::{job_starter, Daemon};
+use super::{job_starter, Daemon, START_NOTES_MAX};
 use crate::executor::{Mount, NewMount};
 use crate::generation::pidfd_open;
 
 /// How long the previous supervisor's generation may take to exit after
 /// SIGKILL before the mount is left alone (RESEND is unsafe while it lives).
 pub const PREVIOUS_EXIT_WAIT_MS: u64 = 10_000;
+
+/// How many times a dead mount is detached at one mountpoint before the
+/// restore gives up on it (each detach removes the top mount).
+pub const DEAD_DETACH_COUNT_MAX: usize = 8;
 
 /// What to do with one record at start. See the module table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,28 +73,109 @@ pub enum Plan {
     Adopt,
     /// Mount it again (it is not mounted any more).
     MountAgain,
+    /// Its connection is dead: detach it, then mount it again.
+    DetachThenMountAgain,
+    /// Its connection is dead: detach it, then remove the record; log why.
+    DetachThenRemove(&'static str),
     /// Leave the record; log why.
     Keep(&'static str),
     /// Remove the record; log why.
     Remove(&'static str),
 }
 
-/// The decision for `record`, given whether systemd gave back its fd (or
-/// the previous generation still holds one), and which FUSE connection is
-/// mounted at its mountpoint now. Pure.
-pub fn plan(record: &MountRecord, has_fd: bool, mounted_connection: Option<u32>) -> Plan {
+/// Who holds a recorded mount's connection, besides the dead supervisor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// This supervisor: systemd gave the fd back, or it was copied from
+    /// the previous generation.
+    Us,
+    /// A generation of the mount holds a /dev/fuse fd this supervisor
+    /// could not take: the mount may still be served.
+    Elsewhere,
+    /// No one: the connection was aborted when its last fd closed.
+    Nobody,
+}
+
+/// The decision for `record`, given who holds its connection and which
+/// FUSE connection is mounted at its mountpoint now. Pure.
+pub fn plan(record: &MountRecord, holder: Holder, mounted_connection: Option<u32>) -> Plan {
     let live = mounted_connection == Some(record.connection_id);
-    match (has_fd && live, record.persistent, live) {
-        (true, _, _) => Plan::Adopt,
-        (false, true, false) => Plan::MountAgain,
-        (false, true, true) => Plan::Keep(
+    match (holder, record.persistent, live) {
+        (_, true, false) => Plan::MountAgain,
+        (_, false, false) => Plan::Remove("not mounted any more and not persistent"),
+        (Holder::Us, _, true) => Plan::Adopt,
+        (Holder::Nobody, true, true) => Plan::DetachThenMountAgain,
+        (Holder::Nobody, false, true) => Plan::DetachThenRemove(
+            "its connection was dead (no supervisor, generation or fd store held it: ENOTCONN); detached, and dropped since it is not persistent: mount it again to use it",
+        ),
+        (Holder::Elsewhere, true, true) => Plan::Keep(
             "still mounted, but systemd kept no fd for it, so it cannot be adopted; it is served by the previous generation (if alive) until you `umount` it, then restart fs-supervisor to mount it again",
         ),
-        (false, false, true) => Plan::Remove(
+        (Holder::Elsewhere, false, true) => Plan::Remove(
             "still mounted, but systemd kept no fd for it and it is not persistent: it is no longer supervised; `umount` it when done",
         ),
-        (false, false, false) => Plan::Remove("not mounted any more and not persistent"),
     }
+}
+
+/// Detaches (MNT_DETACH) every mount of connection `connection_id` at the
+/// top of `mountpoint`, never looking through it. `Ok` once the top mount
+/// there is another connection's or none.
+pub fn detach_dead(mountpoint: &Path, connection_id: u32) -> Result<usize, String> {
+    for detached in 0..DEAD_DETACH_COUNT_MAX {
+        if mounted_connection(mountpoint) != Some(connection_id) {
+            return Ok(detached);
+        }
+        fuse_wire::unmount(mountpoint).map_err(|err| err.to_string())?;
+    }
+    match mounted_connection(mountpoint) == Some(connection_id) {
+        true => Err(format!(
+            "still mounted after {DEAD_DETACH_COUNT_MAX} detaches"
+        )),
+        false => Ok(DEAD_DETACH_COUNT_MAX),
+    }
+}
+
+/// The /dev/fuse fds of process `pid`. A process gone or exiting (a
+/// zombie has closed every fd) holds none.
+fn fuse_fds(pid: u32) -> Result<Vec<i32>, String> {
+    match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(entries) => Ok(entries
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == Path::new("/dev/fuse")))
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()),
+        Err(_) if !process_alive(pid) => Ok(Vec::new()),
+        Err(err) => Err(format!("listing the fds of pid {pid}: {err}")),
+    }
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn process_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name's closing parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X' | 'x'))
+}
+
+/// Whether any live generation of the mount whose socket is `socket` (its
+/// command line names it) holds a /dev/fuse fd. `Err` when /proc cannot
+/// tell.
+pub fn generation_holds_fuse(socket: &Path) -> Result<bool, String> {
+    let entries = std::fs::read_dir("/proc").map_err(|err| format!("listing /proc: {err}"))?;
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+    {
+        if pid != std::process::id() && is_generation_of(pid, socket) && !fuse_fds(pid)?.is_empty()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The FUSE connection mounted exactly at `mountpoint` (the top one), from
@@ -144,12 +245,7 @@ pub fn fd_from_previous_generation(pid: u32, socket: &Path) -> Result<Option<Own
     if !is_generation_of(pid, socket) {
         return Ok(None);
     }
-    let fuse: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map_err(|err| format!("listing the fds of generation pid {pid}: {err}"))?
-        .flatten()
-        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|l| l == Path::new("/dev/fuse")))
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .collect();
+    let fuse = fuse_fds(pid)?;
     let [target] = fuse[..] else {
         tracing::warn!(pid, fds = ?fuse, "the previous generation holds no single /dev/fuse fd");
         return Ok(None);
@@ -222,39 +318,47 @@ impl Daemon {
                 }
             };
             let live = mounted_connection(&record.mountpoint);
-            let fd = match stored.remove(&record.mount_id) {
+            let stored_fd = match stored.remove(&record.mount_id) {
                 Some(fd) if !is_dev_fuse(&fd) => {
                     tracing::error!(mount = %record.mount_id, "the fd passed under this mount's name is not /dev/fuse; closed");
                     self.systemd.remove_fd(&record.mount_id);
                     None
                 }
-                Some(fd) => Some(fd),
-                None if live == Some(record.connection_id) => self.fd_from_generation(&record),
-                None => None,
+                other => other,
             };
-            let plan = plan(&record, fd.is_some(), live);
-            tracing::info!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), persistent = record.persistent, stored_fd = fd.is_some(), ?live, ?plan, "restoring");
+            let (fd, holder) = match stored_fd {
+                Some(fd) => (Some(fd), Holder::Us),
+                None if live == Some(record.connection_id) => self.fd_from_generation(&record),
+                None => (None, Holder::Nobody),
+            };
+            let plan = plan(&record, holder, live);
+            tracing::info!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), persistent = record.persistent, stored_fd = fd.is_some(), ?holder, ?live, ?plan, "restoring");
+            if fd.is_some() && plan != Plan::Adopt {
+                self.systemd.remove_fd(&record.mount_id);
+            }
             match (plan, fd) {
                 (Plan::Adopt, Some(fd)) => self.adopt(record, fd),
-                (Plan::MountAgain, fd) => {
-                    if fd.is_some() {
-                        self.systemd.remove_fd(&record.mount_id);
+                (Plan::MountAgain, _) => self.mount_again(record),
+                (Plan::DetachThenMountAgain, _) => {
+                    if self.detach_dead_mount(&record) {
+                        self.sweep_mount(&record.mount_id);
+                        self.note(
+                            &record,
+                            "its connection was dead (ENOTCONN): detached and mounted again",
+                        );
+                        self.mount_again(record);
                     }
-                    self.mount_again(record);
+                }
+                (Plan::DetachThenRemove(why), _) => {
+                    if self.detach_dead_mount(&record) {
+                        self.note(&record, why);
+                        self.remove_record(&record, why);
+                    }
                 }
                 (Plan::Keep(why), _) => {
                     tracing::error!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "not restored: {why}");
                 }
-                (Plan::Remove(why), fd) => {
-                    if fd.is_some() {
-                        self.systemd.remove_fd(&record.mount_id);
-                    }
-                    tracing::warn!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "state record removed: {why}");
-                    if let Err(err) = self.env.state.remove_record(&record.mount_id) {
-                        tracing::warn!(mount = %record.mount_id, %err, "cannot remove the state record");
-                    }
-                    self.sweep_mount(&record.mount_id);
-                }
+                (Plan::Remove(why), _) => self.remove_record(&record, why),
                 (Plan::Adopt, None) => {}
             }
         }
@@ -280,6 +384,38 @@ impl Daemon {
         }
     }
 
+    fn remove_record(&self, record: &MountRecord, why: &str) {
+        tracing::warn!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), "state record removed: {why}");
+        if let Err(err) = self.env.state.remove_record(&record.mount_id) {
+            tracing::warn!(mount = %record.mount_id, %err, "cannot remove the state record");
+        }
+        self.sweep_mount(&record.mount_id);
+    }
+
+    /// Detaches the dead mount of `record`; `false` (logged, the record
+    /// left in place) if it cannot be.
+    fn detach_dead_mount(&mut self, record: &MountRecord) -> bool {
+        match detach_dead(&record.mountpoint, record.connection_id) {
+            Ok(count) => {
+                tracing::warn!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), connection_id = record.connection_id, count, "nobody held this mount's connection any more (supervisor, generations and fd store all gone): the dead mount is detached");
+                true
+            }
+            Err(err) => {
+                tracing::error!(mount = %record.mount_id, mountpoint = %record.mountpoint.display(), err, "its connection is dead, but it cannot be detached; the record stays: `umount -l` it and restart fs-supervisor");
+                self.note(record, "its connection is dead, but it could not be detached: `umount -l` it and restart fs-supervisor");
+                false
+            }
+        }
+    }
+
+    /// Keeps a line for `fsctl status` about what the start did to a mount.
+    fn note(&mut self, record: &MountRecord, what: &str) {
+        if self.start_notes.len() < START_NOTES_MAX {
+            self.start_notes
+                .push(format!("{}: {what}", record.mountpoint.display()));
+        }
+    }
+
     /// Generation sockets (`run/<16 hex digits>.sock`) of mounts this
     /// supervisor does not hold: a crash left them.
     fn sweep_orphaned_sockets(&self) {
@@ -302,18 +438,29 @@ impl Daemon {
         }
     }
 
-    fn fd_from_generation(&self, record: &MountRecord) -> Option<OwnedFd> {
-        let pid = record.pid?;
+    /// The fd of `record`'s live connection copied from its previous
+    /// generation, or who else may hold it.
+    fn fd_from_generation(&self, record: &MountRecord) -> (Option<OwnedFd>, Holder) {
         let socket = self.env.state.socket_path(&record.mount_id);
-        match fd_from_previous_generation(pid, &socket) {
-            Ok(Some(fd)) => {
-                tracing::info!(mount = %record.mount_id, pid, "no stored fd: copied the /dev/fuse fd from the previous generation");
-                Some(fd)
+        if let Some(pid) = record.pid {
+            match fd_from_previous_generation(pid, &socket) {
+                Ok(Some(fd)) => {
+                    tracing::info!(mount = %record.mount_id, pid, "no stored fd: copied the /dev/fuse fd from the previous generation");
+                    return (Some(fd), Holder::Us);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(mount = %record.mount_id, pid, err, "cannot copy the fd from the previous generation");
+                    return (None, Holder::Elsewhere);
+                }
             }
-            Ok(None) => None,
+        }
+        match generation_holds_fuse(&socket) {
+            Ok(false) => (None, Holder::Nobody),
+            Ok(true) => (None, Holder::Elsewhere),
             Err(err) => {
-                tracing::warn!(mount = %record.mount_id, pid, err, "cannot copy the fd from the previous generation");
-                None
+                tracing::warn!(mount = %record.mount_id, err, "cannot tell whether a generation still holds the connection");
+                (None, Holder::Elsewhere)
             }
         }
     }
@@ -448,19 +595,43 @@ mod tests {
     fn every_record_case_has_one_plan() {
         for persistent in [false, true] {
             let r = record(persistent);
-            assert_eq!(plan(&r, true, Some(40)), Plan::Adopt);
+            assert_eq!(plan(&r, Holder::Us, Some(40)), Plan::Adopt);
             // A stored fd of a connection that is no longer mounted there.
-            let stale = plan(&r, true, Some(41));
-            let gone = plan(&r, false, None);
-            assert_eq!(stale, gone);
+            for holder in [Holder::Us, Holder::Elsewhere, Holder::Nobody] {
+                let stale = plan(&r, holder, Some(41));
+                assert_eq!(stale, plan(&r, holder, None));
+                assert_eq!(stale, plan(&r, Holder::Nobody, None));
+            }
+            let gone = plan(&r, Holder::Nobody, None);
+            let dead = plan(&r, Holder::Nobody, Some(40));
+            let elsewhere = plan(&r, Holder::Elsewhere, Some(40));
             if persistent {
                 assert_eq!(gone, Plan::MountAgain);
-                assert!(matches!(plan(&r, false, Some(40)), Plan::Keep(_)));
+                assert_eq!(dead, Plan::DetachThenMountAgain);
+                assert!(matches!(elsewhere, Plan::Keep(_)));
             } else {
                 assert!(matches!(gone, Plan::Remove(_)));
-                assert!(matches!(plan(&r, false, Some(40)), Plan::Remove(_)));
+                assert!(matches!(dead, Plan::DetachThenRemove(_)));
+                assert!(matches!(elsewhere, Plan::Remove(_)));
             }
         }
+    }
+
+    #[test]
+    fn a_foreign_process_or_none_holds_no_generations_fuse_fd() {
+        // No process names this socket on its command line.
+        assert_eq!(
+            generation_holds_fuse(Path::new("/nonexistent/run/0123456789abcdef.sock")),
+            Ok(false)
+        );
+        assert_eq!(fuse_fds(i32::MAX as u32), Ok(Vec::new()));
+        assert!(process_alive(std::process::id()));
+        assert!(!process_alive(i32::MAX as u32));
+    }
+
+    #[test]
+    fn detaching_where_the_connection_is_not_mounted_does_nothing() {
+        assert_eq!(detach_dead(Path::new("/nonexistent/mnt"), 40), Ok(0));
     }
 
     #[test]

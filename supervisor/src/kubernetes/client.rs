@@ -80,6 +80,11 @@ pub fn start(node: Node) -> std::io::Result<Publisher> {
 }
 
 async fn run(node: Node, rx: UnboundedReceiver<Update>) {
+    // With both of rustls's providers compiled in (fs-supervisor built in
+    // one cargo invocation with fsclient, as deploy/image/build does) none
+    // is the default and the first TLS connection panicked this thread.
+    // An error only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match Client::try_default().await {
         Ok(client) => client,
         Err(err) => {

@@ -54,6 +54,18 @@ impl Cluster {
         self.dir.join("ca.crt")
     }
 
+    /// The API server's secure port on 127.0.0.1 (csi/tests/kube_cluster,
+    /// which includes this file, gives it to the pods as the in-cluster
+    /// API address).
+    #[allow(dead_code)]
+    pub fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|port| port.parse().ok())
+            .expect("the API server's URL ends with its port")
+    }
+
     pub fn audit_log(&self) -> PathBuf {
         self.dir.join("audit.log")
     }

@@ -1,0 +1,339 @@
+//! The API objects of the cluster test: deploy/kubernetes as the node
+//! runs it (paths moved into the test's directory, host network), the
+//! workload pods, and the parts of the missing cluster components the test
+//! plays: the scheduler's binding of pending pods to the one node, and the
+//! external-provisioner's CreateVolume + PV.
+
+use std::path::Path;
+
+use baton_csi::proto::controller_client::ControllerClient;
+use baton_csi::proto::volume_capability::{AccessType, MountVolume};
+use baton_csi::proto::*;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{json, Value};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::apiserver::s;
+use crate::node::NODE;
+
+pub const SYSTEM: &str = "baton-system";
+pub const APPS: &str = "baton-e2e";
+pub const IMAGE: &str = "baton/baton:0.1.0";
+
+/// Every object kustomization.yaml lists.
+pub fn manifest_objects() -> Vec<Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let read = |name: &str| -> Vec<Value> {
+        let text = std::fs::read_to_string(dir.join(name)).expect("manifest");
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|doc| serde::Deserialize::deserialize(doc).expect("YAML"))
+            .filter(|v: &Value| !v.is_null())
+            .collect()
+    };
+    let kustomization = read("kustomization.yaml").remove(0);
+    kustomization["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .flat_map(|r| read(r.as_str().expect("resource name")))
+        .collect()
+}
+
+/// Host paths of the manifests, moved into the test's directory `dir`
+/// (the node is this machine: its real /var/lib/kubelet, /run/baton and
+/// /var/lib/baton are not the test's).
+pub fn host_path(dir: &Path, path: &str) -> String {
+    for (from, to) in [
+        ("/var/lib/kubelet", "kubelet"),
+        ("/var/lib/baton", "baton"),
+        ("/run/baton", "run-baton"),
+    ] {
+        if let Some(rest) = path.strip_prefix(from) {
+            return format!("{}{rest}", s(&dir.join(to)));
+        }
+    }
+    path.to_string()
+}
+
+/// The manifests as this node runs them. What changes, and why:
+/// - hostPaths into the test's directory; kubelet's directory also inside
+///   the containers (a CSI target path is the same on both sides);
+/// - host network for every pod (no pod network: no kube-proxy, no CNI
+///   bridge), so the in-cluster API address is 127.0.0.1 and the
+///   supervisor's metrics port a free one;
+/// - the DaemonSet's rollout as 1.20 accepts it (no maxSurge before 1.22);
+/// - the controller without its sidecar images (none can be pulled: the
+///   test plays external-provisioner), its CSI socket on a hostPath the
+///   test reaches;
+/// - the example pods are left out (their image, debian:12-slim, is not
+///   on the node).
+pub fn node_objects(dir: &Path, apiserver_port: u16, metrics_port: u16) -> Vec<Value> {
+    let mut objects = manifest_objects();
+    objects.retain(|o| o["kind"] != "Pod" && o["kind"] != "PersistentVolumeClaim");
+    for object in objects.iter_mut().filter(|o| o["kind"] == "DaemonSet") {
+        object["spec"]["updateStrategy"]["rollingUpdate"] = json!({"maxUnavailable": 1});
+    }
+    for object in &mut objects {
+        let kind = object["kind"].as_str().unwrap_or_default().to_string();
+        if kind != "DaemonSet" && kind != "Deployment" {
+            continue;
+        }
+        let spec = &mut object["spec"]["template"]["spec"];
+        spec["hostNetwork"] = json!(true);
+        for volume in spec["volumes"].as_array_mut().expect("volumes") {
+            if let Some(path) = volume["hostPath"]["path"].as_str() {
+                volume["hostPath"]["path"] = json!(host_path(dir, path));
+            }
+        }
+        for container in spec["containers"].as_array_mut().expect("containers") {
+            for mount in container["volumeMounts"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                if mount["mountPath"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/var/lib/kubelet"))
+                {
+                    mount["mountPath"] =
+                        json!(host_path(dir, mount["mountPath"].as_str().unwrap()));
+                }
+            }
+            for arg in container["args"].as_array_mut().into_iter().flatten() {
+                let text = arg.as_str().unwrap_or_default().to_string();
+                let text = text.replace("/var/lib/kubelet", s(&dir.join("kubelet")));
+                let text = text.replace(
+                    "--metrics-listen=127.0.0.1:9464",
+                    &format!("--metrics-listen=127.0.0.1:{metrics_port}"),
+                );
+                *arg = json!(text);
+            }
+        }
+        if kind == "DaemonSet" {
+            let supervisor = &mut spec["containers"][0];
+            assert_eq!(supervisor["name"], "fs-supervisor");
+            // What kube-proxy gives a pod: the API server's address.
+            let env = supervisor["env"].as_array_mut().expect("env");
+            env.push(json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}));
+            env.push(
+                json!({"name": "KUBERNETES_SERVICE_PORT", "value": apiserver_port.to_string()}),
+            );
+        } else {
+            spec["containers"]
+                .as_array_mut()
+                .unwrap()
+                .retain(|c| c["name"] == "csi-controller");
+            for volume in spec["volumes"].as_array_mut().unwrap() {
+                if volume["name"] == "csi" {
+                    *volume = json!({"name": "csi", "hostPath": {
+                        "path": s(&dir.join("csi-controller")), "type": "DirectoryOrCreate"}});
+                }
+            }
+        }
+    }
+    objects
+}
+
+/// Server-side apply of `object` (any kind), as `kubectl apply
+/// --server-side` does.
+pub async fn apply(client: &Client, object: &Value) -> Value {
+    let api_version = object["apiVersion"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap());
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .unwrap_or_else(|e| panic!("the server has no {gvk:?}: {e}"));
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    let name = object["metadata"]["name"].as_str().unwrap();
+    let applied = api
+        .patch(
+            name,
+            &PatchParams::apply("baton-e2e").force(),
+            &Patch::Apply(object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("server-side apply of {} {name} refused: {e}", gvk.kind));
+    serde_json::to_value(applied).unwrap()
+}
+
+/// The scheduler's part (no kube-scheduler is built): binds every pod
+/// without a node to the one node, as the scheduler would, until dropped.
+pub fn spawn_binder(client: Client) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let pods: Api<Pod> = Api::all(client.clone());
+        let unscheduled = ListParams::default().fields("spec.nodeName=");
+        loop {
+            if let Ok(list) = pods.list(&unscheduled).await {
+                for pod in list {
+                    let (Some(ns), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else {
+                        continue;
+                    };
+                    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                        "metadata": {"name": name, "namespace": ns},
+                        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}});
+                    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                    let bound: Result<Value, _> = api
+                        .create_subresource("binding", &name, &PostParams::default(), &binding)
+                        .await;
+                    if let Err(err) = bound {
+                        eprintln!("binding {ns}/{name} to {NODE}: {err}");
+                    }
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })
+}
+
+pub async fn csi_channel(socket: &Path) -> Channel {
+    let socket = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("connect to baton-csi's controller socket")
+}
+
+/// A PVC of the `baton` StorageClass asking `bytes`.
+pub async fn create_pvc(client: &Client, name: &str, bytes: u64) -> PersistentVolumeClaim {
+    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": APPS},
+        "spec": {"storageClassName": "baton", "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": bytes.to_string()}}},
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), APPS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap_or_else(|e| panic!("create PVC {name}: {e}"))
+}
+
+/// What external-provisioner does for a PVC of a class whose provisioner
+/// is csi.baton.dev: CreateVolume named `pvc-<uid>` with the class's
+/// parameters and the PVC's request, then a PV with the returned handle,
+/// pre-bound to the PVC (the PV controller completes the binding).
+pub async fn provision(client: &Client, controller: Channel, pvc: &PersistentVolumeClaim) {
+    let classes: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::discovery::ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "storage.k8s.io",
+            "v1",
+            "StorageClass",
+        )),
+    );
+    let class_name = pvc
+        .spec
+        .as_ref()
+        .unwrap()
+        .storage_class_name
+        .clone()
+        .unwrap();
+    let class =
+        serde_json::to_value(classes.get(&class_name).await.expect("StorageClass")).unwrap();
+    assert_eq!(class["provisioner"], "csi.baton.dev");
+    let parameters = class["parameters"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let uid = pvc.metadata.uid.clone().unwrap();
+    let name = format!("pvc-{uid}");
+    let requested = pvc
+        .spec
+        .as_ref()
+        .unwrap()
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()["storage"]
+        .0
+        .clone();
+    let bytes: i64 = requested.parse().expect("a PVC request in plain bytes");
+    let created = ControllerClient::new(controller)
+        .create_volume(CreateVolumeRequest {
+            name: name.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![VolumeCapability {
+                access_mode: Some(volume_capability::AccessMode {
+                    mode: volume_capability::access_mode::Mode::MultiNodeMultiWriter as i32,
+                }),
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+            }],
+            parameters,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CreateVolume {name}: {e}"))
+        .into_inner()
+        .volume
+        .expect("CreateVolume's volume");
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name,
+            "annotations": {"pv.kubernetes.io/provisioned-by": "csi.baton.dev"}},
+        "spec": {
+            "capacity": {"storage": created.capacity_bytes.to_string()},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": class["reclaimPolicy"].as_str().unwrap_or("Delete"),
+            "storageClassName": class_name,
+            "volumeMode": "Filesystem",
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "namespace": APPS, "name": pvc.metadata.name, "uid": uid},
+            "csi": {"driver": "csi.baton.dev", "volumeHandle": created.volume_id},
+        },
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(client.clone())
+        .create(&PostParams::default(), &pv)
+        .await
+        .unwrap_or_else(|e| panic!("create PV {name}: {e}"));
+}
+
+/// A host-network pod of the Baton image running `script` (bash) with
+/// the PVC `claim` at /data and the host directory `ctl` at /ctl.
+pub async fn create_pod(client: &Client, name: &str, claim: &str, ctl: &Path, script: &str) -> Pod {
+    std::fs::create_dir_all(ctl).unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": APPS},
+        "spec": {
+            "hostNetwork": true,
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{"name": "app", "image": IMAGE, "command": ["bash", "-c", script],
+                "env": [{"name": "POD_NAME", "value": name}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                 {"name": "ctl", "mountPath": "/ctl"}]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}},
+                        {"name": "ctl", "hostPath": {"path": s(ctl), "type": "Directory"}}],
+        },
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), APPS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap_or_else(|e| panic!("create Pod {name}: {e}"))
+}
