@@ -310,7 +310,7 @@ impl Env<'_> {
     fn supervisor_socket(&self) -> PathBuf {
         PathBuf::from(objects::host_path(
             &self.dir,
-            "/run/baton/fs-supervisor.sock",
+            "/run/baton/supervisor.sock",
         ))
     }
 
