@@ -1613,7 +1613,15 @@ fn upgrade(fx: &Fixture, binary: &Path, timeout: &str) -> (Option<i32>, Value) {
         "--json",
     ]);
     let reports: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    (out.status.code(), reports[0].clone())
+    let report = match &reports[0] {
+        // No report: what fsctl said instead, for the assertion's message.
+        Value::Null => serde_json::json!({
+            "fsctl_stdout": String::from_utf8_lossy(&out.stdout),
+            "fsctl_stderr": String::from_utf8_lossy(&out.stderr),
+        }),
+        report => report.clone(),
+    };
+    (out.status.code(), report)
 }
 
 /// A copy of the fsclient binary under another name (a "new version").
@@ -1806,7 +1814,7 @@ fn a_failing_new_binary_is_rolled_back_and_the_old_generation_serves_on() {
     // Too slow: the deadline rolls it back.
     let slow = fsclient_wrapper(&fx, "fsclient-slow", "sleep 5;");
     let (code, report) = upgrade(&fx, &slow, "500ms");
-    assert_eq!(code, Some(1), "{report}");
+    assert_eq!(code, Some(1), "{report}\n{}", fx.logs());
     assert_eq!(report["ok"], false, "{report}");
     let said = report["outcome"].as_str().unwrap_or("");
     assert!(
