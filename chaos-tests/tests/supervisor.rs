@@ -1857,7 +1857,14 @@ fn a_generation_killed_during_an_upgrade_is_reported_dead_and_the_mount_recovers
     // progress when the serving one is killed.
     let slow = fsclient_wrapper(&fx, "fsclient-slow", "sleep 5;");
     let upgrade = Command::new(binary("fsctl"))
-        .args(["upgrade", s(&fx.mnt), "--binary", s(&slow), "--timeout", "60s"])
+        .args([
+            "upgrade",
+            s(&fx.mnt),
+            "--binary",
+            s(&slow),
+            "--timeout",
+            "60s",
+        ])
         .args(["--socket", s(&fx.socket)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1871,7 +1878,9 @@ fn a_generation_killed_during_an_upgrade_is_reported_dead_and_the_mount_recovers
     );
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill -9 the serving generation");
     let mut upgrade = upgrade;
-    let status = upgrade.wait_timeout(DEADLINE).expect("fsctl upgrade did not return");
+    let status = upgrade
+        .wait_timeout(DEADLINE)
+        .expect("fsctl upgrade did not return");
     let mut said = String::new();
     std::io::Read::read_to_string(&mut upgrade.0.stderr.take().expect("stderr"), &mut said)
         .expect("fsctl's stderr");
@@ -1884,7 +1893,10 @@ fn a_generation_killed_during_an_upgrade_is_reported_dead_and_the_mount_recovers
     assert_ne!(after["pid"].as_i64(), Some(i64::from(pid)), "{after}");
     let m = s(&fx.mnt).to_string();
     let (ok, out, err) = App::sh(&fx.mnt, &format!("echo after > {m}/f && cat {m}/f")).finish();
-    assert!(ok && out == "after\n", "the mount after the recovery: {out}{err}");
+    assert!(
+        ok && out == "after\n",
+        "the mount after the recovery: {out}{err}"
+    );
 }
 
 #[test]

@@ -308,10 +308,7 @@ impl Env<'_> {
     }
 
     fn supervisor_socket(&self) -> PathBuf {
-        PathBuf::from(objects::host_path(
-            &self.dir,
-            "/run/baton/supervisor.sock",
-        ))
+        PathBuf::from(objects::host_path(&self.dir, "/run/baton/supervisor.sock"))
     }
 
     /// `fsctl status --json` of the node's fs-supervisor, from the host.

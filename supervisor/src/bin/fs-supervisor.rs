@@ -82,7 +82,10 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("fs-supervisor: {}", upgrade_protocol::error_chain(err.as_ref()));
+            eprintln!(
+                "fs-supervisor: {}",
+                upgrade_protocol::error_chain(err.as_ref())
+            );
             ExitCode::from(1)
         }
     }

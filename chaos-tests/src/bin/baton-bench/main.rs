@@ -302,7 +302,10 @@ fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("baton-bench: {}", upgrade_protocol::error_chain(err.as_ref()));
+            eprintln!(
+                "baton-bench: {}",
+                upgrade_protocol::error_chain(err.as_ref())
+            );
             ExitCode::from(2)
         }
     }
