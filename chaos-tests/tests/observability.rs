@@ -542,7 +542,9 @@ fn every_series_the_grafana_dashboard_queries_is_served() {
         "no request series after I/O:\n{scrape}"
     );
     // The storage series move with the I/O: the fsync uploaded blocks
-    // (PUT) and committed them in metadata write transactions.
+    // (PUT) and committed them in metadata write transactions; the
+    // O_DIRECT read got them back (GET: a local directory's objects are
+    // read in place, which counts as GET).
     let mut storage = BTreeMap::new();
     assert!(
         wait_until(DEADLINE, || {
@@ -551,13 +553,15 @@ fn every_series_the_grafana_dashboard_queries_is_served() {
             let put = |name: &str| value(&storage, name, &["operation=\"put\""]);
             let tx = |name: &str, kind: &str| value(&storage, name, &[kind]);
             put("baton_mount_object_store_requests_total{") >= 1.0
+                && value(&storage, "baton_mount_object_store_requests_total{", &["operation=\"get\""]) >= 1.0
+                && value(&storage, "baton_mount_object_store_bytes_total{", &["direction=\"received\""]) >= 262_144.0
                 && put("baton_mount_object_store_request_duration_seconds_count{") >= 1.0
                 && value(&storage, "baton_mount_object_store_bytes_total{", &["direction=\"sent\""]) >= 262_144.0
                 && tx("baton_mount_metadata_transactions_total{", "kind=\"write\"") >= 1.0
                 && tx("baton_mount_metadata_transactions_total{", "kind=\"read\"") >= 1.0
                 && tx("baton_mount_metadata_transaction_duration_seconds_count{", "kind=\"write\"") >= 1.0
         }),
-        "no object store PUT, bytes sent or metadata transactions after 256 KiB written with fsync:\n{scrape}"
+        "no object store PUT and GET, bytes each way or metadata transactions after 256 KiB written with fsync and read back:\n{scrape}"
     );
     assert_eq!(
         value(
