@@ -220,6 +220,7 @@ impl BlockCache {
             })?;
         Ok(BlockCache(Backing::InPlace(InPlaceReader::new(
             root.to_path_buf(),
+            store.counters(),
         )?)))
     }
 

@@ -56,6 +56,8 @@ struct ObjectFiles {
     root: PathBuf,
     open: Mutex<OpenFiles>,
     read_count: AtomicU64,
+    // The store's counters: a read here is its GET.
+    counters: Arc<crate::op_stats::StoreCounters>,
 }
 
 /// The most recently used object files, by key.
@@ -94,11 +96,15 @@ impl OpenFiles {
 impl InPlaceReader {
     /// A reader of the objects under `root` (the store's directory), with
     /// its readahead thread.
-    pub(crate) fn new(root: PathBuf) -> Result<Self> {
+    pub(crate) fn new(
+        root: PathBuf,
+        counters: Arc<crate::op_stats::StoreCounters>,
+    ) -> Result<Self> {
         let files = Arc::new(ObjectFiles {
             root,
             open: Mutex::new(OpenFiles::default()),
             read_count: AtomicU64::new(0),
+            counters,
         });
         let (tx, rx) = std::sync::mpsc::sync_channel(READAHEAD_QUEUE_MAX);
         let worker = Arc::clone(&files);
@@ -172,6 +178,17 @@ fn readahead_loop(files: &ObjectFiles, rx: &Receiver<(ObjectKey, u64)>) {
 impl ObjectFiles {
     fn read_into(&self, key: &ObjectKey, start: u64, buf: &mut [u8]) -> Result<()> {
         self.read_count.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        let result = self.read_file(key, start, buf);
+        let op = crate::op_stats::StoreOp::Get;
+        self.counters.record(op, started, result.is_ok());
+        if result.is_ok() {
+            self.counters.received(buf.len() as u64);
+        }
+        result
+    }
+
+    fn read_file(&self, key: &ObjectKey, start: u64, buf: &mut [u8]) -> Result<()> {
         let file = self.file(key)?;
         let mut filled = 0;
         while filled < buf.len() {

@@ -82,6 +82,12 @@ pub(crate) struct StoreCounters {
     sent_bytes: AtomicU64,
 }
 
+impl std::fmt::Debug for StoreCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreCounters").finish_non_exhaustive()
+    }
+}
+
 fn slot_index(op: StoreOp) -> usize {
     match op {
         StoreOp::Delete => 0,

@@ -224,6 +224,11 @@ impl BlockStore {
         self.in_place_root().is_some()
     }
 
+    /// The counters of this store's calls (shared with an in-place reader).
+    pub(crate) fn counters(&self) -> Arc<StoreCounters> {
+        Arc::clone(&self.counters)
+    }
+
     /// The directory whose files are the objects, when
     /// [`BlockStore::reads_in_place`].
     pub(crate) fn in_place_root(&self) -> Option<&Path> {

@@ -556,3 +556,17 @@ fn size_record_survives_kill_9_during_extending_writes() {
         );
     }
 }
+
+#[test]
+fn pending_counts_staged_bytes_and_the_oldest_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = Staging::open(dir.path(), BS).unwrap();
+    assert_eq!(staging.pending().unwrap(), (0, None));
+    let before = std::time::SystemTime::now() - std::time::Duration::from_secs(2);
+    staging.write(3, 0, &pattern(100, 1), &no_base).unwrap();
+    staging.write(4, BS, &pattern(10, 2), &no_base).unwrap();
+    let (bytes, oldest) = staging.pending().unwrap();
+    // Inode 4's write staged block 1 only, 10 bytes long (block 0 is a hole).
+    assert_eq!(bytes, 100 + 10);
+    assert!(oldest.is_some_and(|t| t >= before), "{oldest:?}");
+}

@@ -402,3 +402,36 @@ fn a_local_put_leaves_only_the_object_and_names_a_file_it_cannot_write() {
     );
     assert!(err.to_string().contains("data directory"), "{err}");
 }
+
+#[test]
+fn stats_count_calls_errors_and_bytes_by_operation() {
+    let store = BlockStore::open("memory://").unwrap();
+    let key = store
+        .put_block(1, 0, Bytes::from_static(b"0123456789"))
+        .unwrap();
+    assert_eq!(&store.get_range(&key, 2..6).unwrap()[..], b"2345");
+    let missing = ObjectKey::from_parts(1, 2, 3, KeyLayout::PerInode);
+    assert!(store.get_range(&missing, 0..1).is_err());
+    assert_eq!(store.list_keys().unwrap().len(), 1);
+    assert_eq!(store.delete(&[key]), 1);
+    let stats = store.stats();
+    let op = |name: &str| {
+        stats
+            .operations
+            .iter()
+            .find(|(op, _)| op.name() == name)
+            .map(|(_, s)| {
+                (
+                    s.count,
+                    s.error_count,
+                    s.latency_buckets.iter().sum::<u64>(),
+                )
+            })
+            .unwrap()
+    };
+    assert_eq!(op("put"), (1, 0, 1));
+    assert_eq!(op("get"), (2, 1, 2));
+    assert_eq!(op("list"), (1, 0, 1));
+    assert_eq!(op("delete"), (1, 0, 1));
+    assert_eq!((stats.sent_bytes, stats.received_bytes), (10, 4));
+}

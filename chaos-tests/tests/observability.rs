@@ -541,6 +541,48 @@ fn every_series_the_grafana_dashboard_queries_is_served() {
         }),
         "no request series after I/O:\n{scrape}"
     );
+    // The storage series move with the I/O: the fsync uploaded blocks
+    // (PUT) and committed them in metadata write transactions; the
+    // O_DIRECT read got them back (GET: a local directory's objects are
+    // read in place, which counts as GET).
+    let mut storage = BTreeMap::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            scrape = fx.get("/metrics");
+            storage = samples(&scrape);
+            let put = |name: &str| value(&storage, name, &["operation=\"put\""]);
+            let tx = |name: &str, kind: &str| value(&storage, name, &[kind]);
+            put("baton_mount_object_store_requests_total{") >= 1.0
+                && value(&storage, "baton_mount_object_store_requests_total{", &["operation=\"get\""]) >= 1.0
+                && value(&storage, "baton_mount_object_store_bytes_total{", &["direction=\"received\""]) >= 262_144.0
+                && put("baton_mount_object_store_request_duration_seconds_count{") >= 1.0
+                && value(&storage, "baton_mount_object_store_bytes_total{", &["direction=\"sent\""]) >= 262_144.0
+                && tx("baton_mount_metadata_transactions_total{", "kind=\"write\"") >= 1.0
+                && tx("baton_mount_metadata_transactions_total{", "kind=\"read\"") >= 1.0
+                && tx("baton_mount_metadata_transaction_duration_seconds_count{", "kind=\"write\"") >= 1.0
+        }),
+        "no object store PUT and GET, bytes each way or metadata transactions after 256 KiB written with fsync and read back:\n{scrape}"
+    );
+    assert_eq!(
+        value(
+            &storage,
+            "baton_mount_object_store_request_errors_total{",
+            &["operation=\"put\""]
+        ),
+        0.0,
+        "{scrape}"
+    );
+    // Everything was uploaded by the fsync: nothing staged, nothing old.
+    for name in [
+        "baton_mount_staged_bytes{",
+        "baton_mount_staged_oldest_age_seconds{",
+        "baton_mount_cache_evictions_total{",
+    ] {
+        assert!(
+            storage.keys().any(|k| k.starts_with(name)),
+            "no {name}:\n{scrape}"
+        );
+    }
     // Memory is read at scrape time: the generation's RSS and its cgroup.
     let now = samples(&scrape);
     for name in [

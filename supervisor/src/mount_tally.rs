@@ -219,6 +219,40 @@ mod tests {
     }
 
     #[test]
+    fn staging_gauges_are_the_serving_generations_and_storage_counters_add_up() {
+        let storage = |puts, staged_bytes| GenerationCounters {
+            latency_bounds_us: LATENCY_BOUNDS_US.to_vec(),
+            storage: upgrade_protocol::StorageCounters {
+                object_store: vec![upgrade_protocol::OperationCounters {
+                    operation: "put".to_string(),
+                    count: puts,
+                    latency_buckets: vec![puts, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    ..Default::default()
+                }],
+                staged_bytes,
+                staged_oldest_age_s: staged_bytes / 100,
+                ..Default::default()
+            },
+            ..GenerationCounters::default()
+        };
+        let mut tally = MountTally::default();
+        tally.report(1, 0, storage(3, 500));
+        tally.serving_ended();
+        let io = tally.counters().io;
+        assert_eq!(
+            (io.storage.staged_bytes, io.storage.staged_oldest_age_s),
+            (0, 0)
+        );
+        tally.report(2, 0, storage(2, 300));
+        let io = tally.counters().io;
+        assert_eq!(io.storage.object_store[0].count, 5);
+        assert_eq!(
+            (io.storage.staged_bytes, io.storage.staged_oldest_age_s),
+            (300, 3)
+        );
+    }
+
+    #[test]
     fn totals_never_go_down_when_a_generation_is_replaced() {
         let mut tally = MountTally::default();
         tally.report(1, 1, writes(5, 500));

@@ -18,7 +18,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 
-use super::{not_ready, read_memory, render, render_page, unix_ms_now, Snapshot};
+use super::{not_ready, read_memory, render, render_page_with_charts, unix_ms_now, Snapshot};
 
 /// Request header bytes read at most (hyper's smallest buffer limit).
 pub const REQUEST_BYTES_MAX: usize = 8192;
@@ -148,7 +148,13 @@ fn respond(request: &Request<Incoming>, snapshot: &Snapshot) -> Response<Full<By
         "/" => reply(
             StatusCode::OK,
             "text/html; charset=utf-8",
-            render_page(&mounts, &totals, uptime_s, unix_ms_now()),
+            render_page_with_charts(
+                &mounts,
+                &snapshot.charts(),
+                &totals,
+                uptime_s,
+                unix_ms_now(),
+            ),
         ),
         // The loop published a snapshot: the process answers.
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),

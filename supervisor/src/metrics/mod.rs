@@ -13,13 +13,13 @@ mod prometheus;
 
 pub use http::{serve, CONNECTIONS_MAX, REQUEST_BYTES_MAX, REQUEST_TIMEOUT_MS};
 pub use page::{
-    bytes_text, duration_text, health, micros_text, render_page, tips, Health, INCIDENTS_SHOWN_MAX,
-    PAGE_REFRESH_S, TIP_WINDOW_MS,
+    bytes_text, chart_svg, duration_text, health, micros_text, render_page,
+    render_page_with_charts, tips, Health, INCIDENTS_SHOWN_MAX, PAGE_REFRESH_S, TIP_WINDOW_MS,
 };
 pub use prometheus::render;
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -61,6 +61,45 @@ struct Published {
     last: BTreeMap<String, SupervisorTotals>,
     /// Totals of mounts that are gone.
     gone: SupervisorTotals,
+    /// Each mount's request totals about once a minute, for the page's
+    /// chart, by mount id.
+    charts: BTreeMap<String, VecDeque<ChartPoint>>,
+}
+
+/// Points a mount's chart keeps: an hour of one a minute, plus the start.
+pub const CHART_POINTS_MAX: usize = 61;
+/// Time between two chart points.
+pub const CHART_INTERVAL_MS: u64 = 60_000;
+
+/// A mount's request totals at one time (its chart plots the differences).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChartPoint {
+    /// When (Unix time, ms).
+    pub at_unix_ms: u64,
+    /// Requests over the mount's life.
+    pub request_count: u64,
+    /// Sum of their handling times, µs.
+    pub latency_us_sum: u64,
+}
+
+/// Adds a point for `m` to `points` when the last is at least
+/// [`CHART_INTERVAL_MS`] old, keeping [`CHART_POINTS_MAX`]. Pure.
+fn chart_sample(points: &mut VecDeque<ChartPoint>, m: &MountStatus, now_unix_ms: u64) {
+    let due = points
+        .back()
+        .is_none_or(|p| now_unix_ms.saturating_sub(p.at_unix_ms) >= CHART_INTERVAL_MS);
+    if !due {
+        return;
+    }
+    let io = m.counters.as_ref().map(|c| &c.io);
+    points.push_back(ChartPoint {
+        at_unix_ms: now_unix_ms,
+        request_count: io.map_or(0, |io| io.request_count()),
+        latency_us_sum: io.map_or(0, |io| io.requests.iter().map(|o| o.latency_us_sum).sum()),
+    });
+    while points.len() > CHART_POINTS_MAX {
+        points.pop_front();
+    }
 }
 
 /// The latest statuses, shared between the loop and the HTTP thread.
@@ -95,8 +134,29 @@ impl Snapshot {
                 }
             }
             published.last = last;
+            let now_unix_ms = unix_ms_now();
+            published
+                .charts
+                .retain(|id, _| mounts.iter().any(|m| &m.mount_id == id));
+            for m in &mounts {
+                let points = published.charts.entry(m.mount_id.clone()).or_default();
+                chart_sample(points, m, now_unix_ms);
+            }
             published.mounts = mounts;
         }
+    }
+
+    /// Each mount's chart points, oldest first, by mount id.
+    fn charts(&self) -> BTreeMap<String, Vec<ChartPoint>> {
+        self.published
+            .lock()
+            .map(|p| {
+                p.charts
+                    .iter()
+                    .map(|(id, points)| (id.clone(), points.iter().copied().collect()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn read(&self) -> (Vec<MountStatus>, SupervisorTotals) {

@@ -7,11 +7,12 @@
 //! with its stall; it reloads itself every [`PAGE_REFRESH_S`] and fits a
 //! phone's width. Pure.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use upgrade_protocol::{Incident, MountStatus};
 
-use super::{opcode_name, SupervisorTotals};
+use super::{opcode_name, ChartPoint, SupervisorTotals};
 
 /// Incidents counted by the tips: those of the last 10 minutes.
 pub const TIP_WINDOW_MS: u64 = 10 * 60 * 1000;
@@ -199,7 +200,62 @@ fn ago(now_unix_ms: u64, at_unix_ms: u64) -> String {
     }
 }
 
-fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64) {
+/// Width and height of a chart (SVG user units).
+const CHART_WIDTH: u64 = 300;
+const CHART_HEIGHT: u64 = 60;
+
+/// A small inline SVG of a mount's request rate (requests/s, solid) and
+/// mean latency (ms, dashed) between consecutive `points`, each line
+/// scaled to its own maximum, which the caption gives. Empty below two
+/// points. Pure.
+pub fn chart_svg(points: &[ChartPoint]) -> String {
+    let steps: Vec<(u64, f64, f64)> = points
+        .windows(2)
+        .filter_map(|w| {
+            let ms = w[1]
+                .at_unix_ms
+                .checked_sub(w[0].at_unix_ms)
+                .filter(|&ms| ms > 0)?;
+            let n = w[1].request_count.saturating_sub(w[0].request_count);
+            let us = w[1].latency_us_sum.saturating_sub(w[0].latency_us_sum);
+            let mean_ms = if n > 0 {
+                us as f64 / n as f64 / 1000.0
+            } else {
+                0.0
+            };
+            Some((w[1].at_unix_ms, n as f64 * 1000.0 / ms as f64, mean_ms))
+        })
+        .collect();
+    let (Some(first), Some(last)) = (points.first(), steps.last()) else {
+        return String::new();
+    };
+    let span_ms = last.0.saturating_sub(first.at_unix_ms).max(1) as f64;
+    let line = |value: fn(&(u64, f64, f64)) -> f64| {
+        let max = steps.iter().map(value).fold(0.0, f64::max);
+        let coords: Vec<String> = std::iter::once((first.at_unix_ms, 0.0))
+            .chain(steps.iter().map(|s| (s.0, value(s))))
+            .map(|(at, v)| {
+                let x = (at - first.at_unix_ms) as f64 / span_ms * CHART_WIDTH as f64;
+                let y = CHART_HEIGHT as f64
+                    - if max > 0.0 { v / max } else { 0.0 } * (CHART_HEIGHT - 2) as f64;
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        (coords.join(" "), max)
+    };
+    let (rate, rate_max) = line(|s| s.1);
+    let (latency, latency_max) = line(|s| s.2);
+    format!(
+        "<figure class=\"chart\"><svg viewBox=\"0 0 {CHART_WIDTH} {CHART_HEIGHT}\" width=\"100%\" \
+         role=\"img\" aria-label=\"requests per second and mean latency\" preserveAspectRatio=\"none\">\
+         <polyline class=\"rate\" fill=\"none\" stroke=\"#06c\" points=\"{rate}\"/>\
+         <polyline class=\"latency\" fill=\"none\" stroke=\"#a60\" stroke-dasharray=\"4 2\" points=\"{latency}\"/></svg>\
+         <figcaption>last {span}: requests/s (blue, max {rate_max:.1}), mean latency (orange, dashed, max {latency_max:.2} ms)</figcaption></figure>",
+        span = duration_text((span_ms / 1000.0) as u64),
+    )
+}
+
+fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64, chart: &str) {
     let health = health(m, now_unix_ms);
     let counters = m.counters.clone().unwrap_or_default();
     let _ = write!(
@@ -266,6 +322,7 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64) {
         }
         out.push_str("</ol>");
     }
+    out.push_str(chart);
     out.push_str("</section>");
 }
 
@@ -328,9 +385,21 @@ fn request_summary(io: &upgrade_protocol::GenerationCounters) -> String {
     )
 }
 
-/// The page. Pure.
+/// The page without charts. Pure.
 pub fn render_page(
     mounts: &[MountStatus],
+    totals: &SupervisorTotals,
+    uptime_s: u64,
+    now_unix_ms: u64,
+) -> String {
+    render_page_with_charts(mounts, &BTreeMap::new(), totals, uptime_s, now_unix_ms)
+}
+
+/// The page, each mount with the chart of its `charts` points (by mount
+/// id; [`chart_svg`]). Pure.
+pub fn render_page_with_charts(
+    mounts: &[MountStatus],
+    charts: &BTreeMap<String, Vec<ChartPoint>>,
     totals: &SupervisorTotals,
     uptime_s: u64,
     now_unix_ms: u64,
@@ -341,7 +410,10 @@ pub fn render_page(
         .count();
     let mut body = String::new();
     for m in mounts {
-        mount_section(&mut body, m, now_unix_ms);
+        let chart = charts
+            .get(&m.mount_id)
+            .map_or(String::new(), |p| chart_svg(p));
+        mount_section(&mut body, m, now_unix_ms, &chart);
     }
     if mounts.is_empty() {
         body.push_str(

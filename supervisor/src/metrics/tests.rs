@@ -565,3 +565,48 @@ fn the_page_speaks_human_units_and_reloads_itself() {
         "<meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_S}\">"
     )));
 }
+
+#[test]
+fn the_chart_plots_request_rate_and_mean_latency_between_points() {
+    let point = |min: u64, count, us| ChartPoint {
+        at_unix_ms: NOW_MS - (60 - min) * 60_000,
+        request_count: count,
+        latency_us_sum: us,
+    };
+    assert_eq!(chart_svg(&[point(0, 0, 0)]), "", "one point draws nothing");
+    // 600 requests in the first minute (10/s, 2 ms each), none in the second.
+    let svg = chart_svg(&[
+        point(0, 0, 0),
+        point(1, 600, 1_200_000),
+        point(2, 600, 1_200_000),
+    ]);
+    assert!(svg.starts_with("<figure class=\"chart\"><svg"), "{svg}");
+    assert!(svg.contains("max 10.0"), "{svg}");
+    assert!(svg.contains("max 2.00 ms"), "{svg}");
+    // x from 0 to the full width, the busy minute at the top (y 2), the idle one at 0.
+    assert!(
+        svg.contains("points=\"0.0,60.0 150.0,2.0 300.0,60.0\""),
+        "{svg}"
+    );
+    assert!(svg.contains("last 2 min"), "{svg}");
+    let m = status();
+    let charts = BTreeMap::from([(m.mount_id.clone(), vec![point(0, 0, 0), point(1, 60, 60)])]);
+    let page = render_page_with_charts(&[m], &charts, &SupervisorTotals::default(), 10, NOW_MS);
+    assert_eq!(page.matches("<svg").count(), 1, "{page}");
+    assert!(page.contains("<figcaption>last 1 min"), "{page}");
+}
+
+#[test]
+fn a_mount_gets_a_chart_point_a_minute_and_keeps_an_hour() {
+    let mut points = std::collections::VecDeque::new();
+    let m = status();
+    for second in 0..(2 * 3600) {
+        chart_sample(&mut points, &m, NOW_MS + second * 1000);
+    }
+    assert_eq!(points.len(), CHART_POINTS_MAX);
+    assert_eq!(
+        points[1].at_unix_ms - points[0].at_unix_ms,
+        CHART_INTERVAL_MS
+    );
+    assert_eq!(points[0].request_count, 6);
+}
