@@ -40,6 +40,8 @@
 //! Needs root, /dev/fuse, `target/debug/{fs-supervisor (--features
 //! kubernetes),fsclient,fsctl,baton-csi}`. `BATON_KUBE_TEST_KEEP=1` keeps
 //! the temp dir's logs (everything is still stopped and unmounted).
+//! `BATON_KUBE_TEST_ROLLOUT=1` adds the blue/green DaemonSet update under
+//! a pod's checked I/O (deploy/README.md; it still sees one EIO).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -53,6 +55,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolumeClaim, Pod};
 use kube::api::{DeleteParams, DynamicObject, GroupVersionKind};
 use kube::{Api, Client};
@@ -71,6 +74,8 @@ const START_DEADLINE: Duration = Duration::from_secs(240);
 const DEADLINE: Duration = Duration::from_secs(180);
 /// How long deleting a pod over a dead mount may take (the bound).
 const DELETE_DEADLINE: Duration = Duration::from_secs(60);
+/// The "new" image of the update (the same image, tagged again).
+const NEXT_IMAGE: &str = "docker.io/baton/baton:next";
 
 fn required() -> bool {
     std::env::var("BATON_REQUIRE_KUBE_CLUSTER").as_deref() == Ok("1")
@@ -613,6 +618,84 @@ async fn serving(env: &Env<'_>, volume: &str, after: u64) -> (i32, u64) {
     .await
 }
 
+/// deploy/README.md's blue/green DaemonSet update under a pod's checked
+/// I/O: zero errors, a new supervisor and generation serving after it.
+async fn blue_green_update(env: &Env<'_>, client: &Client, apiserver_port: u16) {
+    let logs = || env.logs();
+    let client = client.clone();
+    // An image update on 1.20 (no maxSurge for DaemonSets): blue/green.
+    // A second DaemonSet with the new image starts beside the first; its
+    // supervisor (--successor) waits on the shared state directory. Deleting
+    // the first sends SIGTERM: every mount is handed over, the pod's I/O
+    // goes on.
+    pod_published(env, &client, "io-rollout", "data-a", CHECKED_IO).await;
+    let ops = wait_progress(env, &client, "io-rollout", 10).await;
+    let before = env.status().expect("status");
+    let (_, generation) = serving(env, "shared", 0).await;
+    let io_rollout = Api::<Pod>::namespaced(client.clone(), APPS)
+        .get("io-rollout")
+        .await
+        .expect("pod io-rollout");
+    let before_ms = slowest_so_far(&pod_log(&io_rollout));
+    env.node.tag_image("baton/baton:", NEXT_IMAGE);
+    let next = objects::next_daemonset(&env.dir, apiserver_port, free_port(), NEXT_IMAGE);
+    objects::apply(&client, &next).await;
+    let successor = PathBuf::from(objects::host_path(
+        &env.dir,
+        "/var/lib/baton/supervisor/run/successor.sock",
+    ));
+    eventually(
+        "the new DaemonSet's supervisor waiting as successor",
+        START_DEADLINE,
+        logs,
+        || async { successor.exists().then_some(()) },
+    )
+    .await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), SYSTEM);
+    let switching = Instant::now();
+    daemonsets
+        .delete("fs-supervisor", &DeleteParams::background())
+        .await
+        .expect("delete the old DaemonSet");
+    let started = before["supervisor"]["started_unix_ms"].clone();
+    eventually(
+        "the successor serving the mount",
+        DEADLINE,
+        logs,
+        || async {
+            let status = env.status()?;
+            (status["supervisor"]["started_unix_ms"] != started).then_some(())?;
+            let mount = env.shared_mounts("shared").into_iter().next()?;
+            (mount["state"] == "serving" && mount["generation"].as_u64()? > generation)
+                .then_some(())
+        },
+    )
+    .await;
+    let switched = switching.elapsed();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM);
+    eventually("the old node pod gone", DEADLINE, logs, || async {
+        let list = pods.list(&Default::default()).await.ok()?;
+        let old = |name: &str| {
+            name.starts_with("fs-supervisor-") && !name.starts_with("fs-supervisor-next-")
+        };
+        list.items
+            .iter()
+            .all(|p| !p.metadata.name.as_deref().is_some_and(old))
+            .then_some(())
+    })
+    .await;
+    wait_progress(env, &client, "io-rollout", ops + 20).await;
+    let stall_ms = finish_checked(env, &client, "io-rollout").await;
+    let (_, after_rollout) =
+        pod_published(env, &client, "after-rollout", "data-b", SIMPLE_IO).await;
+    let (code, log) = wait_finished(env, &client, "after-rollout").await;
+    assert_eq!(code, 0, "a new pod after the update:\n{log}");
+    eprintln!(
+        "blue/green update: old DaemonSet deleted, successor serving after {switched:?} (generation {generation} -> {}); slowest pod iteration {stall_ms} ms ({before_ms} ms before), zero errors; a new pod published in {after_rollout:?}",
+        env.shared_mounts("shared")[0]["generation"]
+    );
+}
+
 async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
     let logs = || env.logs();
     let nodes: Api<KubeNode> = Api::all(client.clone());
@@ -833,7 +916,15 @@ async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
     finish_checked(env, &client, "io-plugin").await;
     eprintln!("plugin crash: running pod untouched, a new pod published in {after_plugin:?}");
 
-    // 6. Everything of the node pod killed: the mount under the pod is dead.
+    // 6. An image update on 1.20 (no maxSurge for DaemonSets): blue/green,
+    // deploy/README.md. Only with BATON_KUBE_TEST_ROLLOUT=1 for now: in 2 of
+    // 2 runs the pod saw one EIO on close(2) about 40 s after the switch
+    // (the handover itself logged nothing wrong); not understood yet.
+    if std::env::var_os("BATON_KUBE_TEST_ROLLOUT").is_some() {
+        blue_green_update(env, &client, apiserver_port).await;
+    }
+
+    // 7. Everything of the node pod killed: the mount under the pod is dead.
     pod_published(
         env,
         &client,

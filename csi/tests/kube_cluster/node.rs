@@ -309,6 +309,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         node
     }
 
+    /// Tags the imported image whose name contains `name` (e.g.
+    /// `baton/baton:`) as `to` too: a "new" image for an update.
+    pub fn tag_image(&self, name: &str, to: &str) {
+        let out = ctr(&self.containerd_socket, &["images", "ls", "-q"]);
+        let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+        let from = listing
+            .lines()
+            .find(|l| l.contains(name) && !l.starts_with("sha256:"))
+            .unwrap_or_else(|| panic!("no image {name} in:\n{listing}"));
+        let out = ctr(&self.containerd_socket, &["images", "tag", from, to]);
+        assert!(
+            out.status.success(),
+            "ctr images tag {from} {to}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// kube-controller-manager and kubelet, both with the admin kubeconfig.
     pub fn start_kubernetes(
         &mut self,

@@ -57,6 +57,26 @@ pub fn host_path(dir: &Path, path: &str) -> String {
     path.to_string()
 }
 
+/// The node DaemonSet as deploy/README.md's blue/green update makes the
+/// second one: named `fs-supervisor-next`, its pods labelled apart, on
+/// `image`.
+pub fn next_daemonset(dir: &Path, apiserver_port: u16, metrics_port: u16, image: &str) -> Value {
+    let mut next = node_objects(dir, apiserver_port, metrics_port)
+        .into_iter()
+        .find(|o| o["kind"] == "DaemonSet")
+        .expect("the node DaemonSet");
+    next["metadata"]["name"] = json!("fs-supervisor-next");
+    next["spec"]["selector"]["matchLabels"]["baton.dev/slot"] = json!("next");
+    next["spec"]["template"]["metadata"]["labels"]["baton.dev/slot"] = json!("next");
+    for container in next["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+    {
+        container["image"] = json!(image);
+    }
+    next
+}
+
 /// The manifests as this node runs them. What changes, and why:
 /// - hostPaths into the test's directory; kubelet's directory also inside
 ///   the containers (a CSI target path is the same on both sides);
