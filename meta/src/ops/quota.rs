@@ -491,11 +491,17 @@ pub(crate) fn recount<C: Db>(c: &C, repair: bool) -> Result<Vec<QuotaDrift>> {
 pub(crate) fn dir_path<C: Db>(c: &C, dir: u64) -> Result<PathBuf> {
     let mut names: Vec<OsString> = Vec::new();
     let mut cur = dir;
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..DIR_DEPTH_MAX {
         if cur == ROOT_INO {
             let mut path = PathBuf::from("/");
             path.extend(names.iter().rev());
             return Ok(path);
+        }
+        if !seen.insert(cur) {
+            return Err(MetaError::corrupt(format!(
+                "the parents of directory {dir} form a cycle through directory {cur}"
+            )));
         }
         let entry: Option<(u64, Vec<u8>)> = c
             .prepare_cached("SELECT parent, name FROM dentries WHERE ino = ?1 LIMIT 1")?
@@ -510,8 +516,6 @@ pub(crate) fn dir_path<C: Db>(c: &C, dir: u64) -> Result<PathBuf> {
     // Not `Corrupt`: a user can nest directories this deep (quarantine.rs).
     Err(MetaError::invalid(
         dir,
-        format!(
-            "directory {dir} is deeper than {DIR_DEPTH_MAX} levels (or its parents form a cycle): its path is not shown"
-        ),
+        format!("directory {dir} is deeper than {DIR_DEPTH_MAX} levels: its path is not shown"),
     ))
 }

@@ -188,9 +188,13 @@ fn exchange<C: Db>(c: &C, sides: [(u64, Entry, Attr); 2], now: Timespec) -> Resu
 }
 
 /// `InvalidArgument` if directory `dir` is `start` or one of its ancestors,
-/// i.e. if moving `dir` into `start` would detach a cycle.
+/// i.e. if moving `dir` into `start` would detach a cycle. Parents that
+/// form a cycle are `Corrupt`; a tree deeper than [`DIR_DEPTH_MAX`] is not
+/// (a user can nest directories that deep, and corruption puts the whole
+/// volume in quarantine: quarantine.rs), so it is `InvalidArgument`.
 fn check_not_within<C: Db>(c: &C, dir: u64, start: u64) -> Result<()> {
     let mut cur = start;
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..DIR_DEPTH_MAX {
         if cur == dir {
             return Err(MetaError::invalid(
@@ -201,14 +205,17 @@ fn check_not_within<C: Db>(c: &C, dir: u64, start: u64) -> Result<()> {
         if cur == ROOT_INO {
             return Ok(());
         }
+        if !seen.insert(cur) {
+            return Err(MetaError::corrupt(format!(
+                "the parents of directory {start} form a cycle through directory {cur}"
+            )));
+        }
         cur = inode::dir_parent(c, cur)?;
     }
-    // Not `Corrupt`: a user can nest directories this deep, and corruption
-    // puts the whole volume in quarantine (quarantine.rs).
     Err(MetaError::invalid(
         start,
         format!(
-            "directory {start} is deeper than {DIR_DEPTH_MAX} levels (or its parents form a cycle): Baton does not move directories that deep"
+            "directory {start} is deeper than {DIR_DEPTH_MAX} levels: Baton does not move directories that deep"
         ),
     ))
 }
