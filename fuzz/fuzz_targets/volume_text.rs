@@ -1,6 +1,6 @@
 //! What operators type: volume strings (names, sqlite: and postgres: URLs)
-//! and sizes. A parse or a reason, never a panic; a password never appears
-//! in a refusal.
+//! and sizes. A parse or a reason, never a panic. (That a password never
+//! appears in a message is a property test: upgrade-protocol's volume_spec.)
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
