@@ -326,9 +326,28 @@ impl BlocksError {
             | BlocksError::ObjectFileWrite { source, .. } => {
                 source.raw_os_error().unwrap_or(libc::EIO)
             }
+            // A local-directory store on a full disk: the writer hears
+            // "no space", not an I/O error.
+            BlocksError::Put { source, .. } if Self::chain_is_no_space(source) => libc::ENOSPC,
             BlocksError::StorageUnreachable { .. } => libc::EIO,
             _ => libc::EIO,
         }
+    }
+
+    /// Whether an I/O error with ENOSPC/EDQUOT is somewhere in `err`'s
+    /// chain of sources.
+    pub(crate) fn chain_is_no_space(err: &(dyn std::error::Error + 'static)) -> bool {
+        let mut next = Some(err);
+        while let Some(err) = next {
+            if err
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(Self::is_no_space)
+            {
+                return true;
+            }
+            next = err.source();
+        }
+        false
     }
 
     /// Whether an I/O error means the filesystem is out of space.

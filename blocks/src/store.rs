@@ -89,12 +89,13 @@ pub fn store_from_url(url: &str) -> Result<Arc<dyn ObjectStore>> {
     }
 }
 
-/// Whether an object store error is worth retrying.
+/// Whether an object store error is worth retrying (a full disk under a
+/// local store is not: it stays full for longer than the backoff).
 fn is_transient(err: &object_store::Error) -> bool {
     matches!(
         err,
         object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
-    )
+    ) && !BlocksError::chain_is_no_space(err)
 }
 
 /// Backoff before attempt `attempt` (1-based count of failures so far).
@@ -454,7 +455,8 @@ impl BlockStore {
     }
 
     /// Probes the store by writing and deleting a small object under
-    /// `probe/`. Returns [`BlocksError::StorageUnreachable`] if it fails.
+    /// `probe/`. Returns [`BlocksError::StorageUnreachable`] if it fails,
+    /// except for lack of space (a full disk under a local store).
     pub fn check_reachable(&self) -> Result<()> {
         let store = self.store.clone();
         let path = object_store::path::Path::from(format!(
@@ -476,6 +478,12 @@ impl BlockStore {
         // The timer must be created inside the runtime.
         match self.block_on(async move { tokio::time::timeout(timeout, probe).await })? {
             Ok(Ok(())) => Ok(()),
+            // It answered, and is full: serving (reads, and writes once
+            // space is freed) beats refusing to start; writes hear ENOSPC.
+            Ok(Err(source)) if BlocksError::chain_is_no_space(&source) => {
+                tracing::warn!(url = %self.url, error = %source, "object store is full: writes fail with ENOSPC until space is freed");
+                Ok(())
+            }
             Ok(Err(source)) => Err(BlocksError::unreachable(&self.url, source)),
             Err(_elapsed) => Err(BlocksError::StorageTimeout {
                 url: self.url.clone(),

@@ -54,6 +54,9 @@ fn s(path: &Path) -> &str {
 const DEFAULT_CLIENT: &str = "(default client binary)";
 
 struct Fixture {
+    /// A tmpfs mounted on `dir` (`start_on_tmpfs`): dropped before `dir`,
+    /// so the directory is empty again when it is removed.
+    _tmpfs: Option<MountGuard>,
     dir: tempfile::TempDir,
     base: PathBuf,
     mnt: PathBuf,
@@ -74,7 +77,39 @@ impl Fixture {
     }
 
     fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Fixture {
+        Fixture::start_in(tempfile::tempdir().expect("temp dir"), None, extra, env)
+    }
+
+    /// A fixture whose every file (volume, staging, object store, state
+    /// directory, logs) is on a tmpfs of `size_mib`: a disk that fills.
+    fn start_on_tmpfs(size_mib: u64, extra: &[&str]) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size_mib}m,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(dir.path())
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "mount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let tmpfs = MountGuard::new(dir.path());
+        Fixture::start_in(dir, Some(tmpfs), extra, &[])
+    }
+
+    fn start_in(
+        dir: tempfile::TempDir,
+        tmpfs: Option<MountGuard>,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Fixture {
         let base = dir.path().join("base");
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mountpoint");
@@ -94,6 +129,7 @@ impl Fixture {
             FIXTURES.fetch_add(1, Ordering::SeqCst)
         );
         let mut fixture = Fixture {
+            _tmpfs: tmpfs,
             dir,
             base,
             mnt,
@@ -799,6 +835,136 @@ fn generation_killed_during_write_and_fsync_loses_no_data() {
     eprintln!(
         "write+fsync: takeover {} us (cold)",
         status["last_recovery"]["takeover_us"]
+    );
+}
+
+/// Bytes free on the filesystem holding `path`.
+fn free_bytes(path: &Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(path).expect("statvfs");
+    st.blocks_available() * st.fragment_size()
+}
+
+#[test]
+fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() {
+    // Everything on one 96 MiB tmpfs, as on a node whose disk fills:
+    // volume, staging, the local object store, the supervisor's state and
+    // every log. Before the fix the generation panicked writing its log
+    // (exit 101), a takeover that could not commit what the dead one left
+    // staged exited (exit 2) again and again, and the mount was lost; the
+    // writer saw EIO, not ENOSPC.
+    let mut fx = Fixture::start_on_tmpfs(96, &["--no-standby"]);
+    fx.mount();
+    let outside = tempfile::tempdir().expect("temp dir");
+    let src = outside.path().join("src");
+    random_file(&src, 32);
+    let mib = 1u64 << 20;
+    let cmp_prefix = |file: &Path, bytes: u64| {
+        Command::new("cmp")
+            .arg("-n")
+            .arg(bytes.to_string())
+            .arg(&src)
+            .arg(file)
+            .status()
+            .expect("cmp")
+            .success()
+    };
+    let kept = fx.mnt.join("kept");
+    let (ok, _, err) = App::sh(
+        &fx.mnt,
+        &format!("dd if={} of={} bs=1M count=4 conv=fsync", s(&src), s(&kept)),
+    )
+    .finish();
+    assert!(ok, "writing a file before the disk fills: {err}");
+
+    // Another writer fills the disk, all but 6 MiB: room for one staged
+    // block, none for its upload.
+    let filler = fx.path("filler");
+    let fill = free_bytes(fx.dir.path()).saturating_sub(6 * mib);
+    let out = Command::new("fallocate")
+        .args(["-l", &fill.to_string(), s(&filler)])
+        .output()
+        .expect("fallocate");
+    assert!(
+        out.status.success(),
+        "fallocate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Direct I/O: each 1 MiB write() returns once its WRITE is answered.
+    let big = fx.mnt.join("big");
+    let (ok, _, err) = App::sh(
+        &fx.mnt,
+        &format!("dd if={} of={} bs=1M oflag=direct", s(&src), s(&big)),
+    )
+    .finish_or(|| fx.logs());
+    assert!(!ok, "32 MiB fitted in 6 MiB: {err}");
+    assert!(
+        err.contains("No space left on device"),
+        "the writer must hear ENOSPC: {err}"
+    );
+    // dd prints no record count when its close fails too: the size says
+    // how many 1 MiB writes were answered.
+    let (ok, size, err) =
+        App::sh(&fx.mnt, &format!("stat -c %s {}", s(&big))).finish_or(|| fx.logs());
+    assert!(ok, "stat after the failed write: {err}");
+    let size: u64 = size.trim().parse().expect("a size from stat");
+    assert_eq!(size % mib, 0, "a partial 1 MiB write was answered");
+    let acknowledged_mib = size / mib;
+    assert!(acknowledged_mib >= 1, "nothing was staged: {err}");
+    let status = fx.status();
+    assert_eq!(status["state"], "serving", "{status}\n{}", fx.logs());
+    assert_eq!(
+        status["generation"], 1,
+        "the full disk restarted the generation: {status}"
+    );
+    assert!(cmp_prefix(&kept, 4 * mib), "the earlier file changed");
+    assert!(
+        cmp_prefix(&big, acknowledged_mib * mib),
+        "acknowledged writes read back wrong"
+    );
+
+    // Now not a byte left, for the logs either. A takeover on the full
+    // disk: what the dead generation staged cannot be uploaded, no log
+    // line can be written, and the next one serves anyway.
+    let filler_rest = fx.path("filler-rest");
+    let out = Command::new("fallocate")
+        .args([
+            "-l",
+            &free_bytes(fx.dir.path()).to_string(),
+            s(&filler_rest),
+        ])
+        .output()
+        .expect("fallocate");
+    assert!(
+        out.status.success(),
+        "fallocate: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    assert_eq!(
+        status["restarts"]["exit"], 0,
+        "generations crashed on the full disk: {status}"
+    );
+    assert!(
+        cmp_prefix(&big, acknowledged_mib * mib),
+        "acknowledged writes read back wrong after the takeover"
+    );
+
+    // Space again: an fsync commits the staged writes, and they survive
+    // the next kill from the object store.
+    std::fs::remove_file(&filler).expect("remove the filler");
+    std::fs::remove_file(&filler_rest).expect("remove the filler");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("sync {}", s(&big))).finish_or(|| fx.logs());
+    assert!(ok, "fsync once there is space: {err}");
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
+    let status = fx.wait_serving(3);
+    assert_eq!(status["restarts"]["exit"], 0, "{status}");
+    assert!(cmp_prefix(&kept, 4 * mib), "the earlier file changed");
+    assert!(
+        cmp_prefix(&big, acknowledged_mib * mib),
+        "acknowledged writes read back wrong once committed"
     );
 }
 

@@ -3,6 +3,7 @@
 //! socket; with `--registration-socket` it also registers itself with
 //! kubelet's plugin watcher.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -69,7 +70,13 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("baton-csi: {}", upgrade_protocol::error_chain(err.as_ref()));
+            // Not eprintln!, which panics when stderr cannot be written
+            // (a full disk under the log file).
+            let _ = writeln!(
+                std::io::stderr(),
+                "baton-csi: {}",
+                upgrade_protocol::error_chain(err.as_ref())
+            );
             ExitCode::from(2)
         }
     }
@@ -131,6 +138,10 @@ fn run() -> anyhow::Result<ExitCode> {
         .with_writer(std::io::stderr)
         // Colour only on a terminal, never in a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // On a full disk a failed log write is dropped: tracing-subscriber
+        // would report it with eprintln!, which panics when stderr is that
+        // same full log file, and a log must never end the process.
+        .log_internal_errors(false)
         .init();
     let args = Args::parse();
     if !args.node && !args.controller {

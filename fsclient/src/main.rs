@@ -1,6 +1,7 @@
 //! `fsclient` binary: parses the command line and runs it (see the library
 //! docs). Errors print as `fsclient: <chain>` and exit 2.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -12,11 +13,21 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         // Colour only on a terminal, never in a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // On a full disk a failed log write is dropped: tracing-subscriber
+        // would report it with eprintln!, which panics when stderr is that
+        // same full log file, and a log must never end the process.
+        .log_internal_errors(false)
         .init();
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("fsclient: {}", upgrade_protocol::error_chain(err.as_ref()));
+            // Not eprintln!, which panics when stderr cannot be written
+            // (a full disk under the log file).
+            let _ = writeln!(
+                std::io::stderr(),
+                "fsclient: {}",
+                upgrade_protocol::error_chain(err.as_ref())
+            );
             ExitCode::from(2)
         }
     }

@@ -210,17 +210,13 @@ impl Process {
                 command.pre_exec(move || join_cgroup(&procs));
             }
         }
-        // After the cgroup join (hooks run in order): that join takes a
-        // global lock, not to be held by a SCHED_IDLE process.
-        let startup = launch.startup;
-        // SAFETY: Startup::enter makes only async-signal-safe syscalls.
-        unsafe {
-            command.pre_exec(move || startup.enter());
-        }
         let mut child = command
             .spawn()
             .map_err(Error::io("starting", launch.client_binary))?;
         let pid = child.id();
+        // spawn() returned, so the child has exec'd and holds none of our
+        // fds: now it may be starved (Startup::apply).
+        launch.startup.apply(pid);
         match pidfd_open(pid) {
             Ok(pidfd) => Ok((child, pid, pidfd)),
             Err(errno) => {

@@ -32,9 +32,10 @@
 //! The caveat of `SCHED_IDLE`: a thread preempted while it holds a kernel
 //! lock others need makes them wait until it runs again. The one global
 //! lock of a start-up, joining the generation's memory cgroup, is taken
-//! before the policy is entered ([`crate::generation`] orders its
-//! `pre_exec` hooks so); thread creation takes the cgroup fork lock for
-//! reading only; and the lift bounds how long anything can wait.
+//! before the policy is entered (the join is a `pre_exec` hook, the policy
+//! is set by the supervisor after the exec: [`Startup::apply`]); thread
+//! creation takes the cgroup fork lock for reading only; and the lift
+//! bounds how long anything can wait.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -69,24 +70,34 @@ impl Startup {
         }
     }
 
-    /// Puts the calling process under this start-up's policy. Runs
-    /// between fork and exec, so only async-signal-safe calls (two
-    /// syscalls). Best effort: a process that could not be put in the
-    /// background (a seccomp filter, say) starts at nice 10 or normal
-    /// priority, and is raised alike; never a failed start.
-    pub fn enter(self) -> std::io::Result<()> {
+    /// Puts every thread of `pid`, a child just started, under this
+    /// start-up's policy. Called by the parent once the child has exec'd,
+    /// not from a `pre_exec` hook: between fork and exec the child holds
+    /// copies of every supervisor fd (the state directory's lock, the
+    /// control socket), and a child starved under `SCHED_IDLE` there kept
+    /// them long enough that a supervisor restarted after a kill -9 found
+    /// its lock still held and refused to start. Best effort: a process
+    /// that could not be put in the background (a seccomp filter, say)
+    /// starts at nice 10 or normal priority, and is raised alike; never a
+    /// failed start.
+    pub fn apply(self, pid: u32) {
         if self == Startup::Urgent {
-            return Ok(());
+            return;
         }
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: plain syscalls on the calling process with a valid
-        // parameter block. The nice value is kept across the policy change,
-        // so a lift to the default policy lands at STARTUP_NICE.
-        unsafe {
-            libc::setpriority(libc::PRIO_PROCESS, 0, STARTUP_NICE);
-            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
-        }
-        Ok(())
+        for_each_thread(pid, |tid| {
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: plain syscalls on a thread of our own child with a
+            // valid parameter block. The nice value is kept across the
+            // policy change, so a lift to the default policy lands at
+            // STARTUP_NICE.
+            unsafe {
+                if libc::setpriority(libc::PRIO_PROCESS, tid, STARTUP_NICE) != 0
+                    || libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_IDLE, &param) != 0
+                {
+                    tracing::debug!(pid, tid, err = %std::io::Error::last_os_error(), "cannot start a generation thread in the background");
+                }
+            }
+        });
     }
 }
 

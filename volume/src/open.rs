@@ -8,7 +8,7 @@
 //! writable, cache directory usable.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -241,5 +241,13 @@ fn check_writable(dir: &Path) -> Result<()> {
     let probe = dir.join(format!(".probe-{}", std::process::id()));
     let written = private_fs::create_new(&probe).and_then(|mut f| f.write_all(b"probe"));
     let _ = std::fs::remove_file(&probe);
-    written.map_err(fail)
+    match written {
+        // Writable, and full: a takeover on a full disk must serve (reads,
+        // and the staged data it holds), and writes hear ENOSPC.
+        Err(e) if matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded) => {
+            tracing::warn!(dir = %dir.display(), "staging directory is full: writes fail with ENOSPC until space is freed");
+            Ok(())
+        }
+        written => written.map_err(fail),
+    }
 }

@@ -125,7 +125,8 @@ impl BatonFs {
         Ok(())
     }
 
-    /// Commits what a dead process left staged, before serving. With
+    /// Commits what a dead process left staged, before serving (what the
+    /// store cannot take now stays staged for the next flush). With
     /// `others_dead` (this process holds the volume's exclusive lock, so
     /// no other mount can be serving it) every registered session is
     /// deleted with its holds: the first session tick then reclaims the
@@ -152,8 +153,18 @@ impl BatonFs {
             if attr.kind != FileKind::Regular {
                 self.staging.discard(ino)?;
             } else if attr.nlink > 0 {
-                self.flush_inode(ino)?;
-                tracing::info!(nodeid = ino, "recovered staged data committed");
+                // A store that cannot take the data now (full, unreachable)
+                // must not stop this process from serving: that left the
+                // mount in a crash loop. The data stays staged, readable
+                // as it was, and the file's next flush commits it.
+                match self.flush_inode(ino) {
+                    Ok(()) => tracing::info!(nodeid = ino, "recovered staged data committed"),
+                    Err(err) => tracing::warn!(
+                        nodeid = ino,
+                        %err,
+                        "recovered staged data cannot be committed now; it stays staged for the next flush"
+                    ),
+                }
             }
         }
         Ok(())
@@ -378,7 +389,24 @@ impl BatonFs {
         if self.handles.is_open_orphan(ino) {
             return Ok(());
         }
-        self.flush_inode(ino)
+        match self.flush_inode(ino) {
+            // A reader's close does not fail for others' writes the store
+            // cannot take now (a full disk): they stay staged, and their
+            // writers hear of it at their own close or fsync.
+            Err(err) if self.handle_is_read_only(arg.fh.get()) => {
+                tracing::warn!(nodeid = ino, %err, "staged data not committed at a reader's close; it stays staged");
+                Ok(())
+            }
+            result => result,
+        }
+    }
+
+    /// Whether `fh` is a handle this table issued, opened O_RDONLY (a
+    /// handle of an earlier generation is unknown: it may write).
+    fn handle_is_read_only(&self, fh: u64) -> bool {
+        self.handles
+            .get(fh)
+            .is_some_and(|h| h.flags & libc::O_ACCMODE as u32 == libc::O_RDONLY as u32)
     }
 
     /// FSYNC: commits the staged data, then makes every committed metadata

@@ -67,9 +67,17 @@ impl BatonFs {
             pid: std::process::id(),
             mount: mount.to_string(),
         };
-        self.meta.open_session(&info)?;
+        match self.meta.open_session(&info) {
+            Ok(()) => tracing::info!(session = info.id, "session registered"),
+            // A generation starting on a full disk serves anyway (a
+            // takeover's session row is already there); the session timer
+            // registers it once a write fits.
+            Err(err) if err.errno() == libc::ENOSPC => {
+                tracing::warn!(session = info.id, %err, "session not registered now: the metadata disk is full")
+            }
+            Err(err) => return Err(err.into()),
+        }
         *super::lock(&self.session) = Some(info);
-        tracing::info!(session = self.session_id(), "session registered");
         Ok(())
     }
 

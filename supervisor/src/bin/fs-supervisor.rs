@@ -6,6 +6,7 @@
 //! them over), 1 when it cannot start or its loop fails (the message
 //! says why), 2 bad usage.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -78,11 +79,18 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         // Colour only on a terminal, never in a log file or a pipe.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // On a full disk a failed log write is dropped: tracing-subscriber
+        // would report it with eprintln!, which panics when stderr is that
+        // same full log file, and a log must never end the process.
+        .log_internal_errors(false)
         .init();
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!(
+            // Not eprintln!, which panics when stderr cannot be written
+            // (a full disk under the log file).
+            let _ = writeln!(
+                std::io::stderr(),
                 "fs-supervisor: {}",
                 upgrade_protocol::error_chain(err.as_ref())
             );
