@@ -261,7 +261,7 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64, chart: &st
     let _ = write!(
         out,
         "<section class=\"mount {h}\" data-mountpoint=\"{mp}\"><h2>{mp} <span class=\"health\">{h}</span></h2>\
-         <table><tr><th>volume</th><td>{vol}</td></tr><tr><th>state</th><td class=\"state\">{state}</td></tr>\
+         <table class=\"facts\"><tr><th>volume</th><td>{vol}</td></tr><tr><th>state</th><td class=\"state\">{state}</td></tr>\
          <tr><th>generation</th><td class=\"generation\">{g}</td></tr><tr><th>pid</th><td>{pid}</td></tr>\
          <tr><th>restarts</th><td class=\"restarts\">exit {re} · signal {rs} · oom {ro}</td></tr>\
          <tr><th>failed starts in a row</th><td>{cf}</td></tr>\
