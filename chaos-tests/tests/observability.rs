@@ -729,14 +729,15 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         eprintln!("skipped: chromium is not installed (apt-get install chromium); set BATON_REQUIRE_CHROMIUM=1 to fail instead");
         return;
     };
-    // Generations of the volume "broken" fail every start after the first.
+    // Generations of the volume "broken" fail every start after the first,
+    // saying why with a long unbreakable word (a block's checksum).
     let dir = tempfile::tempdir().expect("temp dir");
     let marker = dir.path().join("broken-started");
     let script = dir.path().join("fsclient-broken");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncase \"$*\" in *broken*)\n  if [ -e {m} ]; then echo 'fsclient: refusing to start: volume broken is damaged' >&2; exit 3; fi\n  : > {m};;\nesac\nexec {f} \"$@\"\n",
+            "#!/bin/sh\ncase \"$*\" in *broken*)\n  if [ -e {m} ]; then echo 'fsclient: refusing to start: volume broken is damaged: block 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 fails its checksum' >&2; exit 3; fi\n  : > {m};;\nesac\nexec {f} \"$@\"\n",
             m = s(&marker),
             f = s(&binary("fsclient"))
         ),
@@ -931,8 +932,9 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
     let inner = l["innerWidth"].as_f64().unwrap_or(0.0);
     if inner != width {
         problems.push(format!(
-            "the layout viewport is {inner} px wide, not the device's {width}: \
-             without <meta name=viewport content=width=device-width> a phone shrinks a desktop page"
+            "the layout viewport is {inner} px wide, not the device's {width}: the phone zooms out \
+             to fit content wider than its screen, or the page lacks \
+             <meta name=viewport content=width=device-width>; either way its text is shrunk"
         ));
     }
     let scroll = l["scrollWidth"].as_f64().unwrap_or(f64::NAN);
@@ -950,10 +952,7 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
         if !(right - left >= 1.0 && bottom - top >= 1.0) {
             problems.push(format!("{} has no size", box_text(b)));
         } else if !(left >= -0.5 && right <= width + 0.5) {
-            problems.push(format!(
-                "{} does not fit the {width} px width",
-                box_text(b)
-            ));
+            problems.push(format!("{} does not fit the {width} px width", box_text(b)));
         }
     };
     let overlaps = |group: &[Value], problems: &mut Vec<String>| {
@@ -983,7 +982,9 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
         parts.iter().for_each(|b| fits(b, &mut problems));
         overlaps(&parts, &mut problems);
         if m["chart"].is_null() {
-            problems.push(format!("mount {mountpoint} has no chart (figure.chart svg)"));
+            problems.push(format!(
+                "mount {mountpoint} has no chart (figure.chart svg)"
+            ));
         } else {
             fits(&m["chart"], &mut problems);
             if px(&m["chart"], "right") > px(&m["section"], "right") + 0.5 {
@@ -997,7 +998,7 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
     }
     for c in l["clipped"].as_array().into_iter().flatten() {
         problems.push(format!(
-            "{} clips its text ({} px of text in {} px): {:?}",
+            "{}: its text does not fit its box ({} px of text in {} px): {:?}",
             c["name"].as_str().unwrap_or("?"),
             c["scrollWidth"],
             c["clientWidth"],

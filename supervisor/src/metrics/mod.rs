@@ -64,9 +64,6 @@ struct Published {
     /// Each mount's request totals about once a minute, for the page's
     /// chart, by mount id.
     charts: BTreeMap<String, VecDeque<ChartPoint>>,
-    /// When `mounts` was published (Unix time, ms): the chart's last point
-    /// is the mounts' totals then, so it reaches the present.
-    published_unix_ms: u64,
 }
 
 /// Points a mount's chart keeps: an hour of one a minute, plus the start.
@@ -151,14 +148,15 @@ impl Snapshot {
                 chart_sample(points, m, now_unix_ms);
             }
             published.mounts = mounts;
-            published.published_unix_ms = now_unix_ms;
         }
     }
 
     /// Each mount's chart points, oldest first, by mount id: the samples a
-    /// minute apart, then its totals at the last publish (when later), so
-    /// the chart ends at the present and shows from a mount's first seconds.
-    fn charts(&self) -> BTreeMap<String, Vec<ChartPoint>> {
+    /// minute apart, then its latest totals at `now_unix_ms` (when later),
+    /// so the chart ends at the present and shows from a mount's first
+    /// seconds. The latest totals are current: a generation reports a
+    /// change within a second and every report is published.
+    fn charts(&self, now_unix_ms: u64) -> BTreeMap<String, Vec<ChartPoint>> {
         self.published
             .lock()
             .map(|p| {
@@ -170,7 +168,7 @@ impl Snapshot {
                             .mounts
                             .iter()
                             .find(|m| &m.mount_id == id)
-                            .map(|m| chart_point(m, p.published_unix_ms))
+                            .map(|m| chart_point(m, now_unix_ms))
                             .filter(|l| points.last().is_none_or(|s| l.at_unix_ms > s.at_unix_ms));
                         points.extend(live);
                         (id.clone(), points)
