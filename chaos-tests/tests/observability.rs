@@ -863,7 +863,8 @@ const FONT_PX_MIN: f64 = 12.0;
 const LAYOUT_ATTEMPTS_MAX: u32 = 3;
 
 /// Boxes (document coordinates, CSS px) of the page's parts, and the text
-/// that is clipped or too small, as the browser laid them out.
+/// that is wider than its box or smaller than `FONT_PX_MIN` (replaced by
+/// [`FONT_PX_MIN`]), as the browser laid them out.
 const LAYOUT_JS: &str = r#"(() => {
   if (document.readyState !== 'complete') return {ready: false};
   const name = (e) => {
@@ -895,14 +896,15 @@ const LAYOUT_JS: &str = r#"(() => {
       parts: [s.querySelector('h2'), s.querySelector('table.facts'), s.querySelector('.tips'),
               s.querySelector('h3'), s.querySelector('.incidents'), s.querySelector('figure.chart')]
              .filter(Boolean).map(box),
-      incidents: s.querySelectorAll('.incidents li').length,
+      missing: ['h2', 'table.facts', '.incidents', 'figure.chart svg']
+        .filter((q) => !s.querySelector(q)),
       chart: box(s.querySelector('figure.chart svg')),
     })),
     clipped: all.filter((e) => ownText(e) && e.scrollWidth > e.clientWidth + 1
                           && getComputedStyle(e).display !== 'inline')
       .map((e) => ({name: name(e), text: ownText(e).slice(0, 60),
                     scrollWidth: e.scrollWidth, clientWidth: e.clientWidth})),
-    small: all.filter((e) => ownText(e) && parseFloat(getComputedStyle(e).fontSize) < 12)
+    small: all.filter((e) => ownText(e) && parseFloat(getComputedStyle(e).fontSize) < FONT_PX_MIN)
       .map((e) => ({name: name(e), text: ownText(e).slice(0, 60),
                     fontPx: parseFloat(getComputedStyle(e).fontSize)})),
   };
@@ -932,13 +934,13 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
     let inner = l["innerWidth"].as_f64().unwrap_or(0.0);
     if inner != width {
         problems.push(format!(
-            "the layout viewport is {inner} px wide, not the device's {width}: the phone zooms out \
+            "the layout viewport is {inner} px wide, not the device's {width}: the browser zooms out \
              to fit content wider than its screen, or the page lacks \
              <meta name=viewport content=width=device-width>; either way its text is shrunk"
         ));
     }
     let scroll = l["scrollWidth"].as_f64().unwrap_or(f64::NAN);
-    if !(scroll <= width) {
+    if scroll.is_nan() || scroll > width {
         problems.push(format!(
             "the page scrolls sideways: its content is {scroll} px wide on a {width} px screen"
         ));
@@ -949,9 +951,12 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
         }
         let (left, right, top, bottom) =
             (px(b, "left"), px(b, "right"), px(b, "top"), px(b, "bottom"));
-        if !(right - left >= 1.0 && bottom - top >= 1.0) {
+        // NaN (a missing side) is neither sized nor inside.
+        let sized = right - left >= 1.0 && bottom - top >= 1.0;
+        let inside = left >= -0.5 && right <= width + 0.5;
+        if !sized {
             problems.push(format!("{} has no size", box_text(b)));
-        } else if !(left >= -0.5 && right <= width + 0.5) {
+        } else if !inside {
             problems.push(format!("{} does not fit the {width} px width", box_text(b)));
         }
     };
@@ -981,11 +986,10 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
         let parts = m["parts"].as_array().cloned().unwrap_or_default();
         parts.iter().for_each(|b| fits(b, &mut problems));
         overlaps(&parts, &mut problems);
-        if m["chart"].is_null() {
-            problems.push(format!(
-                "mount {mountpoint} has no chart (figure.chart svg)"
-            ));
-        } else {
+        for missing in m["missing"].as_array().into_iter().flatten() {
+            problems.push(format!("mount {mountpoint} has no {missing}"));
+        }
+        if !m["chart"].is_null() {
             fits(&m["chart"], &mut problems);
             if px(&m["chart"], "right") > px(&m["section"], "right") + 0.5 {
                 problems.push(format!(
@@ -1023,13 +1027,15 @@ fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<Stri
 /// else in `dir`) before it judges, and prints its path.
 fn assert_status_page_fits(chromium: &Path, url: &str, dir: &Path, mounts_expected: usize) {
     let shots = std::env::var_os("BATON_SCREENSHOT_DIR").map_or(dir.to_path_buf(), PathBuf::from);
+    std::fs::create_dir_all(&shots).expect("the screenshot directory");
     let mut browser = Browser::start(chromium, CHROMIUM_DEADLINE).expect("start chromium");
+    let layout_js = LAYOUT_JS.replace("FONT_PX_MIN", &FONT_PX_MIN.to_string());
     for (name, viewport) in &VIEWPORTS {
         let mut layout = Value::Null;
         for attempt in 1..=LAYOUT_ATTEMPTS_MAX {
             let measured = browser
                 .open(url, viewport)
-                .and_then(|()| browser.evaluate(LAYOUT_JS));
+                .and_then(|()| browser.evaluate(&layout_js));
             match measured {
                 Ok(l) if l["ready"] == true => {
                     layout = l;
