@@ -74,6 +74,8 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 /// Reads NUL-terminated JSON messages from `from` into `tx` until EOF.
 fn read_messages(mut from: File, tx: std::sync::mpsc::SyncSender<Result<Value, String>>) {
     let mut pending = Vec::new();
+    // Bytes of `pending` known to hold no NUL (a screenshot comes in many reads).
+    let mut scanned = 0;
     let mut chunk = vec![0u8; 64 << 10];
     loop {
         let n = match from.read(&mut chunk) {
@@ -86,14 +88,17 @@ fn read_messages(mut from: File, tx: std::sync::mpsc::SyncSender<Result<Value, S
             }
         };
         pending.extend_from_slice(&chunk[..n]);
-        while let Some(end) = pending.iter().position(|&b| b == 0) {
+        while let Some(at) = pending[scanned..].iter().position(|&b| b == 0) {
+            let end = scanned + at;
             let message = serde_json::from_slice(&pending[..end])
                 .map_err(|e| format!("chromium sent a message that is not JSON: {e}"));
             pending.drain(..=end);
+            scanned = 0;
             if tx.send(message).is_err() {
                 return;
             }
         }
+        scanned = pending.len();
         if pending.len() > MESSAGE_BYTES_MAX {
             let _ = tx.send(Err(format!(
                 "chromium sent a message over {MESSAGE_BYTES_MAX} bytes"
