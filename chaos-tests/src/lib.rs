@@ -1,6 +1,8 @@
 //! Baton's chaos and benchmark support, shared by the `baton-testfs` and
 //! `baton-bench` binaries and the integration tests in `tests/`.
 //!
+//! - [`browser`]: headless Chromium over the DevTools protocol (a pipe),
+//!   for tests that check a page's layout.
 //! - [`memfs`]: an in-memory test filesystem for exercising fuse-wire.
 //! - [`mount_guard`]: unmount-on-every-path guards and deadlines for tests
 //!   and benches that mount real FUSE filesystems.
@@ -15,6 +17,7 @@
 //!   outside the supervisor.
 
 pub mod bench;
+pub mod browser;
 pub mod chaos;
 pub mod fsx;
 pub mod memfs;

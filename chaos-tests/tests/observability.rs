@@ -2,7 +2,10 @@
 //! request, byte and restart counters move with real file I/O and never go
 //! down across a kill -9 of the serving generation; the status page, as
 //! rendered by headless Chromium, shows a healthy mount and one whose
-//! generations crash (given up) with its tip.
+//! generations crash (given up) with its tip, and fits a phone and a
+//! desktop (element boxes read over the DevTools protocol: no sideways
+//! scrolling, nothing outside the width or overlapping, no clipped or tiny
+//! text, a chart per mount; a screenshot of each is saved).
 //!
 //! Build the binaries first: `cargo build -p fsclient -p supervisor -p
 //! chaos-tests`. Needs root, /dev/fuse and a memory cgroup. The page test
@@ -22,6 +25,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use chaos_tests::browser::{Browser, Viewport};
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -716,7 +720,8 @@ fn visible_text(dom: &str) -> String {
 }
 
 #[test]
-fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_with_its_tip() {
+fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_with_its_tip_and_fits_a_phone_and_a_desktop(
+) {
     let Some(chromium) = chromium() else {
         if std::env::var("BATON_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
             panic!("BATON_REQUIRE_CHROMIUM=1 but chromium is missing: apt-get install chromium");
@@ -724,14 +729,15 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         eprintln!("skipped: chromium is not installed (apt-get install chromium); set BATON_REQUIRE_CHROMIUM=1 to fail instead");
         return;
     };
-    // Generations of the volume "broken" fail every start after the first.
+    // Generations of the volume "broken" fail every start after the first,
+    // saying why with a long unbreakable word (a block's checksum).
     let dir = tempfile::tempdir().expect("temp dir");
     let marker = dir.path().join("broken-started");
     let script = dir.path().join("fsclient-broken");
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\ncase \"$*\" in *broken*)\n  if [ -e {m} ]; then echo 'fsclient: refusing to start: volume broken is damaged' >&2; exit 3; fi\n  : > {m};;\nesac\nexec {f} \"$@\"\n",
+            "#!/bin/sh\ncase \"$*\" in *broken*)\n  if [ -e {m} ]; then echo 'fsclient: refusing to start: volume broken is damaged: block 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 fails its checksum' >&2; exit 3; fi\n  : > {m};;\nesac\nexec {f} \"$@\"\n",
             m = s(&marker),
             f = s(&binary("fsclient"))
         ),
@@ -747,7 +753,9 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         s(&script),
     ]);
     let healthy = fx.mount("vol");
-    let broken = fx.mount("broken");
+    // A long unbreakable name, as Kubernetes gives volumes: the page must
+    // still fit a phone.
+    let broken = fx.mount("broken-pvc-3f1c2a9e-5b7d-4e8f-9a0b-1c2d3e4f5a6b");
     app(&format!("echo hello > {}/f", s(&healthy)));
     let pid = fx.status(&broken)["pid"].as_i64().expect("pid") as i32;
     // Past the stability window: this death is not a failed start.
@@ -818,4 +826,241 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         bad.contains("generation 3 exit 3; not served again yet"),
         "the last takeover names the death and that nothing took over: {bad}"
     );
+    // The same page, laid out on a phone and a desktop.
+    assert_status_page_fits(
+        &chromium,
+        &format!("http://{}/", fx.metrics_addr),
+        dir.path(),
+        2,
+    );
+}
+
+/// The phone and the desktop the status page must fit.
+const VIEWPORTS: [(&str, Viewport); 2] = [
+    (
+        "phone",
+        Viewport {
+            width_px: 390,
+            height_px: 844,
+            device_scale_factor: 3.0,
+            mobile: true,
+        },
+    ),
+    (
+        "desktop",
+        Viewport {
+            width_px: 1280,
+            height_px: 800,
+            device_scale_factor: 1.0,
+            mobile: false,
+        },
+    ),
+];
+/// Smallest readable text, CSS px.
+const FONT_PX_MIN: f64 = 12.0;
+/// Loads of the page before its measurement is given up (it reloads
+/// itself every 5 s: a measurement that meets a reload is taken again).
+const LAYOUT_ATTEMPTS_MAX: u32 = 3;
+
+/// Boxes (document coordinates, CSS px) of the page's parts, and the text
+/// that is wider than its box or smaller than `FONT_PX_MIN` (replaced by
+/// [`FONT_PX_MIN`]), as the browser laid them out.
+const LAYOUT_JS: &str = r#"(() => {
+  if (document.readyState !== 'complete') return {ready: false};
+  const name = (e) => {
+    let n = e.tagName.toLowerCase();
+    if (e.id) n += '#' + e.id;
+    const c = e.getAttribute('class');
+    if (c && c.trim()) n += '.' + c.trim().split(/\s+/).join('.');
+    const s = e.closest('section[data-mountpoint]');
+    return s ? n + ' (mount ' + s.dataset.mountpoint + ')' : n;
+  };
+  const box = (e) => {
+    if (!e) return null;
+    const r = e.getBoundingClientRect();
+    return {name: name(e), left: r.left + scrollX, right: r.right + scrollX,
+            top: r.top + scrollY, bottom: r.bottom + scrollY};
+  };
+  const ownText = (e) => [...e.childNodes]
+    .filter((n) => n.nodeType === Node.TEXT_NODE).map((n) => n.textContent).join('').trim();
+  const all = [...document.body.querySelectorAll('*')];
+  return {
+    ready: true,
+    innerWidth: innerWidth,
+    scrollWidth: document.scrollingElement.scrollWidth,
+    page: [box(document.querySelector('h1')), box(document.getElementById('summary')),
+           ...[...document.querySelectorAll('section.mount')].map(box)],
+    mounts: [...document.querySelectorAll('section.mount')].map((s) => ({
+      mountpoint: s.dataset.mountpoint,
+      section: box(s),
+      parts: [s.querySelector('h2'), s.querySelector('table.facts'), s.querySelector('.tips'),
+              s.querySelector('h3'), s.querySelector('.incidents'), s.querySelector('figure.chart')]
+             .filter(Boolean).map(box),
+      missing: ['h2', 'table.facts', '.incidents', 'figure.chart svg']
+        .filter((q) => !s.querySelector(q)),
+      chart: box(s.querySelector('figure.chart svg')),
+    })),
+    clipped: all.filter((e) => ownText(e) && e.scrollWidth > e.clientWidth + 1
+                          && getComputedStyle(e).display !== 'inline')
+      .map((e) => ({name: name(e), text: ownText(e).slice(0, 60),
+                    scrollWidth: e.scrollWidth, clientWidth: e.clientWidth})),
+    small: all.filter((e) => ownText(e) && parseFloat(getComputedStyle(e).fontSize) < FONT_PX_MIN)
+      .map((e) => ({name: name(e), text: ownText(e).slice(0, 60),
+                    fontPx: parseFloat(getComputedStyle(e).fontSize)})),
+  };
+})()"#;
+
+fn px(b: &Value, side: &str) -> f64 {
+    b[side].as_f64().unwrap_or(f64::NAN)
+}
+
+fn box_text(b: &Value) -> String {
+    format!(
+        "{} at x {:.0}..{:.0}, y {:.0}..{:.0}",
+        b["name"].as_str().unwrap_or("?"),
+        px(b, "left"),
+        px(b, "right"),
+        px(b, "top"),
+        px(b, "bottom")
+    )
+}
+
+/// What is wrong with the layout `l` (from [`LAYOUT_JS`]) on a viewport
+/// `width_px` wide: one line per problem, naming the element and where it
+/// is.
+fn layout_problems(l: &Value, width_px: u32, mounts_expected: usize) -> Vec<String> {
+    let mut problems = Vec::new();
+    let width = f64::from(width_px);
+    let inner = l["innerWidth"].as_f64().unwrap_or(0.0);
+    if inner != width {
+        problems.push(format!(
+            "the layout viewport is {inner} px wide, not the device's {width}: the browser zooms out \
+             to fit content wider than its screen, or the page lacks \
+             <meta name=viewport content=width=device-width>; either way its text is shrunk"
+        ));
+    }
+    let scroll = l["scrollWidth"].as_f64().unwrap_or(f64::NAN);
+    if scroll.is_nan() || scroll > width {
+        problems.push(format!(
+            "the page scrolls sideways: its content is {scroll} px wide on a {width} px screen"
+        ));
+    }
+    let fits = |b: &Value, problems: &mut Vec<String>| {
+        if b.is_null() {
+            return;
+        }
+        let (left, right, top, bottom) =
+            (px(b, "left"), px(b, "right"), px(b, "top"), px(b, "bottom"));
+        // NaN (a missing side) is neither sized nor inside.
+        let sized = right - left >= 1.0 && bottom - top >= 1.0;
+        let inside = left >= -0.5 && right <= width + 0.5;
+        if !sized {
+            problems.push(format!("{} has no size", box_text(b)));
+        } else if !inside {
+            problems.push(format!("{} does not fit the {width} px width", box_text(b)));
+        }
+    };
+    let overlaps = |group: &[Value], problems: &mut Vec<String>| {
+        for (i, a) in group.iter().enumerate() {
+            for b in &group[i + 1..] {
+                let x = px(a, "right").min(px(b, "right")) - px(a, "left").max(px(b, "left"));
+                let y = px(a, "bottom").min(px(b, "bottom")) - px(a, "top").max(px(b, "top"));
+                if x > 0.5 && y > 0.5 {
+                    problems.push(format!("{} overlaps {}", box_text(a), box_text(b)));
+                }
+            }
+        }
+    };
+    let page = l["page"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = page.iter().filter_map(|b| b["name"].as_str()).collect();
+    if page.iter().any(Value::is_null) || page.len() != 2 + mounts_expected {
+        problems.push(format!(
+            "expected the headline (h1), the summary (p#summary) and {mounts_expected} mount sections, found {names:?}"
+        ));
+    }
+    let page: Vec<Value> = page.into_iter().filter(|b| !b.is_null()).collect();
+    page.iter().for_each(|b| fits(b, &mut problems));
+    overlaps(&page, &mut problems);
+    for m in l["mounts"].as_array().into_iter().flatten() {
+        let mountpoint = m["mountpoint"].as_str().unwrap_or("?");
+        let parts = m["parts"].as_array().cloned().unwrap_or_default();
+        parts.iter().for_each(|b| fits(b, &mut problems));
+        overlaps(&parts, &mut problems);
+        for missing in m["missing"].as_array().into_iter().flatten() {
+            problems.push(format!("mount {mountpoint} has no {missing}"));
+        }
+        if !m["chart"].is_null() {
+            fits(&m["chart"], &mut problems);
+            if px(&m["chart"], "right") > px(&m["section"], "right") + 0.5 {
+                problems.push(format!(
+                    "{} sticks out of its section, {}",
+                    box_text(&m["chart"]),
+                    box_text(&m["section"])
+                ));
+            }
+        }
+    }
+    for c in l["clipped"].as_array().into_iter().flatten() {
+        problems.push(format!(
+            "{}: its text does not fit its box ({} px of text in {} px): {:?}",
+            c["name"].as_str().unwrap_or("?"),
+            c["scrollWidth"],
+            c["clientWidth"],
+            c["text"].as_str().unwrap_or("")
+        ));
+    }
+    for s in l["small"].as_array().into_iter().flatten() {
+        problems.push(format!(
+            "{} has {} px text (under {FONT_PX_MIN}): {:?}",
+            s["name"].as_str().unwrap_or("?"),
+            s["fontPx"],
+            s["text"].as_str().unwrap_or("")
+        ));
+    }
+    problems
+}
+
+/// The status page at `url` fits each of [`VIEWPORTS`]: no sideways
+/// scrolling, every part inside the width and apart from the others,
+/// no clipped or tiny text, a chart per mount within its section. Saves a
+/// full-page screenshot per viewport (in `BATON_SCREENSHOT_DIR` if set,
+/// else in `dir`) before it judges, and prints its path.
+fn assert_status_page_fits(chromium: &Path, url: &str, dir: &Path, mounts_expected: usize) {
+    let shots = std::env::var_os("BATON_SCREENSHOT_DIR").map_or(dir.to_path_buf(), PathBuf::from);
+    std::fs::create_dir_all(&shots).expect("the screenshot directory");
+    let mut browser = Browser::start(chromium, CHROMIUM_DEADLINE).expect("start chromium");
+    let layout_js = LAYOUT_JS.replace("FONT_PX_MIN", &FONT_PX_MIN.to_string());
+    for (name, viewport) in &VIEWPORTS {
+        let mut layout = Value::Null;
+        for attempt in 1..=LAYOUT_ATTEMPTS_MAX {
+            let measured = browser
+                .open(url, viewport)
+                .and_then(|()| browser.evaluate(&layout_js));
+            match measured {
+                Ok(l) if l["ready"] == true => {
+                    layout = l;
+                    break;
+                }
+                Ok(_) | Err(_) if attempt < LAYOUT_ATTEMPTS_MAX => continue,
+                Ok(l) => panic!("the page at {url} never finished loading on the {name}: {l}"),
+                Err(e) => panic!(
+                    "measuring {url} on the {name}: {e:#}\n{}",
+                    browser.stderr_tail()
+                ),
+            }
+        }
+        let png = browser.screenshot_png().expect("screenshot");
+        let path = shots.join(format!("status-page-{name}.png"));
+        std::fs::write(&path, png).expect("write the screenshot");
+        eprintln!("status page on the {name}: {}", path.display());
+        let problems = layout_problems(&layout, viewport.width_px, mounts_expected);
+        assert!(
+            problems.is_empty(),
+            "the status page's layout breaks on the {name} ({}×{} CSS px; screenshot {}):\n- {}",
+            viewport.width_px,
+            viewport.height_px,
+            path.display(),
+            problems.join("\n- ")
+        );
+    }
 }

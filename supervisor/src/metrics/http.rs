@@ -145,17 +145,16 @@ fn respond(request: &Request<Incoming>, snapshot: &Snapshot) -> Response<Full<By
                 uptime_s,
             ),
         ),
-        "/" => reply(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
+        "/" => reply(StatusCode::OK, "text/html; charset=utf-8", {
+            let now_unix_ms = unix_ms_now();
             render_page_with_charts(
                 &mounts,
-                &snapshot.charts(),
+                &snapshot.charts(now_unix_ms),
                 &totals,
                 uptime_s,
-                unix_ms_now(),
-            ),
-        ),
+                now_unix_ms,
+            )
+        }),
         // The loop published a snapshot: the process answers.
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" => match not_ready(&mounts) {

@@ -82,6 +82,16 @@ pub struct ChartPoint {
     pub latency_us_sum: u64,
 }
 
+/// `m`'s request totals at `now_unix_ms`. Pure.
+fn chart_point(m: &MountStatus, now_unix_ms: u64) -> ChartPoint {
+    let io = m.counters.as_ref().map(|c| &c.io);
+    ChartPoint {
+        at_unix_ms: now_unix_ms,
+        request_count: io.map_or(0, |io| io.request_count()),
+        latency_us_sum: io.map_or(0, |io| io.requests.iter().map(|o| o.latency_us_sum).sum()),
+    }
+}
+
 /// Adds a point for `m` to `points` when the last is at least
 /// [`CHART_INTERVAL_MS`] old, keeping [`CHART_POINTS_MAX`]. Pure.
 fn chart_sample(points: &mut VecDeque<ChartPoint>, m: &MountStatus, now_unix_ms: u64) {
@@ -91,12 +101,7 @@ fn chart_sample(points: &mut VecDeque<ChartPoint>, m: &MountStatus, now_unix_ms:
     if !due {
         return;
     }
-    let io = m.counters.as_ref().map(|c| &c.io);
-    points.push_back(ChartPoint {
-        at_unix_ms: now_unix_ms,
-        request_count: io.map_or(0, |io| io.request_count()),
-        latency_us_sum: io.map_or(0, |io| io.requests.iter().map(|o| o.latency_us_sum).sum()),
-    });
+    points.push_back(chart_point(m, now_unix_ms));
     while points.len() > CHART_POINTS_MAX {
         points.pop_front();
     }
@@ -146,14 +151,28 @@ impl Snapshot {
         }
     }
 
-    /// Each mount's chart points, oldest first, by mount id.
-    fn charts(&self) -> BTreeMap<String, Vec<ChartPoint>> {
+    /// Each mount's chart points, oldest first, by mount id: the samples a
+    /// minute apart, then its latest totals at `now_unix_ms` (when later),
+    /// so the chart ends at the present and shows from a mount's first
+    /// seconds. The latest totals are current: a generation reports a
+    /// change within a second and every report is published.
+    fn charts(&self, now_unix_ms: u64) -> BTreeMap<String, Vec<ChartPoint>> {
         self.published
             .lock()
             .map(|p| {
                 p.charts
                     .iter()
-                    .map(|(id, points)| (id.clone(), points.iter().copied().collect()))
+                    .map(|(id, samples)| {
+                        let mut points: Vec<ChartPoint> = samples.iter().copied().collect();
+                        let live = p
+                            .mounts
+                            .iter()
+                            .find(|m| &m.mount_id == id)
+                            .map(|m| chart_point(m, now_unix_ms))
+                            .filter(|l| points.last().is_none_or(|s| l.at_unix_ms > s.at_unix_ms));
+                        points.extend(live);
+                        (id.clone(), points)
+                    })
                     .collect()
             })
             .unwrap_or_default()

@@ -5,7 +5,8 @@
 //! generation logged last, the last upgrade). Durations and sizes in human
 //! units, each crash with the time its takeover took and the last upgrade
 //! with its stall; it reloads itself every [`PAGE_REFRESH_S`] and fits a
-//! phone's width. Pure.
+//! phone's width (sections stack, a table's rows become label-over-value,
+//! any long word breaks, the chart is as wide as its section). Pure.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -248,8 +249,8 @@ pub fn chart_svg(points: &[ChartPoint]) -> String {
     format!(
         "<figure class=\"chart\"><svg viewBox=\"0 0 {CHART_WIDTH} {CHART_HEIGHT}\" width=\"100%\" \
          role=\"img\" aria-label=\"requests per second and mean latency\" preserveAspectRatio=\"none\">\
-         <polyline class=\"rate\" fill=\"none\" stroke=\"#06c\" points=\"{rate}\"/>\
-         <polyline class=\"latency\" fill=\"none\" stroke=\"#a60\" stroke-dasharray=\"4 2\" points=\"{latency}\"/></svg>\
+         <polyline class=\"rate\" fill=\"none\" stroke=\"#06c\" vector-effect=\"non-scaling-stroke\" points=\"{rate}\"/>\
+         <polyline class=\"latency\" fill=\"none\" stroke=\"#a60\" stroke-dasharray=\"4 2\" vector-effect=\"non-scaling-stroke\" points=\"{latency}\"/></svg>\
          <figcaption>last {span}: requests/s (blue, max {rate_max:.1}), mean latency (orange, dashed, max {latency_max:.2} ms)</figcaption></figure>",
         span = duration_text((span_ms / 1000.0) as u64),
     )
@@ -261,7 +262,7 @@ fn mount_section(out: &mut String, m: &MountStatus, now_unix_ms: u64, chart: &st
     let _ = write!(
         out,
         "<section class=\"mount {h}\" data-mountpoint=\"{mp}\"><h2>{mp} <span class=\"health\">{h}</span></h2>\
-         <table><tr><th>volume</th><td>{vol}</td></tr><tr><th>state</th><td class=\"state\">{state}</td></tr>\
+         <table class=\"facts\"><tr><th>volume</th><td>{vol}</td></tr><tr><th>state</th><td class=\"state\">{state}</td></tr>\
          <tr><th>generation</th><td class=\"generation\">{g}</td></tr><tr><th>pid</th><td>{pid}</td></tr>\
          <tr><th>restarts</th><td class=\"restarts\">exit {re} · signal {rs} · oom {ro}</td></tr>\
          <tr><th>failed starts in a row</th><td>{cf}</td></tr>\
@@ -424,10 +425,10 @@ pub fn render_page_with_charts(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>fs-supervisor</title>\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <meta http-equiv=\"refresh\" content=\"{PAGE_REFRESH_S}\">\
-         <style>body{{font-family:sans-serif;margin:0 auto;padding:0 1em;max-width:60em}}\
+         <style>body{{font-family:sans-serif;margin:0 auto;padding:0 1em;max-width:60em;overflow-wrap:anywhere}}\
          section{{border:1px solid #ccc;padding:0 1em;margin:1em 0}}\
-         h2{{overflow-wrap:anywhere}}table{{border-collapse:collapse;width:100%}}\
-         th,td{{vertical-align:top;overflow-wrap:anywhere}}\
+         table{{border-collapse:collapse;width:100%}}th,td{{vertical-align:top}}\
+         figure{{margin:1em 0}}.chart svg{{display:block;height:5em;background:#f6f6f6}}\
          .healthy .health{{color:#070}}.degraded .health{{color:#a60}}.failing .health{{color:#b00}}\
          th{{text-align:left;padding-right:1em;white-space:nowrap}}.tip{{color:#b00}}\
          @media (max-width:40em){{body{{padding:0 .5em}}section{{padding:0 .5em}}th,td{{display:block}}\

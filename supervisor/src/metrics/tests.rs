@@ -610,3 +610,41 @@ fn a_mount_gets_a_chart_point_a_minute_and_keeps_an_hour() {
     );
     assert_eq!(points[0].request_count, 6);
 }
+
+#[test]
+fn the_chart_ends_at_the_present_so_a_new_mount_has_one_within_seconds() {
+    let snapshot = Snapshot::default();
+    let mut m = status();
+    snapshot.publish(vec![m.clone()]);
+    let sampled = snapshot.charts(0)[&m.mount_id].clone();
+    assert_eq!(
+        sampled.len(),
+        1,
+        "no later time: the sample alone: {sampled:?}"
+    );
+    if let Some(c) = m.counters.as_mut() {
+        c.io.requests[0].count += 10;
+    }
+    snapshot.publish(vec![m.clone()]);
+    let now_unix_ms = sampled[0].at_unix_ms + 5000;
+    let points = snapshot.charts(now_unix_ms)[&m.mount_id].clone();
+    assert_eq!(
+        points.len(),
+        2,
+        "the minute's sample, then the present: {points:?}"
+    );
+    assert_eq!(points[0], sampled[0]);
+    assert_eq!(points[1].request_count, sampled[0].request_count + 10);
+    assert_eq!(points[1].at_unix_ms, now_unix_ms);
+    assert_eq!(
+        snapshot
+            .published
+            .lock()
+            .map(|p| p.charts[&m.mount_id].len())
+            .ok(),
+        Some(1),
+        "the present is not a sample"
+    );
+    let svg = chart_svg(&points);
+    assert!(svg.contains("last 5 s"), "{svg}");
+}
