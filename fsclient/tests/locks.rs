@@ -1,8 +1,9 @@
 //! flock and fcntl locks between processes on a mounted volume: conflicts,
-//! release on close, a blocked lock granted when the holder lets go, and
-//! an interrupted blocking lock, and EDEADLK for a wait that closes a cycle
-//! of POSIX lock owners (beside the same sequence on the local disk). Lock holders are child processes
-//! (`flock(1)`, python3's fcntl) killed on drop. Needs root and /dev/fuse.
+//! release on close, a blocked lock granted when the holder lets go, an
+//! interrupted blocking lock, and EDEADLK for a wait that closes a cycle of
+//! POSIX lock owners (beside the same sequence on the local disk). Lock
+//! holders are child processes (`flock(1)`, python3's fcntl) killed on
+//! drop. Needs root and /dev/fuse.
 
 #![allow(clippy::unwrap_used)]
 
