@@ -25,3 +25,18 @@ pub mod staged;
 pub mod standby;
 pub mod stored;
 pub mod workload;
+
+/// A python3 program that runs a plan of POSIX lock requests between
+/// processes, for tests comparing a mount with the local disk.
+///
+/// Arguments: `FILE N PLAN DEADLINE_S [CONTROL_DIR]`. N forked processes
+/// each hold byte i of FILE (F_SETLK), then the steps of PLAN (comma
+/// separated) run in order: `i>j` is process i asking for byte j with
+/// F_SETLKW (the next step waits until it sleeps in the kernel, then
+/// 200 ms); `wMS` watches MS ms for answers (one seen there is reported
+/// `early-...`); `rI` has process I close its file; `p` creates
+/// `CONTROL_DIR/paused` and goes on once `CONTROL_DIR/resume` exists. Each
+/// requester reports `granted`, `EDEADLK` or `timeout` (SIGALRM after
+/// DEADLINE_S interrupts its wait) and closes its file. Prints `i:word`
+/// for each requester, ascending, on one line.
+pub const LOCK_PLAN: &str = include_str!("lock_plan.py");

@@ -2699,6 +2699,42 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
     assert!(ok && out == "free\n", "{out}{err}");
 }
 
+/// A parked POSIX wait crosses a kill -9 (RESEND) with the locks it waits
+/// for, so the successor sees the whole wait-for graph: the request that
+/// closes the cycle there is refused EDEADLK, and its close grants the
+/// resent wait.
+#[test]
+fn a_lock_cycle_closed_after_a_generation_kill_9_is_edeadlk() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let file = fx.mnt.join("cycle");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {}", s(&file))).finish();
+    assert!(ok, "{err}");
+    let control = fx.path("lock-plan");
+    std::fs::create_dir_all(&control).expect("control dir");
+    // Process 0 holds byte 0 and waits for byte 1, which 1 holds; the
+    // plan pauses; after the kill, 1 asks for byte 0.
+    let plan = App::spawn(
+        &fx.mnt,
+        Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::LOCK_PLAN)
+            .args([s(&file), "2", "0>1,p,1>0", "20", s(&control)]),
+    );
+    assert!(
+        wait_until(DEADLINE, || control.join("paused").exists()),
+        "the lock plan never reached its pause\n{}",
+        fx.logs()
+    );
+    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
+    fx.wait_serving(generation + 1);
+    std::fs::write(control.join("resume"), b"").expect("resume the plan");
+    let (ok, out, err) = plan.finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "0:granted 1:EDEADLK", "{err}\n{}", fx.logs());
+}
+
 /// A truncation leaves a floor in staging (committed bytes past it read as
 /// zeros until the next commit). The generation is killed after the commit
 /// that wrote past the floor, while it clears staging: the floor must not

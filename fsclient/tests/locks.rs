@@ -240,22 +240,12 @@ fn a_blocking_posix_lock_waits_without_a_worker_and_is_granted_on_close() {
     m.stop();
 }
 
-/// `N PLAN DEADLINE_S`: N forked processes each hold byte i of the file
-/// (F_SETLK), then make the PLAN's requests in order: `i>j` is process i
-/// asking for byte j with F_SETLKW (the next step waits until it sleeps in
-/// the kernel, then 200 ms), `wMS` watches MS ms for answers (one seen
-/// there is reported `early-...`), `rI` has process I close its file. Each
-/// requester reports `granted`, `EDEADLK` or `timeout` (SIGALRM after
-/// DEADLINE_S interrupts its wait), then closes its file; printed as
-/// `i:word` by process.
-const LOCK_PLAN: &str = include_str!("lock_plan.py");
-
-/// Runs [`LOCK_PLAN`] on `file`; its output.
+/// Runs [`chaos_tests::LOCK_PLAN`] on `file`; its output.
 fn lock_plan(file: &Path, processes: usize, plan: &str) -> String {
     let mut child = ChildGuard(
         Command::new("python3")
             .arg("-c")
-            .arg(LOCK_PLAN)
+            .arg(chaos_tests::LOCK_PLAN)
             .args([s(file), &processes.to_string(), plan, "5"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -1,5 +1,7 @@
 import errno, fcntl, os, select, sys, time
+# See chaos_tests::LOCK_PLAN.
 path, n, plan, deadline = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+control = sys.argv[5] if len(sys.argv) > 5 else None
 res_r, res_w = os.pipe()
 cmds, pids = [], []
 for i in range(n):
@@ -70,6 +72,13 @@ for step in plan.split(","):
     if step.startswith("r"):
         i = int(step[1:])
         os.write(cmds[i], b"release\n")
+        continue
+    if step == "p":  # pause: say so, go on once told to
+        open(os.path.join(control, "paused"), "w").close()
+        t = time.monotonic() + deadline
+        while not os.path.exists(os.path.join(control, "resume")):
+            assert time.monotonic() < t, "never resumed"
+            time.sleep(0.01)
         continue
     if step.startswith("w"):  # waits: nobody answered within this many ms
         t = time.monotonic() + int(step[1:]) / 1000
