@@ -40,3 +40,15 @@ pub mod workload;
 /// DEADLINE_S interrupts its wait) and closes its file. Prints `i:word`
 /// for each requester, ascending, on one line.
 pub const LOCK_PLAN: &str = include_str!("lock_plan.py");
+
+/// A python3 program that writes a file and closes it later, to compare
+/// the times a mount shows with the local disk's.
+///
+/// Arguments: `FILE SIZE_BYTES SLEEP_S [CONTROL_DIR]`. Creates (truncates)
+/// FILE, writes SIZE_BYTES in one `write(2)`, creates `CONTROL_DIR/written`
+/// and waits for `CONTROL_DIR/resume` if given, sleeps SLEEP_S, `fstat`s,
+/// closes and `stat`s. Prints one line of `key=ns` pairs: `write_from`,
+/// `write_to` (the clock around the write), `close` (just before it),
+/// `open_mtime`, `open_ctime` (the fstat before the close), `mtime`,
+/// `ctime` (the stat after it).
+pub const WRITE_TIMES: &str = include_str!("write_times.py");
