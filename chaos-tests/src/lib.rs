@@ -44,8 +44,10 @@ pub const LOCK_PLAN: &str = include_str!("lock_plan.py");
 /// A python3 program that writes a file and closes it later, to compare
 /// the times a mount shows with the local disk's.
 ///
-/// Arguments: `FILE SIZE_BYTES SLEEP_S [CONTROL_DIR]`. Creates (truncates)
-/// FILE, writes SIZE_BYTES in one `write(2)`, creates `CONTROL_DIR/written`
+/// Arguments: `FILE SIZE_BYTES SLEEP_S [CONTROL_DIR [write-back]]`.
+/// Creates (truncates) FILE, writes SIZE_BYTES in one `write(2)` (with
+/// `write-back`, then writes its pages back with `sync_file_range`, which
+/// leaves the inode's times dirty), creates `CONTROL_DIR/written`
 /// and waits for `CONTROL_DIR/resume` if given, sleeps SLEEP_S, `fstat`s,
 /// closes and `stat`s. Prints one line of `key=ns` pairs: `write_from`,
 /// `write_to` (the clock around the write), `close` (just before it),
