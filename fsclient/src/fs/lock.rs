@@ -24,6 +24,14 @@
 //! published as rows too (owner, session, inode, range, type), removed when
 //! granted, interrupted or expired with the session, and the cycle search
 //! run over them in the transaction that parks.
+//!
+//! Across a generation's death the graph is rebuilt as the requests come
+//! back: the held locks from the dead one's file, its parked requests by
+//! RESEND (queued before anything new). Parking again checks again, so a
+//! cycle closed in the new generation is refused as in the old; were a
+//! new request to reach the table before a resent one it waits for, the
+//! resent one would be refused instead (one request of the cycle is
+//! refused either way, never both, never none).
 
 use std::sync::Arc;
 use std::time::Duration;
