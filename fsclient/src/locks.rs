@@ -26,7 +26,10 @@
 //! lock the next holds is refused EDEADLK instead of parked, as the
 //! kernel's lock manager does on a local filesystem (it leaves that to us
 //! once POSIX locks are the filesystem's). flock waits are not checked
-//! (nor are they on Linux). Only this mount's waits and locks are in the
+//! (nor are they on Linux). Open file description locks (F_OFD_SETLKW)
+//! reach FUSE as POSIX locks owned by the open file, indistinguishable, so
+//! a cycle among them is refused too (Linux leaves those deadlocked).
+//! Only this mount's waits and locks are in the
 //! graph: a cycle through another mount's lock waits until one of the
 //! callers gives up.
 //!
