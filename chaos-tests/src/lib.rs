@@ -28,3 +28,32 @@ pub mod staged;
 pub mod standby;
 pub mod stored;
 pub mod workload;
+
+/// A python3 program that runs a plan of POSIX lock requests between
+/// processes, for tests comparing a mount with the local disk.
+///
+/// Arguments: `FILE N PLAN DEADLINE_S [CONTROL_DIR]`. N forked processes
+/// each hold byte i of FILE (F_SETLK), then the steps of PLAN (comma
+/// separated) run in order: `i>j` is process i asking for byte j with
+/// F_SETLKW (the next step waits until it sleeps in the kernel, then
+/// 200 ms); `wMS` watches MS ms for answers (one seen there is reported
+/// `early-...`); `rI` has process I close its file; `p` creates
+/// `CONTROL_DIR/paused` and goes on once `CONTROL_DIR/resume` exists. Each
+/// requester reports `granted`, `EDEADLK` or `timeout` (SIGALRM after
+/// DEADLINE_S interrupts its wait) and closes its file. Prints `i:word`
+/// for each requester, ascending, on one line.
+pub const LOCK_PLAN: &str = include_str!("lock_plan.py");
+
+/// A python3 program that writes a file and closes it later, to compare
+/// the times a mount shows with the local disk's.
+///
+/// Arguments: `FILE SIZE_BYTES SLEEP_S [CONTROL_DIR [write-back]]`.
+/// Creates (truncates) FILE, writes SIZE_BYTES in one `write(2)` (with
+/// `write-back`, then writes its pages back with `sync_file_range`, which
+/// leaves the inode's times dirty), creates `CONTROL_DIR/written`
+/// and waits for `CONTROL_DIR/resume` if given, sleeps SLEEP_S, `fstat`s,
+/// closes and `stat`s. Prints one line of `key=ns` pairs: `write_from`,
+/// `write_to` (the clock around the write), `close` (just before it),
+/// `open_mtime`, `open_ctime` (the fstat before the close), `mtime`,
+/// `ctime` (the stat after it).
+pub const WRITE_TIMES: &str = include_str!("write_times.py");

@@ -2865,6 +2865,147 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
     assert!(ok && out == "free\n", "{out}{err}");
 }
 
+/// A parked POSIX wait crosses a kill -9 (RESEND) with the locks it waits
+/// for, so the successor sees the whole wait-for graph: the request that
+/// closes the cycle there is refused EDEADLK, and its close grants the
+/// resent wait.
+#[test]
+fn a_lock_cycle_closed_after_a_generation_kill_9_is_edeadlk() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let file = fx.mnt.join("cycle");
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("touch {}", s(&file))).finish();
+    assert!(ok, "{err}");
+    let control = fx.path("lock-plan");
+    std::fs::create_dir_all(&control).expect("control dir");
+    // Process 0 holds byte 0 and waits for byte 1, which 1 holds; the
+    // plan pauses; after the kill, 1 asks for byte 0.
+    let plan = App::spawn(
+        &fx.mnt,
+        Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::LOCK_PLAN)
+            .args([s(&file), "2", "0>1,p,1>0", "20", s(&control)]),
+    );
+    assert!(
+        wait_until(DEADLINE, || control.join("paused").exists()),
+        "the lock plan never reached its pause\n{}",
+        fx.logs()
+    );
+    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
+    fx.wait_serving(generation + 1);
+    std::fs::write(control.join("resume"), b"").expect("resume the plan");
+    let (ok, out, err) = plan.finish_or(|| fx.logs());
+    assert!(ok, "{out}{err}");
+    assert_eq!(out.trim(), "0:granted 1:EDEADLK", "{err}\n{}", fx.logs());
+}
+
+/// The `key=ns` pairs of [`chaos_tests::WRITE_TIMES`]'s output.
+fn write_times_of(out: &str) -> std::collections::HashMap<String, i128> {
+    out.split_whitespace()
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// mtime and ctime, before the close and after it, are the write's (the
+/// clock read around it, give or take the kernel's coarse clock), not the
+/// close's 1.1 s later.
+fn assert_times_are_the_writes(label: &str, t: &std::collections::HashMap<String, i128>) {
+    const SLACK_NS: i128 = 20_000_000;
+    for key in [
+        "write_from",
+        "write_to",
+        "close",
+        "open_mtime",
+        "open_ctime",
+        "mtime",
+        "ctime",
+    ] {
+        assert!(t.contains_key(key), "{label}: no {key} in {t:?}");
+    }
+    for key in ["open_mtime", "open_ctime", "mtime", "ctime"] {
+        assert!(
+            t[key] >= t["write_from"] - SLACK_NS && t[key] <= t["write_to"] + SLACK_NS,
+            "{label}: {key} is not the write's time: {t:?}"
+        );
+    }
+    assert!(t["close"] - t["mtime"] > 1_000_000_000, "{label}: {t:?}");
+}
+
+/// Under the writeback cache the kernel dates a write and sends its mtime
+/// and ctime in a SETATTR when the file is closed. The generation is
+/// killed between the write and the close: with the pages still in the
+/// kernel's cache, and with them written back (staged by the dead
+/// generation, committed by its successor). The close, served by the
+/// successor, shows the write's times, and they are what is stored (seen
+/// again after an unmount and a new mount).
+#[test]
+fn times_of_a_write_closed_after_a_generation_kill_9_are_the_writes_and_are_stored() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let mut writers = Vec::new();
+    for (name, mode) in [("cached", "in-cache"), ("staged", "write-back")] {
+        let control = fx.path(&format!("times-{name}"));
+        std::fs::create_dir_all(&control).expect("control dir");
+        let file = fx.mnt.join(name);
+        let app = App::spawn(
+            &fx.mnt,
+            Command::new("python3")
+                .arg("-c")
+                .arg(chaos_tests::WRITE_TIMES)
+                .args([s(&file), "300000", "1.1", s(&control), mode]),
+        );
+        writers.push((name, control, app));
+    }
+    for (name, control, _) in &writers {
+        assert!(
+            wait_until(DEADLINE, || control.join("written").exists()),
+            "{name} was never written\n{}",
+            fx.logs()
+        );
+    }
+    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
+    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
+    fx.wait_serving(generation + 1);
+    let mut shown = Vec::new();
+    for (name, control, app) in writers {
+        std::fs::write(control.join("resume"), b"").expect("resume the writer");
+        let (ok, out, err) = app.finish_or(|| fx.logs());
+        assert!(ok, "{name}: {out}{err}");
+        let t = write_times_of(&out);
+        assert_times_are_the_writes(name, &t);
+        shown.push((name, t["mtime"], t["ctime"]));
+    }
+    let out = fx.fsctl(&["umount", s(&fx.mnt)]);
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.mount();
+    for (name, mtime, ctime) in shown {
+        let file = fx.mnt.join(name);
+        let (ok, out, err) = App::sh(
+            &fx.mnt,
+            &format!(
+                "python3 -c 'import os; st = os.stat(\"{}\"); print(st.st_mtime_ns, st.st_ctime_ns)'",
+                s(&file)
+            ),
+        )
+        .finish();
+        assert!(ok, "{err}");
+        assert_eq!(
+            out.trim(),
+            format!("{mtime} {ctime}"),
+            "{name}: the stored times differ from those shown"
+        );
+    }
+}
+
 /// A truncation leaves a floor in staging (committed bytes past it read as
 /// zeros until the next commit). The generation is killed after the commit
 /// that wrote past the floor, while it clears staging: the floor must not

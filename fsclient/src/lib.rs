@@ -30,6 +30,9 @@
 //!   buffered write(2) sits in the kernel page cache until the kernel writes
 //!   it back (close, fsync, sync_file_range, memory pressure or its flusher
 //!   thread); only then does fsclient receive, stage and acknowledge it.
+//!   The kernel then also owns the file's mtime and ctime (set at the
+//!   write, sent in a SETATTR at the close or fsync): a commit leaves them.
+//!   Without it (a volume other hosts share) the commit dates them.
 //! - Reads see staged bytes over committed ones; holes cost nothing.
 //! - Writes, truncations and flushes of one inode are serialized by a
 //!   per-inode (striped) mutex; different files proceed in parallel.

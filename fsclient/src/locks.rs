@@ -22,6 +22,17 @@
 //! waits); an unlock whose publish failed takes effect here at once and is
 //! published again by the next retry.
 //!
+//! A POSIX SETLKW that would close a cycle of owners each waiting for a
+//! lock the next holds is refused EDEADLK instead of parked, as the
+//! kernel's lock manager does on a local filesystem (it leaves that to us
+//! once POSIX locks are the filesystem's). flock waits are not checked
+//! (nor are they on Linux). Open file description locks (F_OFD_SETLKW)
+//! reach FUSE as POSIX locks owned by the open file, indistinguishable, so
+//! a cycle among them is refused too (Linux leaves those deadlocked).
+//! Only this mount's waits and locks are in the
+//! graph: a cycle through another mount's lock waits until one of the
+//! callers gives up.
+//!
 //! Limits: at most [`WAITERS_MAX`] parked requests (ENOLCK past it) and
 //! [`INTERRUPTED_MAX`] remembered early INTERRUPTs. The table lives in the
 //! process: a new generation starts with no locks unless it imports its
@@ -241,12 +252,13 @@ pub enum SetOutcome<W> {
         /// Why.
         error: Error,
     },
-    /// Not parked (too many waiters, or interrupted already): answer with
-    /// the errno.
+    /// Not parked (too many waiters, interrupted already, or a deadlock):
+    /// answer with the errno.
     Refused {
         /// The waiter to answer.
         waiter: W,
-        /// ENOLCK or EINTR.
+        /// ENOLCK, EINTR, or EDEADLK (a POSIX wait that would close a
+        /// cycle of owners waiting for each other).
         errno: i32,
         /// Parked requests granted meanwhile: answer each OK.
         granted: Vec<W>,
@@ -426,6 +438,19 @@ impl<W> LockTable<W> {
                 granted,
             };
         }
+        if req.kind == LockKind::Posix && self.closes_a_cycle(ino, &req) {
+            tracing::debug!(
+                nodeid = ino,
+                unique,
+                owner = req.owner,
+                "lock request would deadlock"
+            );
+            return SetOutcome::Refused {
+                waiter,
+                errno: libc::EDEADLK,
+                granted,
+            };
+        }
         if self.waiters.len() >= WAITERS_MAX {
             return SetOutcome::Refused {
                 waiter,
@@ -440,6 +465,58 @@ impl<W> LockTable<W> {
             waiter,
         });
         SetOutcome::Parked { granted }
+    }
+
+    /// Owners of this mount's POSIX locks on `ino` that block `req`.
+    fn blocking_owners(&self, ino: u64, req: &LockRequest) -> Vec<u64> {
+        let Some(typ) = req.typ else {
+            return Vec::new();
+        };
+        let Some(locks) = self.inodes.get(&ino) else {
+            return Vec::new();
+        };
+        locks
+            .posix
+            .iter()
+            .filter(|l| {
+                l.owner != req.owner
+                    && l.overlaps(req.start, req.end)
+                    && (l.typ == LockType::Write || typ == LockType::Write)
+            })
+            .map(|l| l.owner)
+            .collect()
+    }
+
+    /// Whether parking `req` would close a cycle of POSIX lock owners each
+    /// waiting for a lock the next one holds (F_SETLKW answers EDEADLK,
+    /// as the kernel's lock manager does for a local filesystem).
+    ///
+    /// A parked request waits until no lock conflicts with it, so it waits
+    /// for every owner holding a conflicting lock, and any cycle in that
+    /// wait-for graph is a deadlock. The search follows every edge (the
+    /// kernel follows only the first blocker of each waiter), so it finds
+    /// every cycle this mount can see; an owner blocked only by another
+    /// mount's lock has no edge here (see `fs/lock.rs`).
+    ///
+    /// Bounded: each owner is visited once, and at most [`WAITERS_MAX`]
+    /// parked requests can lead anywhere.
+    fn closes_a_cycle(&self, ino: u64, req: &LockRequest) -> bool {
+        let mut visited: HashSet<u64> = HashSet::new();
+        let mut frontier = self.blocking_owners(ino, req);
+        while let Some(owner) = frontier.pop() {
+            if owner == req.owner {
+                return true;
+            }
+            if !visited.insert(owner) {
+                continue;
+            }
+            for w in &self.waiters {
+                if w.req.kind == LockKind::Posix && w.req.owner == owner {
+                    frontier.extend(self.blocking_owners(w.ino, &w.req));
+                }
+            }
+        }
+        false
     }
 
     /// Drops every lock of `kind` held by `owner` on `ino` (close); returns
@@ -996,6 +1073,76 @@ mod tests {
         t.retry();
         assert_eq!(*other.published.lock().unwrap(), vec![lock]);
         assert!(!t.needs_retry());
+    }
+
+    fn errno(outcome: SetOutcome<u32>) -> i32 {
+        match outcome {
+            SetOutcome::Refused { errno, .. } => errno,
+            _ => panic!("expected the request to be refused"),
+        }
+    }
+
+    fn parks(outcome: SetOutcome<u32>) {
+        assert!(matches!(outcome, SetOutcome::Parked { .. }), "{outcome:?}");
+    }
+
+    #[test]
+    fn a_wait_closing_a_cycle_of_two_owners_is_edeadlk_and_the_other_is_granted_later() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 0, Some(Write)), None));
+        done(t.set(7, posix(2, 1, 1, Some(Write)), None));
+        parks(t.set(7, posix(1, 1, 1, Some(Write)), Some((10, 1))));
+        assert_eq!(
+            errno(t.set(7, posix(2, 0, 0, Some(Write)), Some((20, 2)))),
+            libc::EDEADLK
+        );
+        // A non-blocking request is EAGAIN, never EDEADLK.
+        assert!(matches!(
+            t.set(7, posix(2, 0, 0, Some(Write)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        assert_eq!(t.release_owner(7, LockKind::Posix, 2), vec![1]);
+    }
+
+    #[test]
+    fn a_cycle_of_three_owners_across_inodes_is_edeadlk() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 9, Some(Write)), None));
+        done(t.set(8, posix(2, 0, 9, Some(Read)), None));
+        done(t.set(9, posix(3, 0, 9, Some(Write)), None));
+        parks(t.set(8, posix(1, 5, 5, Some(Write)), Some((1, 1))));
+        parks(t.set(9, posix(2, 0, 0, Some(Read)), Some((2, 2))));
+        assert_eq!(
+            errno(t.set(7, posix(3, 9, 20, Some(Read)), Some((3, 3)))),
+            libc::EDEADLK
+        );
+        // Owner 3 may still wait for what is not in the cycle.
+        done(t.set(10, posix(4, 0, 0, Some(Write)), None));
+        parks(t.set(10, posix(3, 0, 0, Some(Write)), Some((4, 4))));
+    }
+
+    #[test]
+    fn waits_without_a_cycle_still_park() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, posix(1, 0, 0, Some(Write)), None));
+        done(t.set(7, posix(2, 1, 1, Some(Write)), None));
+        // 1 waits for 2, 3 waits for 1: a chain, no cycle.
+        parks(t.set(7, posix(1, 1, 1, Some(Write)), Some((1, 1))));
+        parks(t.set(7, posix(3, 0, 0, Some(Write)), Some((2, 3))));
+        // Shared locks do not block shared requests: no edge.
+        done(t.set(8, posix(2, 0, 0, Some(Read)), None));
+        done(t.set(8, posix(1, 0, 0, Some(Read)), None));
+        assert_eq!(t.release_owner(7, LockKind::Posix, 2), vec![1]);
+        assert_eq!(t.release_owner(7, LockKind::Posix, 1), vec![3]);
+    }
+
+    #[test]
+    fn flock_waits_are_not_checked_for_deadlock() {
+        let mut t = LockTable::<u32>::default();
+        done(t.set(7, flock(1, Some(Write)), None));
+        done(t.set(8, flock(2, Some(Write)), None));
+        parks(t.set(8, flock(1, Some(Write)), Some((1, 1))));
+        parks(t.set(7, flock(2, Some(Write)), Some((2, 2))));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! flock and fcntl locks between processes on a mounted volume: conflicts,
-//! release on close, a blocked lock granted when the holder lets go, and
-//! an interrupted blocking lock. Lock holders are child processes
-//! (`flock(1)`, python3's fcntl) killed on drop. Needs root and /dev/fuse.
+//! release on close, a blocked lock granted when the holder lets go, an
+//! interrupted blocking lock, and EDEADLK for a wait that closes a cycle of
+//! POSIX lock owners (beside the same sequence on the local disk). Lock
+//! holders are child processes (`flock(1)`, python3's fcntl) killed on
+//! drop. Needs root and /dev/fuse.
 
 #![allow(clippy::unwrap_used)]
 
@@ -235,5 +237,65 @@ fn a_blocking_posix_lock_waits_without_a_worker_and_is_granted_on_close() {
         .expect("the waiter is granted");
     assert!(status.success());
     assert!(got.exists());
+    m.stop();
+}
+
+/// Runs [`chaos_tests::LOCK_PLAN`] on `file`; its output.
+fn lock_plan(file: &Path, processes: usize, plan: &str) -> String {
+    let mut child = ChildGuard(
+        Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::LOCK_PLAN)
+            .args([s(file), &processes.to_string(), plan, "5"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3"),
+    );
+    let status = child
+        .wait_timeout(DEADLINE)
+        .expect("the lock plan finishes by its deadline");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "lock plan {plan:?} failed: {out}");
+    out.trim().to_string()
+}
+
+/// `plan` on a file of the mount and on one of the local disk: the same
+/// answers, and `expected`.
+fn same_as_local(vol: &Volume, m: &Mounted, processes: usize, plan: &str, expected: &str) {
+    let local = vol.path("local-lockfile");
+    std::fs::write(&local, b"").unwrap();
+    assert_eq!(lock_plan(&local, processes, plan), expected, "local disk");
+    let on_mount = m.p("lockfile");
+    std::fs::write(&on_mount, b"").unwrap();
+    assert_eq!(lock_plan(&on_mount, processes, plan), expected, "the mount");
+}
+
+#[test]
+fn a_posix_wait_closing_a_cycle_of_two_processes_is_edeadlk_and_the_other_is_granted() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // 0 waits for 1's byte; 1 asking for 0's closes the cycle: EDEADLK,
+    // and its close grants 0.
+    same_as_local(&vol, &m, 2, "0>1,1>0", "0:granted 1:EDEADLK");
+    m.stop();
+}
+
+#[test]
+fn a_posix_wait_closing_a_cycle_of_three_processes_is_edeadlk() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    same_as_local(&vol, &m, 3, "0>1,1>2,2>0", "0:granted 1:granted 2:EDEADLK");
+    m.stop();
+}
+
+#[test]
+fn posix_waits_without_a_cycle_wait_until_granted() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // 0 waits for 1 (which waits for nobody), 2 waits for 0: a chain.
+    // Nothing is answered for 500 ms; 1's close grants 0, 0's grants 2.
+    same_as_local(&vol, &m, 3, "0>1,2>0,w500,r1", "0:granted 2:granted");
     m.stop();
 }

@@ -1028,3 +1028,91 @@ fn unlinked_files_free_their_objects_and_directories_in_batches() {
     );
     m.stop();
 }
+
+/// The `key=ns` pairs [`chaos_tests::WRITE_TIMES`] printed for `file`.
+fn write_times(
+    file: &std::path::Path,
+    size_bytes: usize,
+) -> std::collections::HashMap<String, i128> {
+    let mut child = ChildGuard(
+        std::process::Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::WRITE_TIMES)
+            .args([s(file), &size_bytes.to_string(), "1.1"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let status = child.wait_timeout(DEADLINE).expect("the writer finishes");
+    let mut out = String::new();
+    child
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(status.success(), "{out}");
+    out.split_whitespace()
+        .map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap();
+            (key.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+/// mtime and ctime are the write's (the clock read around it, give or
+/// take the kernel's coarse clock), before the close and after it, and
+/// not the close's time 1.1 s later.
+fn assert_times_are_the_writes(label: &str, t: &std::collections::HashMap<String, i128>) {
+    const SLACK_NS: i128 = 20_000_000;
+    for key in ["open_mtime", "open_ctime", "mtime", "ctime"] {
+        assert!(
+            t[key] >= t["write_from"] - SLACK_NS && t[key] <= t["write_to"] + SLACK_NS,
+            "{label}: {key} is not the write's time: {t:?}"
+        );
+    }
+    assert!(t["close"] - t["mtime"] > 1_000_000_000, "{label}: {t:?}");
+    assert_eq!(
+        t["open_mtime"], t["mtime"],
+        "{label}: the close moved mtime"
+    );
+    assert_eq!(
+        t["open_ctime"], t["ctime"],
+        "{label}: the close moved ctime"
+    );
+}
+
+fn stat_times(path: &std::path::Path) -> (i128, i128) {
+    let meta = fs::metadata(path).unwrap();
+    let ns = |sec: i64, nsec: i64| i128::from(sec) * 1_000_000_000 + i128::from(nsec);
+    (
+        ns(meta.mtime(), meta.mtime_nsec()),
+        ns(meta.ctime(), meta.ctime_nsec()),
+    )
+}
+
+#[test]
+fn mtime_and_ctime_after_a_write_and_a_later_close_are_the_writes_as_on_the_local_disk() {
+    let vol = Volume::new();
+    let local = write_times(&vol.path("local"), 100);
+    assert_times_are_the_writes("local disk", &local);
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // A small file (one WRITE at offset 0: written through) and one of
+    // several blocks (staged, committed at the close's FLUSH).
+    let mut shown = Vec::new();
+    for (name, size) in [("small", 100), ("large", 300 * 1024)] {
+        let t = write_times(&m.p(name), size);
+        assert_times_are_the_writes(name, &t);
+        shown.push((name, (t["mtime"], t["ctime"])));
+    }
+    // What was stored is what the kernel showed.
+    let mnt = m.mnt.clone();
+    m.stop();
+    let m = vol.mount(&mnt);
+    for (name, times) in shown {
+        assert_eq!(stat_times(&m.p(name)), times, "{name} after a remount");
+    }
+    m.stop();
+}

@@ -205,7 +205,7 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     ///
     /// In one transaction: replaces the rows in `commit.blocks`, removes the
     /// `punched` rows, sets the size exactly when `new_size` is `Some` (a
-    /// shrink drops rows past it), sets mtime if given and ctime to now.
+    /// shrink drops rows past it), sets mtime and ctime if given.
     /// Fails with `InvalidArgument` if a row would extend past the size.
     fn commit_blocks(
         &self,

@@ -328,6 +328,10 @@ pub struct CommitBlocks {
     pub new_size: Option<u64>,
     /// New modification time; `None` leaves it.
     pub mtime: Option<TimeOrNow>,
+    /// New change time; `None` leaves it (under the kernel's writeback
+    /// cache the kernel owns mtime and ctime of a written file and sends
+    /// them in a SETATTR of its own, which a later commit must not undo).
+    pub ctime: Option<TimeOrNow>,
     /// Rows to insert or replace.
     pub blocks: Vec<BlockRef>,
     /// Indexes whose rows are removed (become holes).

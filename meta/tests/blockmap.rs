@@ -26,6 +26,7 @@ fn write(m: &dyn MetaStore, ino: u64, size: u64, blocks: Vec<BlockRef>) -> Vec<O
     let c = CommitBlocks {
         new_size: Some(size),
         mtime: Some(TimeOrNow::Now),
+        ctime: Some(TimeOrNow::Now),
         blocks,
         punched: vec![],
     };
@@ -33,6 +34,29 @@ fn write(m: &dyn MetaStore, ino: u64, size: u64, blocks: Vec<BlockRef>) -> Vec<O
 }
 
 const B: u64 = BS as u64;
+
+/// Under the writeback cache the kernel sets the times of written data;
+/// a commit that gives none leaves both.
+#[test]
+fn a_commit_without_times_leaves_mtime_and_ctime() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let f = file(m, ROOT_INO, "f");
+    let t = Timespec { sec: 1000, nsec: 5 };
+    let set = SetAttr {
+        mtime: Some(TimeOrNow::At(t)),
+        ctime: Some(t),
+        ..Default::default()
+    };
+    m.setattr(f.ino, &set, None).unwrap();
+    let c = CommitBlocks {
+        new_size: Some(B + 1),
+        blocks: vec![blk(0, "a", BS), blk(1, "b", 1)],
+        ..Default::default()
+    };
+    let (a, _) = m.commit_blocks(f.ino, &c, None).unwrap();
+    assert_eq!((a.size, a.mtime, a.ctime), (B + 1, t, t));
+}
 
 #[test]
 fn commit_sets_rows_size_and_times() {
@@ -43,6 +67,7 @@ fn commit_sets_rows_size_and_times() {
     let c = CommitBlocks {
         new_size: Some(2 * B + 1),
         mtime: Some(TimeOrNow::At(t)),
+        ctime: Some(TimeOrNow::Now),
         blocks: vec![blk(0, "a", BS), blk(2, "c", 1)],
         punched: vec![],
     };

@@ -33,6 +33,7 @@ fn commit_size(m: &dyn MetaStore, ino: u64, size: u64) {
     let c = CommitBlocks {
         new_size: Some(size),
         mtime: None,
+        ctime: None,
         blocks: Vec::new(),
         punched: Vec::new(),
     };

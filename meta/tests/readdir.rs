@@ -117,6 +117,7 @@ fn readdir_plus_lists_the_same_entries_with_attributes_and_committed_bytes() {
     let commit = baton_meta::CommitBlocks {
         new_size: Some(2 * bs + 10),
         mtime: Some(baton_meta::TimeOrNow::Now),
+        ctime: Some(baton_meta::TimeOrNow::Now),
         blocks: blocks(&[(0, BS), (2, 10)]),
         punched: vec![],
     };

@@ -248,9 +248,15 @@ impl BatonFs {
         // Test hook: blocks uploaded, block map not committed.
         crate::fault::hit(crate::fault::Point::DuringUpload, fault_op);
         let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
+        // Under the writeback cache the kernel set mtime and ctime at the
+        // write and sends them in a SETATTR (before the FLUSH, or after a
+        // crash whenever the close comes): a commit, which runs at the
+        // flush, at the write-back or in the next generation, leaves them.
+        // A punched hole is ours to date (the kernel does not).
         let commit = CommitBlocks {
             new_size: Some(plan.size),
             mtime: (!writeback && !plan.uploads.is_empty()).then_some(TimeOrNow::Now),
+            ctime: (!writeback || !plan.punched.is_empty()).then_some(TimeOrNow::Now),
             blocks: plan
                 .uploads
                 .iter()

@@ -14,6 +14,24 @@
 //! (every [`LOCK_RETRY_INTERVAL`] while anything waits, from the session
 //! timer's thread) checks it again. There is no cross-host wake-up: a lock
 //! released on another host is seen here within one retry interval.
+//!
+//! A POSIX SETLKW that would close a cycle of waiting owners is answered
+//! EDEADLK ([`crate::locks::LockTable`]), but only cycles among this
+//! mount's owners are seen: the volume's lock rows record held locks, not
+//! waits, so a cycle through another host (A here waits for B's lock
+//! there, B waits for A's) is not detected, and both wait until one is
+//! interrupted. Detecting it would need every session's parked requests
+//! published as rows too (owner, session, inode, range, type), removed when
+//! granted, interrupted or expired with the session, and the cycle search
+//! run over them in the transaction that parks.
+//!
+//! Across a generation's death the graph is rebuilt as the requests come
+//! back: the held locks from the dead one's file, its parked requests by
+//! RESEND (queued before anything new). Parking again checks again, so a
+//! cycle closed in the new generation is refused as in the old; were a
+//! new request to reach the table before a resent one it waits for, the
+//! resent one would be refused instead (one request of the cycle is
+//! refused either way, never both, never none).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -58,7 +58,7 @@ pub(crate) fn regular(a: &Attr) -> Result<()> {
 }
 
 /// Applies one write: truncate (if `new_size` shrinks), punch, then write
-/// rows; sets size, mtime and ctime. Returns the new attributes and the
+/// rows; sets size, and mtime and ctime if given. Returns the new attributes and the
 /// objects no row references any more.
 pub(crate) fn commit<C: Db>(
     c: &C,
@@ -87,7 +87,9 @@ pub(crate) fn commit<C: Db>(
     if let Some(m) = commit.mtime {
         a.mtime = m.resolve(now);
     }
-    a.ctime = now;
+    if let Some(c) = commit.ctime {
+        a.ctime = c.resolve(now);
+    }
     inode::save(c, &a)?;
     Ok((a, unreferenced(c, removed)?))
 }
