@@ -230,6 +230,12 @@ impl BlockStore {
         Arc::clone(&self.counters)
     }
 
+    /// The directory of a local store (`file://`), whose disk's free
+    /// space is the volume's (STATFS); `None` for a remote store.
+    pub fn local_dir(&self) -> Option<&Path> {
+        self.local_root.as_deref()
+    }
+
     /// The directory whose files are the objects, when
     /// [`BlockStore::reads_in_place`].
     pub(crate) fn in_place_root(&self) -> Option<&Path> {

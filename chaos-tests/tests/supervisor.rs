@@ -890,6 +890,19 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // df on the mount tells the truth about the disk under it.
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("stat -f -c '%a %S' {}", s(&fx.mnt))).finish_or(|| fx.logs());
+    assert!(ok, "statfs of the mount: {err}");
+    let available: u64 = out
+        .split_whitespace()
+        .map(|n| n.parse::<u64>().expect("a number from stat -f"))
+        .product();
+    assert!(
+        available <= 6 * mib,
+        "df shows {available} bytes available on a disk with 6 MiB left"
+    );
+
     // Direct I/O: each 1 MiB write() returns once its WRITE is answered.
     let big = fx.mnt.join("big");
     let (ok, _, err) = App::sh(

@@ -249,8 +249,20 @@ fn df_under_a_quota_directory_and_on_a_bind_mount_shows_the_quota() {
     let q = m.p("pvc");
     fs::create_dir(&q).unwrap();
     fs::write(m.p("big-outside"), vec![1u8; 300_000]).unwrap();
+    // No quota yet: the volume's figures. Its store is a local directory,
+    // so what is available is what that disk has (not a made-up 1 PiB).
+    let disk_available = || {
+        let st = nix::sys::statvfs::statvfs(vol.data.as_path()).unwrap();
+        st.blocks_available() * st.fragment_size()
+    };
     let st = nix::sys::statvfs::statvfs(&q).unwrap();
-    assert_eq!(st.blocks() * st.fragment_size(), 1 << 50, "no quota yet");
+    let available = st.blocks_available() * st.fragment_size();
+    assert!(
+        available.abs_diff(disk_available()) < 64 * MIB,
+        "df's available {available} is not the store disk's {}",
+        disk_available()
+    );
+    assert!(st.blocks() * st.fragment_size() < 1 << 50, "no quota yet");
     // Set while mounted: the next statfs shows it.
     set_quota(&vol, &q, Some(10 * MIB), Some(1000));
     fs::write(q.join("f"), vec![2u8; 100_000]).unwrap();
@@ -273,11 +285,17 @@ fn df_under_a_quota_directory_and_on_a_bind_mount_shows_the_quota() {
     set_quota(&vol, &q, Some(20 * MIB), Some(1000));
     let st = nix::sys::statvfs::statvfs(&bind).unwrap();
     assert_eq!(st.blocks() * st.fragment_size(), 20 * MIB);
-    // The volume's own figures: real usage, the documented capacity.
+    // The volume's own figures: real usage, and as size that usage plus
+    // what the store's disk has available.
     let st = nix::sys::statvfs::statvfs(&m.mnt).unwrap();
-    assert_eq!(st.blocks() * st.fragment_size(), 1 << 50);
     let used = (st.blocks() - st.blocks_free()) * st.fragment_size();
     assert!(used >= 400_000, "volume used {used}");
+    let size = st.blocks() * st.fragment_size();
+    assert!(
+        size.abs_diff(used + disk_available()) < 64 * MIB,
+        "size {size} is not used {used} + available {}",
+        disk_available()
+    );
     assert_eq!(st.files() - st.files_free(), 4, "root, pvc, f, big-outside");
     drop(_bind_guard);
     m.stop();

@@ -61,9 +61,10 @@ pub use orphans::{ORPHAN_RELEASE_BATCH_MAX, ORPHAN_SETTLE_DELAY, UNHELD_RECLAIM_
 
 /// Per-inode mutexes, hashed by inode number.
 pub const INODE_LOCK_STRIPE_COUNT: usize = 256;
-/// The capacity STATFS reports for a volume without a quota on its root
-/// (and for a quota without a byte limit): 1 PiB, a stand-in for "as much
-/// as the object store holds".
+/// The capacity STATFS reports for a volume on a remote object store
+/// without a quota on its root (and for a quota without a byte limit):
+/// 1 PiB, a stand-in for "as much as the object store holds". A local
+/// store reports its disk instead.
 pub const VOLUME_CAPACITY_BYTES: u64 = 1 << 50;
 /// The inode count STATFS reports for a volume without an inode limit
 /// (2^40; inode numbers themselves go to 2^63).
@@ -577,18 +578,36 @@ impl BatonFs {
     /// STATFS on `ino`: under a directory quota (the deepest that holds
     /// `ino`, a quota directory's own first) its limits and usage, so
     /// that `df` on the directory or a bind mount of it shows the quota;
-    /// elsewhere the volume's usage from the metadata against
-    /// [`VOLUME_CAPACITY_BYTES`] and [`VOLUME_INODES_MAX`] (a quota on the
-    /// root directory is the way to give the volume a capacity). A limit
-    /// a quota lacks is the volume's figure.
+    /// elsewhere the volume's usage from the metadata. A limit a quota
+    /// lacks is the volume's figure (a quota on the root directory is the
+    /// way to give the volume a capacity). The volume's size: on a local
+    /// store its usage plus what the store's disk has available (so `df`
+    /// shows the room writes really have), on a remote one
+    /// [`VOLUME_CAPACITY_BYTES`]; inodes: [`VOLUME_INODES_MAX`]. What is
+    /// available is never more than the local store's disk has.
     fn do_statfs(&self, ino: u64) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
+        let disk_available_bytes = self.store.local_dir().and_then(|dir| {
+            match nix::sys::statvfs::statvfs(dir) {
+                Ok(st) => Some(st.blocks_available() * st.fragment_size()),
+                Err(errno) => {
+                    tracing::debug!(dir = %dir.display(), %errno, "statvfs of the local store failed; reporting the remote figures");
+                    None
+                }
+            }
+        });
+        let capacity_without_limit = |used_bytes: u64| {
+            disk_available_bytes.map_or(VOLUME_CAPACITY_BYTES, |available| {
+                used_bytes.saturating_add(available)
+            })
+        };
         // A quota's figures are one row; the volume's are counted (kept
         // off the quota path: kubelet asks every PVC's statfs often).
         let (capacity_bytes, used_bytes, inodes_max, used_inodes) =
             match self.meta.nearest_quota(ino)? {
                 Some(q) => (
-                    q.bytes_max.unwrap_or(VOLUME_CAPACITY_BYTES),
+                    q.bytes_max
+                        .unwrap_or_else(|| capacity_without_limit(q.used.bytes)),
                     q.used.bytes,
                     q.inodes_max.unwrap_or(VOLUME_INODES_MAX),
                     q.used.inodes,
@@ -596,7 +615,7 @@ impl BatonFs {
                 None => {
                     let usage = self.meta.statfs()?;
                     (
-                        VOLUME_CAPACITY_BYTES,
+                        capacity_without_limit(usage.bytes_used),
                         usage.bytes_used,
                         VOLUME_INODES_MAX,
                         usage.inodes_used,
@@ -605,10 +624,12 @@ impl BatonFs {
             };
         let blocks = capacity_bytes.div_ceil(FRAGMENT_BYTES);
         let used = used_bytes.div_ceil(FRAGMENT_BYTES).min(blocks);
+        let free = blocks - used;
+        let available = disk_available_bytes.map_or(free, |bytes| free.min(bytes / FRAGMENT_BYTES));
         Ok(Kstatfs {
             blocks,
-            bfree: blocks - used,
-            bavail: blocks - used,
+            bfree: free,
+            bavail: available,
             files: inodes_max,
             ffree: inodes_max.saturating_sub(used_inodes),
             bsize: self.block_size.clamp(FRAGMENT_BYTES, 1 << 20) as u32,
