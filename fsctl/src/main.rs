@@ -866,8 +866,7 @@ fn table(report: &StatusReport, wide: bool) -> String {
     if report.mounts.is_empty() {
         return "no mounts\n".to_string();
     }
-    let mut out = format!(
-        "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
+    let header = [
         "MOUNTPOINT",
         if wide { "VOLUME (full)" } else { "VOLUME" },
         "STATE",
@@ -876,8 +875,10 @@ fn table(report: &StatusReport, wide: bool) -> String {
         "STANDBY",
         "RESTARTS e/s/oom",
         "UPTIME",
-        "LAST RECOVERY"
-    );
+        "LAST RECOVERY",
+    ]
+    .map(String::from);
+    let mut rows = vec![header];
     for m in &report.mounts {
         let pid = |p: Option<u32>| p.map_or("-".to_string(), |p| p.to_string());
         let recovery = m.last_recovery.as_ref().map_or("-".to_string(), |r| {
@@ -894,18 +895,18 @@ fn table(report: &StatusReport, wide: bool) -> String {
                 ))
             )
         });
-        out.push_str(&format!(
-            "{:<28} {:<16} {:<11} {:>4} {:>8} {:>8} {:>16} {:>8}  {}\n",
-            m.mountpoint.display(),
+        let state = if m.gave_up {
+            "GAVE UP"
+        } else if m.read_only_reason.is_some() {
+            "READ-ONLY"
+        } else {
+            &m.state
+        };
+        rows.push([
+            m.mountpoint.display().to_string(),
             volume_label(&m.volume, wide),
-            if m.gave_up {
-                "GAVE UP"
-            } else if m.read_only_reason.is_some() {
-                "READ-ONLY"
-            } else {
-                &m.state
-            },
-            m.generation,
+            state.to_string(),
+            m.generation.to_string(),
             pid(m.pid),
             pid(m.standby_pid),
             format!(
@@ -913,13 +914,46 @@ fn table(report: &StatusReport, wide: bool) -> String {
                 m.restarts.exit, m.restarts.signal, m.restarts.oom
             ),
             human_duration(m.uptime_s),
-            recovery
-        ));
+            recovery,
+        ]);
     }
+    let right = [false, false, false, true, true, true, true, true, false];
+    let mut out = aligned(&rows, &right);
     for m in &report.mounts {
         if let Some(why) = &m.read_only_reason {
             out.push_str(&format!("{}: read-only: {why}\n", m.mountpoint.display()));
         }
+    }
+    out
+}
+
+/// `rows` as lines of columns as wide as their widest cell, two spaces
+/// apart (`right[i]`: column i is aligned right); no trailing spaces.
+fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            let pad = " ".repeat(widths[i] - cell.chars().count());
+            if right[i] {
+                line.push_str(&pad);
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                line.push_str(&pad);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
     out
 }
@@ -1090,5 +1124,25 @@ mod tests {
         assert_eq!(human_duration(75), "1m15s");
         assert_eq!(human_duration(7_300), "2h1m");
         assert_eq!(human_duration(200_000), "2d7h");
+    }
+
+    #[test]
+    fn table_columns_line_up_whatever_the_width_of_a_cell() {
+        let row = |cells: [&str; 3]| cells.map(String::from);
+        let rows = [
+            row(["MOUNTPOINT", "VOLUME (full)", "GEN"]),
+            row(["/mnt/a", "sqlite:///var/lib/baton/default/meta.db", "1"]),
+            row(["/a/much/longer/mountpoint", "b", "12345"]),
+        ];
+        let text = aligned(&rows, &[false, false, true]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "MOUNTPOINT                 VOLUME (full)                              GEN",
+                "/mnt/a                     sqlite:///var/lib/baton/default/meta.db      1",
+                "/a/much/longer/mountpoint  b                                        12345",
+            ]
+        );
     }
 }
