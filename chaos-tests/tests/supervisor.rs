@@ -875,6 +875,17 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
     )
     .finish();
     assert!(ok, "writing a file before the disk fills: {err}");
+    let doomed = fx.mnt.join("doomed");
+    let (ok, _, err) = App::sh(
+        &fx.mnt,
+        &format!(
+            "dd if={} of={} bs=1M count=1 conv=fsync",
+            s(&src),
+            s(&doomed)
+        ),
+    )
+    .finish();
+    assert!(ok, "writing a file before the disk fills: {err}");
 
     // Another writer fills the disk, all but 6 MiB: room for one staged
     // block, none for its upload.
@@ -964,6 +975,10 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
         cmp_prefix(&big, acknowledged_mib * mib),
         "acknowledged writes read back wrong after the takeover"
     );
+    // Deleting makes room, also on a disk without a byte left (the
+    // metadata's reserve).
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("rm {}", s(&doomed))).finish_or(|| fx.logs());
+    assert!(ok, "rm on the full disk: {err}");
 
     // Space again: an fsync commits the staged writes, and they survive
     // the next kill from the object store.

@@ -354,6 +354,12 @@ impl MetaError {
         }
     }
 
+    /// SQLite found no room on its disk (not a quota's or a limit's
+    /// ENOSPC).
+    pub(crate) fn is_disk_full(&self) -> bool {
+        matches!(self, MetaError::Store { source, .. } if is_disk_full(source))
+    }
+
     pub(crate) fn corrupt(what: impl Into<String>) -> MetaError {
         MetaError::Corrupt { what: what.into() }
     }

@@ -31,6 +31,7 @@
 //! back on unwind, so the connection is reused as is.
 
 mod checkpointer;
+mod reserve;
 mod schema;
 
 use std::fs::OpenOptions;
@@ -74,6 +75,8 @@ pub struct SqliteMeta {
     wal_entry_synced: AtomicBool,
     /// Checkpoints the write-ahead log off the writer's path.
     checkpointer: Checkpointer,
+    /// Room for deletions on a full disk (`reserve.rs`).
+    reserve: reserve::DiskReserve,
 }
 
 impl SqliteMeta {
@@ -156,6 +159,7 @@ impl SqliteMeta {
             readers.push(Mutex::new(reader));
         }
         tracing::debug!(path = %path.display(), volume = %volume.name, "metadata opened");
+        let path_for_reserve = path.clone();
         Ok(SqliteMeta {
             path,
             volume,
@@ -168,6 +172,7 @@ impl SqliteMeta {
             quarantine: crate::quarantine::Quarantine::default(),
             wal_entry_synced: AtomicBool::new(false),
             checkpointer,
+            reserve: reserve::DiskReserve::open(&path_for_reserve),
         })
     }
 
@@ -386,7 +391,14 @@ impl Engine for SqliteMeta {
                 }
             }
         };
-        let result = run();
+        let mut result = run();
+        // Out of space: the reserve makes room for this write and the
+        // deletions after it (`reserve.rs`); nothing was committed.
+        if matches!(&result, Err(e) if e.is_disk_full()) && self.reserve.release() {
+            result = run();
+        } else if result.is_ok() {
+            self.reserve.rearm_if_due();
+        }
         if result.is_err() && !answered.is_empty() {
             // Rolled back: keep the keys for the next write.
             self.answered.put_back(answered);
