@@ -194,6 +194,22 @@ impl<E: Engine> MetaStore for E {
         )
     }
 
+    fn tmpfile(
+        &self,
+        parent: u64,
+        args: &CreateArgs,
+        session: u64,
+        linkable: bool,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "tmpfile",
+            req,
+            |c| namespace::tmpfile(c, parent, args, session, linkable),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
     fn link(
         &self,
         ino: u64,
