@@ -151,6 +151,11 @@ impl Handles {
         }
     }
 
+    /// `ino` is no orphan any more (an O_TMPFILE was linked).
+    pub fn unmark_orphan(&self, ino: u64) {
+        self.lock().orphans.remove(&ino);
+    }
+
     /// The orphans this table keeps alive.
     pub fn open_orphans(&self) -> Vec<u64> {
         self.lock().orphans.iter().copied().collect()
