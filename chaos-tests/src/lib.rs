@@ -13,6 +13,8 @@
 //!   store, as tests look at them from outside.
 //! - [`standby`]: whether a mount's standby generation is ready, from
 //!   outside the supervisor.
+//! - [`tmpfile`]: publication through O_TMPFILE and `linkat` (run as
+//!   `baton-testfs tmpfile-publish` by kill tests).
 
 pub mod bench;
 pub mod chaos;
@@ -24,4 +26,5 @@ pub mod s3_server;
 pub mod staged;
 pub mod standby;
 pub mod stored;
+pub mod tmpfile;
 pub mod workload;

@@ -1443,6 +1443,12 @@ fn a_non_root_fsctl_is_refused_with_exit_code_4() {
 /// application's call must succeed exactly once, the resent request be
 /// answered from its exactly-once record, and `check` hold afterwards.
 fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
+    drop(killed_after_commit_fixture(op, prepare, script, check));
+}
+
+/// [`killed_after_commit`], returning the fixture (still mounted, served
+/// by generation 2) for more checks.
+fn killed_after_commit_fixture(op: &str, prepare: &str, script: &str, check: &str) -> Fixture {
     let fault = format!("after-commit@{op}");
     let mut fx = Fixture::start_with_env(
         &[],
@@ -1474,6 +1480,7 @@ fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
         ok,
         "{op}: the tree is not what one run of the call makes: {out}{err}"
     );
+    fx
 }
 
 /// A rename into a directory quota, its generation killed after the commit
@@ -1561,6 +1568,118 @@ fn exactly_once_create_link_and_symlink() {
         "ln -s target l",
         "[ \"$(readlink l)\" = target ]",
     );
+}
+
+/// `fsctl fsck` of the fixture's volume (mounted): its one-line summary.
+fn fsck_summary(fx: &Fixture) -> String {
+    let out = Command::new(binary("fsctl"))
+        .args(["fsck", "vol", "--base-dir", s(&fx.base)])
+        .output()
+        .expect("fsctl fsck");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "fsck: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `baton-testfs tmpfile-publish` into the current directory as NAME.
+fn tmpfile_publish(name: &str, extra: &str) -> String {
+    format!(
+        "{} tmpfile-publish --dir . --name {name} --bytes 300000 {extra}",
+        s(&binary("baton-testfs"))
+    )
+}
+
+/// A TMPFILE (and the LINK of one) killed after its commit and before its
+/// reply: the resent request is answered from its record, so there is
+/// one inode, linked and whole, and no orphan left behind (a second
+/// inode made by running the TMPFILE again would stay an orphan held by
+/// the session until the mount ends).
+#[test]
+fn exactly_once_tmpfile_and_its_link() {
+    for op in ["tmpfile", "link"] {
+        let fx = killed_after_commit_fixture(
+            op,
+            "true",
+            &tmpfile_publish("published", ""),
+            "[ $(ls | wc -l) = 1 ] && [ $(stat -c %h published) = 1 ] \
+             && [ $(stat -c %s published) = 300000 ]",
+        );
+        let summary = fsck_summary(&fx);
+        assert!(
+            summary.contains(" 0 orphan inode(s)"),
+            "{op}: an orphan left: {summary}"
+        );
+    }
+}
+
+/// kill -9 of the serving generation between an O_TMPFILE's write and its
+/// linkat: after the takeover the application's fd still works, its link
+/// succeeds and the file reads back whole under its name (checked by the
+/// application itself, then by another process).
+#[test]
+fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let (ready, go) = (fx.path("written"), fx.path("link-now"));
+    let mut app = App::spawn(
+        &fx.mnt,
+        Command::new(binary("baton-testfs"))
+            .arg("tmpfile-publish")
+            .args(["--dir", s(&fx.mnt), "--name", "checkpoint"])
+            .args(["--bytes", "3000000", "--seed", "9"])
+            .args(["--ready-file", s(&ready), "--go-file", s(&go)]),
+    );
+    assert!(
+        wait_until(DEADLINE, || ready.exists() || !app.running()),
+        "the application never wrote its tmpfile\n{}",
+        fx.logs()
+    );
+    assert!(app.running(), "the application stopped before its link");
+    fx.wait_until_standby_ready();
+    let pid = fx.active_pid();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the serving generation");
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    std::fs::write(&go, b"").expect("go file");
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "publishing across a kill failed: {out}{err}\n{}",
+        fx.logs()
+    );
+    let m = s(&fx.mnt).to_string();
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!("stat -c '%h %s' {m}/checkpoint && ls {m} | wc -l"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    assert_eq!(out, "1 3000000\n1\n");
+    let summary = fsck_summary(&fx);
+    assert!(
+        summary.contains(" 0 orphan inode(s)"),
+        "the published file is no orphan: {summary}"
+    );
+    // What the volume holds, not the kernel's page cache: mounted again.
+    let out = fx.fsctl(&["umount", s(&fx.mnt)]);
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.mount();
+    let expected = fx.path("expected");
+    std::fs::write(&expected, chaos_tests::tmpfile::content(3_000_000, 9)).expect("expected");
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!("cmp {} {m}/checkpoint", s(&expected)),
+    )
+    .finish();
+    assert!(ok, "the volume does not hold the published bytes: {out}{err}");
 }
 
 #[test]
