@@ -39,6 +39,9 @@ struct Inner {
     handles: HashMap<u64, Handle>,
     open_count: HashMap<u64, u32>,
     orphans: HashSet<u64>,
+    /// Those of `orphans` that are O_TMPFILEs a link may still name: their
+    /// data is committed by fsync like a named file's.
+    unnamed_tmpfiles: HashSet<u64>,
 }
 
 /// The handle table, shared by every worker.
@@ -120,6 +123,9 @@ impl Handles {
             inner.open_count.remove(&ino);
         }
         let reclaim = left == 0 && inner.orphans.remove(&ino);
+        if reclaim {
+            inner.unnamed_tmpfiles.remove(&ino);
+        }
         Released {
             handle: Some(handle),
             reclaim,
@@ -147,13 +153,35 @@ impl Handles {
             true
         } else {
             inner.orphans.remove(&ino);
+            inner.unnamed_tmpfiles.remove(&ino);
             false
         }
     }
 
+    /// [`Handles::mark_orphan`] for an O_TMPFILE a link may still name
+    /// (see [`Handles::is_unnamed_tmpfile`]).
+    pub fn mark_unnamed_tmpfile(&self, ino: u64) -> bool {
+        let mut inner = self.lock();
+        if !inner.open_count.contains_key(&ino) {
+            return false;
+        }
+        inner.orphans.insert(ino);
+        inner.unnamed_tmpfiles.insert(ino);
+        true
+    }
+
+    /// Whether `ino` is an open O_TMPFILE a link may still name: unlike
+    /// another orphan's, its data may yet be published, so fsync commits
+    /// it.
+    pub fn is_unnamed_tmpfile(&self, ino: u64) -> bool {
+        self.lock().unnamed_tmpfiles.contains(&ino)
+    }
+
     /// `ino` is no orphan any more (an O_TMPFILE was linked).
     pub fn unmark_orphan(&self, ino: u64) {
-        self.lock().orphans.remove(&ino);
+        let mut inner = self.lock();
+        inner.orphans.remove(&ino);
+        inner.unnamed_tmpfiles.remove(&ino);
     }
 
     /// The orphans this table keeps alive.
@@ -245,6 +273,22 @@ mod tests {
         assert!(new.is_open_orphan(5));
         assert!(new.release(a).reclaim);
         assert_eq!(new.open(file(6)).unwrap(), 2 << FH_GENERATION_SHIFT);
+    }
+
+    #[test]
+    fn an_unnamed_tmpfile_is_an_orphan_until_named_or_last_released() {
+        let h = Handles::default();
+        assert!(!h.mark_unnamed_tmpfile(4), "no handle: nothing marked");
+        let a = h.open(file(4)).unwrap();
+        assert!(h.mark_unnamed_tmpfile(4));
+        assert!(h.is_open_orphan(4) && h.is_unnamed_tmpfile(4));
+        h.unmark_orphan(4);
+        assert!(!h.is_open_orphan(4) && !h.is_unnamed_tmpfile(4));
+        assert!(!h.release(a).reclaim, "named: nothing to reclaim");
+        let b = h.open(file(5)).unwrap();
+        assert!(h.mark_unnamed_tmpfile(5));
+        assert!(h.release(b).reclaim);
+        assert!(!h.is_unnamed_tmpfile(5));
     }
 
     #[test]
