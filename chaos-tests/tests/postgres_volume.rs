@@ -426,7 +426,10 @@ fn an_o_tmpfile_published_on_one_mount_is_read_whole_on_the_other() {
     chaos_tests::tmpfile::link_open_file(&f, &a.p("published")).unwrap();
     drop(f);
     assert_eq!(holds(ino), "0");
-    assert!(fs::read(b.p("published")).unwrap() == body, "b reads it whole");
+    assert!(
+        fs::read(b.p("published")).unwrap() == body,
+        "b reads it whole"
+    );
     assert_eq!(fs::metadata(b.p("published")).unwrap().nlink(), 1);
 
     let mut unnamed = chaos_tests::tmpfile::open_tmpfile(&a.mnt, 0, 0o600).unwrap();

@@ -1674,12 +1674,11 @@ fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
     fx.mount();
     let expected = fx.path("expected");
     std::fs::write(&expected, chaos_tests::tmpfile::content(3_000_000, 9)).expect("expected");
-    let (ok, out, err) = App::sh(
-        &fx.mnt,
-        &format!("cmp {} {m}/checkpoint", s(&expected)),
-    )
-    .finish();
-    assert!(ok, "the volume does not hold the published bytes: {out}{err}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cmp {} {m}/checkpoint", s(&expected))).finish();
+    assert!(
+        ok,
+        "the volume does not hold the published bytes: {out}{err}"
+    );
 }
 
 #[test]

@@ -131,7 +131,10 @@ fn unlinkable_outcomes(dir: &Path) -> Vec<(&'static str, i32)> {
     let mut out = Vec::new();
     for by in [LinkBy::EmptyPath, LinkBy::ProcFd] {
         let excl = open_tmpfile(dir, libc::O_RDWR | libc::O_EXCL, 0o600).unwrap();
-        out.push(("O_TMPFILE|O_EXCL", link_open_file(&excl, &dir.join("excl"), by)));
+        out.push((
+            "O_TMPFILE|O_EXCL",
+            link_open_file(&excl, &dir.join("excl"), by),
+        ));
 
         let path = dir.join("ordinary");
         fs::write(&path, b"x").unwrap();
@@ -183,7 +186,9 @@ fn an_o_tmpfile_closed_without_a_name_is_reclaimed_with_its_quota_charge() {
     let q = m.p("q");
     fs::create_dir(&q).unwrap();
     let q_ino = fs::metadata(&q).unwrap().ino();
-    meta(&vol).set_quota(q_ino, Some(1 << 20), Some(10)).unwrap();
+    meta(&vol)
+        .set_quota(q_ino, Some(1 << 20), Some(10))
+        .unwrap();
     let usage = || meta(&vol).quota(q_ino).unwrap().unwrap().used;
 
     let mut f = open_tmpfile(&q, libc::O_RDWR, 0o640).unwrap();
@@ -221,10 +226,7 @@ fn an_o_tmpfile_follows_the_umask_and_a_set_group_id_directory() {
     let m = vol.mount(&vol.mountpoint("mnt"));
     let shared = m.p("shared");
     fs::create_dir(&shared).unwrap();
-    let (ok, _, err) = sh(&format!(
-        "chgrp 50 {0} && chmod 2777 {0}",
-        s(&shared)
-    ));
+    let (ok, _, err) = sh(&format!("chgrp 50 {0} && chmod 2777 {0}", s(&shared)));
     assert!(ok, "{err}");
     // SAFETY: umask only changes this process's file creation mask.
     let old = unsafe { libc::umask(0o027) };
@@ -236,6 +238,9 @@ fn an_o_tmpfile_follows_the_umask_and_a_set_group_id_directory() {
     assert_eq!((st.mode() & 0o7777, st.gid()), (0o640, 50));
     assert_eq!(link_open_file(&f, &shared.join("f"), LinkBy::EmptyPath), 0);
     let named = fs::metadata(shared.join("f")).unwrap();
-    assert_eq!((named.mode() & 0o7777, named.gid(), named.nlink()), (0o640, 50, 1));
+    assert_eq!(
+        (named.mode() & 0o7777, named.gid(), named.nlink()),
+        (0o640, 50, 1)
+    );
     m.stop();
 }

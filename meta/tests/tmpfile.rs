@@ -67,7 +67,9 @@ fn a_tmpfile_is_an_orphan_of_its_session_until_its_first_link() {
     with_sessions(m);
     let d = dir(m, ROOT_INO, "d");
     let before = m.getattr(d.ino).unwrap();
-    let t = m.tmpfile(d.ino, &tmpfile_args(), SESSION, true, None).unwrap();
+    let t = m
+        .tmpfile(d.ino, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     assert_eq!(
         (t.kind, t.nlink, t.mode, t.uid, t.gid, t.size),
         (FileKind::Regular, 0, 0o600, 1000, 1000, 0)
@@ -103,18 +105,24 @@ fn only_an_unnamed_linkable_tmpfile_can_be_linked_at_nlink_zero() {
     m.unlink(ROOT_INO, n("f"), None).unwrap();
     assert!(is_not_found(m.link(f.ino, ROOT_INO, n("again"), None)));
     // A tmpfile opened with O_EXCL.
-    let excl = m.tmpfile(ROOT_INO, &tmpfile_args(), SESSION, false, None).unwrap();
+    let excl = m
+        .tmpfile(ROOT_INO, &tmpfile_args(), SESSION, false, None)
+        .unwrap();
     assert!(is_not_found(m.link(excl.ino, ROOT_INO, n("excl"), None)));
     assert_eq!(m.held_orphans(SESSION).unwrap(), vec![f.ino, excl.ino]);
     // A tmpfile linked once, then unlinked.
-    let t = m.tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None).unwrap();
+    let t = m
+        .tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     m.link(t.ino, ROOT_INO, n("t"), None).unwrap();
     assert_eq!(m.unlink(ROOT_INO, n("t"), None).unwrap().nlink_after, 0);
     assert!(is_not_found(m.link(t.ino, ROOT_INO, n("t2"), None)));
     // Every session holds it now, as any unlinked file.
     assert!(m.held_orphans(OTHER_SESSION).unwrap().contains(&t.ino));
     // A linked tmpfile links like any file.
-    let u = m.tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None).unwrap();
+    let u = m
+        .tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     m.link(u.ino, ROOT_INO, n("u"), None).unwrap();
     assert_eq!(m.link(u.ino, ROOT_INO, n("u2"), None).unwrap().nlink, 2);
     assert!(m.lookup(ROOT_INO, n("t2")).is_err());
@@ -128,7 +136,9 @@ fn a_tmpfile_never_linked_is_reclaimed_with_its_blocks_and_its_quota_charge() {
     with_sessions(m);
     let q = dir(m, ROOT_INO, "q");
     m.set_quota(q.ino, Some(1 << 20), Some(10)).unwrap();
-    let t = m.tmpfile(q.ino, &tmpfile_args(), SESSION, true, None).unwrap();
+    let t = m
+        .tmpfile(q.ino, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     write_block(m, t.ino, 3000);
     assert_eq!(
         used(m, q.ino),
@@ -154,7 +164,9 @@ fn a_linked_tmpfile_is_counted_by_the_quotas_of_its_name() {
     let (a, b) = (dir(m, ROOT_INO, "a"), dir(m, ROOT_INO, "b"));
     m.set_quota(a.ino, Some(1 << 20), Some(10)).unwrap();
     m.set_quota(b.ino, Some(1 << 20), Some(1)).unwrap();
-    let t = m.tmpfile(a.ino, &tmpfile_args(), SESSION, true, None).unwrap();
+    let t = m
+        .tmpfile(a.ino, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     write_block(m, t.ino, 500);
     m.link(t.ino, b.ino, n("t"), None).unwrap();
     assert_eq!(used(m, a.ino), QuotaUsage::default());
@@ -168,7 +180,9 @@ fn a_linked_tmpfile_is_counted_by_the_quotas_of_its_name() {
     assert!(m.recount_quotas(false).unwrap().is_empty());
     // b is full: a second tmpfile's link there is refused and changes
     // nothing (still an unnamed orphan, still counted by a).
-    let u = m.tmpfile(a.ino, &tmpfile_args(), SESSION, true, None).unwrap();
+    let u = m
+        .tmpfile(a.ino, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     let refused = m.link(u.ino, b.ino, n("u"), None).unwrap_err();
     assert_eq!(refused.errno(), libc::EDQUOT, "{refused}");
     assert_eq!(m.getattr(u.ino).unwrap().nlink, 0);
@@ -190,7 +204,9 @@ fn a_tmpfile_in_a_set_group_id_directory_takes_its_group() {
         .tmpfile(shared.ino, &tmpfile_args(), SESSION, true, None)
         .unwrap();
     assert_eq!((t.gid, t.mode), (50, 0o600));
-    let plain = m.tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None).unwrap();
+    let plain = m
+        .tmpfile(ROOT_INO, &tmpfile_args(), SESSION, true, None)
+        .unwrap();
     assert_eq!(plain.gid, 1000);
 }
 
@@ -204,7 +220,13 @@ fn a_tmpfile_needs_a_live_directory_and_a_regular_kind() {
     assert!(matches!(e, Err(MetaError::NotDirectory { .. })), "{e:?}");
     let gone = dir(m, ROOT_INO, "gone");
     m.rmdir(ROOT_INO, n("gone"), None).unwrap();
-    assert!(is_not_found(m.tmpfile(gone.ino, &tmpfile_args(), SESSION, true, None)));
+    assert!(is_not_found(m.tmpfile(
+        gone.ino,
+        &tmpfile_args(),
+        SESSION,
+        true,
+        None
+    )));
     let e = m.tmpfile(
         ROOT_INO,
         &CreateArgs::new(FileKind::Directory, 0o700),

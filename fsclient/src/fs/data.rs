@@ -242,9 +242,7 @@ impl BatonFs {
             },
             |key| {
                 let session = self.connection_identity();
-                Ok(self
-                    .meta
-                    .tmpfile(parent, &args, session, linkable, key)?)
+                Ok(self.meta.tmpfile(parent, &args, session, linkable, key)?)
             },
         )?;
         // A replayed TMPFILE opens a new handle too: the kernel never saw
