@@ -90,11 +90,14 @@ pub struct PublishConfig {
     pub ready_file: Option<PathBuf>,
     /// Waited for (up to [`GO_WAIT_MAX`]) before the link.
     pub go_file: Option<PathBuf>,
+    /// Close the file without linking it (it must then be reclaimed).
+    pub discard: bool,
 }
 
 /// Writes `len` bytes into an O_TMPFILE in `dir`, links it as `name`,
 /// then checks it through the name: nlink 1, the size, the same inode,
-/// every byte.
+/// every byte. With `discard`, closes it instead (after the go file) and
+/// checks that `name` does not exist.
 pub fn publish(config: &PublishConfig) -> anyhow::Result<()> {
     let data = content(config.len, config.seed);
     let mut file = open_tmpfile(&config.dir, 0, 0o600)
@@ -114,6 +117,13 @@ pub fn publish(config: &PublishConfig) -> anyhow::Result<()> {
         }
     }
     let path = config.dir.join(&config.name);
+    if config.discard {
+        drop(file);
+        if path.symlink_metadata().is_ok() {
+            bail!("{} exists though nothing linked it", path.display());
+        }
+        return Ok(());
+    }
     link_open_file(&file, &path).with_context(|| format!("linkat {}", path.display()))?;
     drop(file);
     let st = std::fs::metadata(&path).context("stat the published name")?;

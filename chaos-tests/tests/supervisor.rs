@@ -2,7 +2,8 @@
 //! `fsctl`, status, unmount; SIGKILL of the serving generation while an
 //! application is blocked in read, write+fsync and readdir; a series of
 //! kills under a checksummed read/write workload; a real kernel OOM kill;
-//! and giving up after repeated failed starts.
+//! giving up after repeated failed starts; and an O_TMPFILE published with
+//! linkat across a kill and a planned upgrade.
 //!
 //! Build the binaries first: `cargo build -p fsclient -p supervisor -p
 //! chaos-tests`. Needs root, /dev/fuse and a memory cgroup.
@@ -1616,55 +1617,71 @@ fn exactly_once_tmpfile_and_its_link() {
     }
 }
 
-/// kill -9 of the serving generation between an O_TMPFILE's write and its
-/// linkat: after the takeover the application's fd still works, its link
-/// succeeds and the file reads back whole under its name (checked by the
-/// application itself, then by another process).
-#[test]
-fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
-    let mut fx = Fixture::start(&[]);
-    fx.mount();
-    let (ready, go) = (fx.path("written"), fx.path("link-now"));
-    let mut app = App::spawn(
+/// A `baton-testfs tmpfile-publish` of 3 MB in the mount (`extra`
+/// arguments added) that writes, says so, then waits for `go` to link.
+fn tmpfile_app(fx: &Fixture, name: &str, ready: &Path, go: &Path, extra: &[&str]) -> App {
+    App::spawn(
         &fx.mnt,
         Command::new(binary("baton-testfs"))
             .arg("tmpfile-publish")
-            .args(["--dir", s(&fx.mnt), "--name", "checkpoint"])
+            .args(["--dir", s(&fx.mnt), "--name", name])
             .args(["--bytes", "3000000", "--seed", "9"])
-            .args(["--ready-file", s(&ready), "--go-file", s(&go)]),
-    );
+            .args(["--ready-file", s(ready), "--go-file", s(go)])
+            .args(extra),
+    )
+}
+
+/// Publishes a 3 MB O_TMPFILE as `checkpoint` with `handover` (a kill,
+/// an upgrade) between its write and its linkat, while a second one,
+/// written before it too, is closed without a name after it: the fd
+/// still works, the link succeeds, the file reads back whole (by the
+/// application, then by another process after a remount: what the volume
+/// holds, not the kernel's page cache), and only the published file is
+/// in the tree, and fsck counts `orphans` orphan inodes (waited for:
+/// the kernel releases a closed file after close(2) returns).
+fn tmpfile_published_across(fx: &mut Fixture, orphans: u32, handover: impl FnOnce(&Fixture)) {
+    let (ready, go) = (fx.path("written"), fx.path("link-now"));
+    let discarded_ready = fx.path("discarded-written");
+    let mut app = tmpfile_app(fx, "checkpoint", &ready, &go, &[]);
+    let mut discarded = tmpfile_app(fx, "unused", &discarded_ready, &go, &["--discard"]);
     assert!(
-        wait_until(DEADLINE, || ready.exists() || !app.running()),
-        "the application never wrote its tmpfile\n{}",
+        wait_until(DEADLINE, || (ready.exists() && discarded_ready.exists())
+            || !app.running()
+            || !discarded.running()),
+        "the applications never wrote their tmpfiles\n{}",
         fx.logs()
     );
-    assert!(app.running(), "the application stopped before its link");
-    fx.wait_until_standby_ready();
-    let pid = fx.active_pid();
-    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the serving generation");
-    let status = fx.wait_serving(2);
-    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    assert!(
+        app.running() && discarded.running(),
+        "an application stopped before its link"
+    );
+    handover(fx);
     std::fs::write(&go, b"").expect("go file");
     let (ok, out, err) = app.finish_or(|| fx.logs());
     assert!(
         ok,
-        "publishing across a kill failed: {out}{err}\n{}",
+        "publishing across the handover failed: {out}{err}\n{}",
         fx.logs()
     );
+    let (ok, out, err) = discarded.finish_or(|| fx.logs());
+    assert!(ok, "discarding across the handover failed: {out}{err}");
     let m = s(&fx.mnt).to_string();
     let (ok, out, err) = App::sh(
         &fx.mnt,
-        &format!("stat -c '%h %s' {m}/checkpoint && ls {m} | wc -l"),
+        &format!("stat -c '%h %s' {m}/checkpoint && ls {m}"),
     )
     .finish();
     assert!(ok, "{err}");
-    assert_eq!(out, "1 3000000\n1\n");
-    let summary = fsck_summary(&fx);
+    assert_eq!(out, "1 3000000\ncheckpoint\n");
+    let want = format!(" {orphans} orphan inode(s)");
+    let mut summary = String::new();
     assert!(
-        summary.contains(" 0 orphan inode(s)"),
-        "the published file is no orphan: {summary}"
+        wait_until(DEADLINE, || {
+            summary = fsck_summary(fx);
+            summary.contains(&want)
+        }),
+        "fsck does not count{want}: {summary}"
     );
-    // What the volume holds, not the kernel's page cache: mounted again.
     let out = fx.fsctl(&["umount", s(&fx.mnt)]);
     assert!(
         out.status.success(),
@@ -1679,6 +1696,37 @@ fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
         ok,
         "the volume does not hold the published bytes: {out}{err}"
     );
+}
+
+/// kill -9 of the serving generation between an O_TMPFILE's write and its
+/// linkat (see [`tmpfile_published_across`]). The discarded one stays an
+/// orphan until the mount ends (a generation that took over after a crash
+/// cannot know which handles the kernel still holds), and only it.
+#[test]
+fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    tmpfile_published_across(&mut fx, 1, |fx| {
+        fx.wait_until_standby_ready();
+        let pid = fx.active_pid();
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the serving generation");
+        let status = fx.wait_serving(2);
+        assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    });
+}
+
+/// A planned upgrade between an O_TMPFILE's write and its linkat (see
+/// [`tmpfile_published_across`]): the successor imports the handle table,
+/// so the discarded tmpfile is reclaimed at its close.
+#[test]
+fn an_o_tmpfile_written_before_a_planned_upgrade_is_linked_after_it() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    tmpfile_published_across(&mut fx, 0, |fx| {
+        let (code, report) = upgrade(fx, &new, "30s");
+        assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    });
 }
 
 #[test]

@@ -127,6 +127,9 @@ enum Command {
         /// Wait for this file before linking.
         #[arg(long)]
         go_file: Option<PathBuf>,
+        /// Close the file without linking it.
+        #[arg(long)]
+        discard: bool,
     },
 }
 
@@ -234,6 +237,7 @@ fn run() -> anyhow::Result<ExitCode> {
             seed,
             ready_file,
             go_file,
+            discard,
         } => {
             let config = chaos_tests::tmpfile::PublishConfig {
                 dir,
@@ -242,6 +246,7 @@ fn run() -> anyhow::Result<ExitCode> {
                 seed,
                 ready_file,
                 go_file,
+                discard,
             };
             match chaos_tests::tmpfile::publish(&config) {
                 Ok(()) => Ok(ExitCode::SUCCESS),
