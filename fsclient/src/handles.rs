@@ -39,9 +39,6 @@ struct Inner {
     handles: HashMap<u64, Handle>,
     open_count: HashMap<u64, u32>,
     orphans: HashSet<u64>,
-    /// Those of `orphans` that are O_TMPFILEs a link may still name: their
-    /// data is committed by fsync like a named file's.
-    unnamed_tmpfiles: HashSet<u64>,
 }
 
 /// The handle table, shared by every worker.
@@ -123,9 +120,6 @@ impl Handles {
             inner.open_count.remove(&ino);
         }
         let reclaim = left == 0 && inner.orphans.remove(&ino);
-        if reclaim {
-            inner.unnamed_tmpfiles.remove(&ino);
-        }
         Released {
             handle: Some(handle),
             reclaim,
@@ -153,35 +147,13 @@ impl Handles {
             true
         } else {
             inner.orphans.remove(&ino);
-            inner.unnamed_tmpfiles.remove(&ino);
             false
         }
     }
 
-    /// [`Handles::mark_orphan`] for an O_TMPFILE a link may still name
-    /// (see [`Handles::is_unnamed_tmpfile`]).
-    pub fn mark_unnamed_tmpfile(&self, ino: u64) -> bool {
-        let mut inner = self.lock();
-        if !inner.open_count.contains_key(&ino) {
-            return false;
-        }
-        inner.orphans.insert(ino);
-        inner.unnamed_tmpfiles.insert(ino);
-        true
-    }
-
-    /// Whether `ino` is an open O_TMPFILE a link may still name: unlike
-    /// another orphan's, its data may yet be published, so fsync commits
-    /// it.
-    pub fn is_unnamed_tmpfile(&self, ino: u64) -> bool {
-        self.lock().unnamed_tmpfiles.contains(&ino)
-    }
-
     /// `ino` is no orphan any more (an O_TMPFILE was linked).
     pub fn unmark_orphan(&self, ino: u64) {
-        let mut inner = self.lock();
-        inner.orphans.remove(&ino);
-        inner.unnamed_tmpfiles.remove(&ino);
+        self.lock().orphans.remove(&ino);
     }
 
     /// The orphans this table keeps alive.
@@ -276,19 +248,13 @@ mod tests {
     }
 
     #[test]
-    fn an_unnamed_tmpfile_is_an_orphan_until_named_or_last_released() {
+    fn a_linked_tmpfile_is_no_orphan_at_its_last_release() {
         let h = Handles::default();
-        assert!(!h.mark_unnamed_tmpfile(4), "no handle: nothing marked");
         let a = h.open(file(4)).unwrap();
-        assert!(h.mark_unnamed_tmpfile(4));
-        assert!(h.is_open_orphan(4) && h.is_unnamed_tmpfile(4));
+        assert!(h.mark_orphan(4));
         h.unmark_orphan(4);
-        assert!(!h.is_open_orphan(4) && !h.is_unnamed_tmpfile(4));
+        assert!(!h.is_open_orphan(4));
         assert!(!h.release(a).reclaim, "named: nothing to reclaim");
-        let b = h.open(file(5)).unwrap();
-        assert!(h.mark_unnamed_tmpfile(5));
-        assert!(h.release(b).reclaim);
-        assert!(!h.is_unnamed_tmpfile(5));
     }
 
     #[test]

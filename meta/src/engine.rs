@@ -273,6 +273,13 @@ impl<E: Engine> MetaStore for E {
         self.read("orphans", |c| orphan::list(c))
     }
 
+    fn is_linkable_tmpfile(&self, ino: u64) -> Result<bool> {
+        self.read("linkable tmpfile", |c| {
+            let a = inode::attr(c, ino)?;
+            Ok(inode::linkable_tmpfile_dir(c, &a)?.is_some())
+        })
+    }
+
     fn readlink(&self, ino: u64) -> Result<OsString> {
         self.read("readlink", |c| namespace::readlink(c, ino))
     }

@@ -132,6 +132,11 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// Inodes with nlink 0 awaiting `reclaim`, ascending.
     fn orphans(&self) -> Result<Vec<u64>>;
 
+    /// Whether `ino` is an unnamed O_TMPFILE that [`MetaStore::link`] may
+    /// still name (its data may yet be published, unlike an unlinked
+    /// file's).
+    fn is_linkable_tmpfile(&self, ino: u64) -> Result<bool>;
+
     /// Target of a symlink.
     fn readlink(&self, ino: u64) -> Result<OsString>;
 

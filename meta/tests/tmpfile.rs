@@ -82,6 +82,7 @@ fn a_tmpfile_is_an_orphan_of_its_session_until_its_first_link() {
     );
     assert!(names(m, d.ino).is_empty());
     assert_eq!(m.getattr(d.ino).unwrap(), before, "no entry, no change");
+    assert!(m.is_linkable_tmpfile(t.ino).unwrap());
 
     write_block(m, t.ino, 100);
     let linked = m.link(t.ino, ROOT_INO, n("published"), None).unwrap();
@@ -89,6 +90,7 @@ fn a_tmpfile_is_an_orphan_of_its_session_until_its_first_link() {
     assert_eq!(m.lookup(ROOT_INO, n("published")).unwrap().ino, t.ino);
     assert!(m.orphans().unwrap().is_empty());
     assert!(m.held_orphans(SESSION).unwrap().is_empty());
+    assert!(!m.is_linkable_tmpfile(t.ino).unwrap());
     // Its last close after the link finds a named file: nothing reclaimed.
     assert_eq!(m.release_orphan(Some(SESSION), t.ino).unwrap(), None);
     assert_eq!(m.getattr(t.ino).unwrap().nlink, 1);
@@ -103,11 +105,13 @@ fn only_an_unnamed_linkable_tmpfile_can_be_linked_at_nlink_zero() {
     // An ordinary file that lost its last name.
     let f = file(m, ROOT_INO, "f");
     m.unlink(ROOT_INO, n("f"), None).unwrap();
+    assert!(!m.is_linkable_tmpfile(f.ino).unwrap());
     assert!(is_not_found(m.link(f.ino, ROOT_INO, n("again"), None)));
     // A tmpfile opened with O_EXCL.
     let excl = m
         .tmpfile(ROOT_INO, &tmpfile_args(), SESSION, false, None)
         .unwrap();
+    assert!(!m.is_linkable_tmpfile(excl.ino).unwrap());
     assert!(is_not_found(m.link(excl.ino, ROOT_INO, n("excl"), None)));
     assert_eq!(m.held_orphans(SESSION).unwrap(), vec![f.ino, excl.ino]);
     // A tmpfile linked once, then unlinked.

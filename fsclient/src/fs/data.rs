@@ -249,11 +249,7 @@ impl BatonFs {
         // the dead generation's. Its orphan is then kept to the mount's
         // end (an inherited table never lets go).
         let fh = self.register(attr.ino, arg.flags, false)?;
-        if linkable {
-            self.handles.mark_unnamed_tmpfile(attr.ino);
-        } else {
-            self.handles.mark_orphan(attr.ino);
-        }
+        self.handles.mark_orphan(attr.ino);
         tracing::debug!(nodeid = attr.ino, parent, linkable, "tmpfile created");
         Ok((self.entry_out(&attr)?, fh))
     }

@@ -6,7 +6,8 @@
 //! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
 //!   unlink, rmdir, rename, readlink;
 //! - [`orphans`]: this mount's session and when an orphan is reclaimed;
-//! - [`data`]: open, create, read, write, fallocate, lseek;
+//! - [`data`]: open, create, tmpfile (O_TMPFILE), read, write, fallocate,
+//!   lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`write_through`]: a WRITE of a whole small file, committed at once;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
