@@ -15,6 +15,8 @@
 //!   store, as tests look at them from outside.
 //! - [`standby`]: whether a mount's standby generation is ready, from
 //!   outside the supervisor.
+//! - [`tmpfile`]: publication through O_TMPFILE and `linkat` (run as
+//!   `baton-testfs tmpfile-publish` by kill tests).
 
 pub mod bench;
 pub mod browser;
@@ -27,6 +29,7 @@ pub mod s3_server;
 pub mod staged;
 pub mod standby;
 pub mod stored;
+pub mod tmpfile;
 pub mod workload;
 
 /// A python3 program that runs a plan of POSIX lock requests between

@@ -131,6 +131,12 @@ impl PgVolume {
 
     /// [`PgVolume::mount`] with more fsclient arguments.
     fn mount_with(&self, host: &str, extra: &[&str]) -> Mounted {
+        self.mount_with_ttl(host, "0", extra)
+    }
+
+    /// [`PgVolume::mount_with`] keeping entries and attributes `ttl_ms` in
+    /// the kernel.
+    fn mount_with_ttl(&self, host: &str, ttl_ms: &str, extra: &[&str]) -> Mounted {
         let mnt = self.dir.path().join(format!("mnt-{host}"));
         fs::create_dir_all(&mnt).unwrap();
         let mut child = ChildGuard(
@@ -139,7 +145,7 @@ impl PgVolume {
                 .arg(&mnt)
                 .arg("--base-dir")
                 .arg(self.dir.path().join(format!("host-{host}")))
-                .args(["--attr-ttl-ms", "0"])
+                .args(["--attr-ttl-ms", ttl_ms])
                 .args(extra)
                 .env("RUST_LOG", "warn")
                 .stdin(Stdio::null())
@@ -358,6 +364,94 @@ impl PgVolume {
 fn mount_pair(vol: &PgVolume) -> (Mounted, Mounted) {
     let expiry = ["--session-expiry-ms", TEST_SESSION_EXPIRY_MS];
     (vol.mount_with("a", &expiry), vol.mount_with("b", &expiry))
+}
+
+/// `linkat` of the open file `f` at `to` by /proc/self/fd (what an
+/// unprivileged application does): the errno, or 0.
+fn link_by_proc_fd(f: &fs::File, to: &Path) -> i32 {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+    let to = std::ffi::CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated paths; plain syscall.
+    let rc = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if rc == 0 {
+        0
+    } else {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    }
+}
+
+/// O_TMPFILE on a volume two mounts share: only the mount that made it
+/// holds it; published with linkat, the other mount reads it whole; one
+/// closed without a name is reclaimed. And a file one mount unlinked
+/// cannot be brought back by a link from the other, whose kernel still
+/// counts its old name (a keeps attributes a minute, so its kernel sends
+/// the LINK): ENOENT, as on a local filesystem.
+#[test]
+fn an_o_tmpfile_published_on_one_mount_is_read_whole_on_the_other() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    let Some(admin) = server("postgres O_TMPFILE") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let expiry = ["--session-expiry-ms", TEST_SESSION_EXPIRY_MS];
+    let a = vol.mount_with_ttl("a", "60000", &expiry);
+    let b = vol.mount_with("b", &expiry);
+    assert!(
+        wait_until(DEADLINE, || vol.session_count() == 2),
+        "two sessions"
+    );
+    let body = pattern(300_000, 5);
+    let mut f = chaos_tests::tmpfile::open_tmpfile(&a.mnt, 0, 0o600).unwrap();
+    f.write_all(&body).unwrap();
+    f.sync_all().unwrap();
+    let ino = f.metadata().unwrap().ino();
+    let holds = |ino: u64| {
+        psql_value(
+            &vol.url,
+            &format!("SELECT count(*) FROM orphan_holds WHERE ino = {ino}"),
+        )
+    };
+    assert_eq!(holds(ino), "1", "only the mount that made it holds it");
+    chaos_tests::tmpfile::link_open_file(&f, &a.p("published")).unwrap();
+    drop(f);
+    assert_eq!(holds(ino), "0");
+    assert!(
+        fs::read(b.p("published")).unwrap() == body,
+        "b reads it whole"
+    );
+    assert_eq!(fs::metadata(b.p("published")).unwrap().nlink(), 1);
+
+    let mut unnamed = chaos_tests::tmpfile::open_tmpfile(&a.mnt, 0, 0o600).unwrap();
+    unnamed.write_all(&body).unwrap();
+    unnamed.sync_all().unwrap();
+    let unnamed_ino = unnamed.metadata().unwrap().ino();
+    assert_eq!(vol.inode_rows(unnamed_ino), (true, 5));
+    drop(unnamed);
+    assert!(
+        wait_until(DEADLINE, || vol.inode_rows(unnamed_ino) == (false, 0)),
+        "closed without a name, it is reclaimed"
+    );
+
+    fs::write(a.p("victim"), b"gone").unwrap();
+    let held = fs::File::open(a.p("victim")).unwrap();
+    assert_eq!(held.metadata().unwrap().nlink(), 1, "a's kernel counts 1");
+    fs::remove_file(b.p("victim")).unwrap();
+    assert_eq!(link_by_proc_fd(&held, &a.p("back")), libc::ENOENT);
+    assert!(fs::metadata(b.p("back")).is_err(), "nothing was linked");
+    drop(held);
+    a.stop();
+    b.stop();
 }
 
 #[test]

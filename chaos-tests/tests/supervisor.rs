@@ -2,7 +2,8 @@
 //! `fsctl`, status, unmount; SIGKILL of the serving generation while an
 //! application is blocked in read, write+fsync and readdir; a series of
 //! kills under a checksummed read/write workload; a real kernel OOM kill;
-//! and giving up after repeated failed starts.
+//! giving up after repeated failed starts; and an O_TMPFILE published with
+//! linkat across a kill and a planned upgrade.
 //!
 //! Build the binaries first: `cargo build -p fsclient -p supervisor -p
 //! chaos-tests`. Needs root, /dev/fuse and a memory cgroup.
@@ -1637,6 +1638,12 @@ fn a_non_root_fsctl_is_refused_with_exit_code_4() {
 /// application's call must succeed exactly once, the resent request be
 /// answered from its exactly-once record, and `check` hold afterwards.
 fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
+    drop(killed_after_commit_fixture(op, prepare, script, check));
+}
+
+/// [`killed_after_commit`], returning the fixture (still mounted, served
+/// by generation 2) for more checks.
+fn killed_after_commit_fixture(op: &str, prepare: &str, script: &str, check: &str) -> Fixture {
     let fault = format!("after-commit@{op}");
     let mut fx = Fixture::start_with_env(
         &[],
@@ -1668,6 +1675,7 @@ fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
         ok,
         "{op}: the tree is not what one run of the call makes: {out}{err}"
     );
+    fx
 }
 
 /// A rename into a directory quota, its generation killed after the commit
@@ -1755,6 +1763,164 @@ fn exactly_once_create_link_and_symlink() {
         "ln -s target l",
         "[ \"$(readlink l)\" = target ]",
     );
+}
+
+/// `fsctl fsck` of the fixture's volume (mounted): its one-line summary.
+fn fsck_summary(fx: &Fixture) -> String {
+    let out = Command::new(binary("fsctl"))
+        .args(["fsck", "vol", "--base-dir", s(&fx.base)])
+        .output()
+        .expect("fsctl fsck");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "fsck: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `baton-testfs tmpfile-publish` into the current directory as NAME.
+fn tmpfile_publish(name: &str, extra: &str) -> String {
+    format!(
+        "{} tmpfile-publish --dir . --name {name} --bytes 300000 {extra}",
+        s(&binary("baton-testfs"))
+    )
+}
+
+/// A TMPFILE (and the LINK of one) killed after its commit and before its
+/// reply: the resent request is answered from its record, so there is
+/// one inode, linked and whole, and no orphan left behind (a second
+/// inode made by running the TMPFILE again would stay an orphan held by
+/// the session until the mount ends).
+#[test]
+fn exactly_once_tmpfile_and_its_link() {
+    for op in ["tmpfile", "link"] {
+        let fx = killed_after_commit_fixture(
+            op,
+            "true",
+            &tmpfile_publish("published", ""),
+            "[ $(ls | wc -l) = 1 ] && [ $(stat -c %h published) = 1 ] \
+             && [ $(stat -c %s published) = 300000 ]",
+        );
+        let summary = fsck_summary(&fx);
+        assert!(
+            summary.contains(" 0 orphan inode(s)"),
+            "{op}: an orphan left: {summary}"
+        );
+    }
+}
+
+/// A `baton-testfs tmpfile-publish` of 3 MB in the mount (`extra`
+/// arguments added) that writes, says so, then waits for `go` to link.
+fn tmpfile_app(fx: &Fixture, name: &str, ready: &Path, go: &Path, extra: &[&str]) -> App {
+    App::spawn(
+        &fx.mnt,
+        Command::new(binary("baton-testfs"))
+            .arg("tmpfile-publish")
+            .args(["--dir", s(&fx.mnt), "--name", name])
+            .args(["--bytes", "3000000", "--seed", "9"])
+            .args(["--ready-file", s(ready), "--go-file", s(go)])
+            .args(extra),
+    )
+}
+
+/// Publishes a 3 MB O_TMPFILE as `checkpoint` with `handover` (a kill,
+/// an upgrade) between its write and its linkat, while a second one,
+/// written before it too, is closed without a name after it: the fd
+/// still works, the link succeeds, the file reads back whole (by the
+/// application, then by another process after a remount: what the volume
+/// holds, not the kernel's page cache), and only the published file is
+/// in the tree, and fsck counts `orphans` orphan inodes (waited for:
+/// the kernel releases a closed file after close(2) returns).
+fn tmpfile_published_across(fx: &mut Fixture, orphans: u32, handover: impl FnOnce(&Fixture)) {
+    let (ready, go) = (fx.path("written"), fx.path("link-now"));
+    let discarded_ready = fx.path("discarded-written");
+    let mut app = tmpfile_app(fx, "checkpoint", &ready, &go, &[]);
+    let mut discarded = tmpfile_app(fx, "unused", &discarded_ready, &go, &["--discard"]);
+    assert!(
+        wait_until(DEADLINE, || (ready.exists() && discarded_ready.exists())
+            || !app.running()
+            || !discarded.running()),
+        "the applications never wrote their tmpfiles\n{}",
+        fx.logs()
+    );
+    assert!(
+        app.running() && discarded.running(),
+        "an application stopped before its link"
+    );
+    handover(fx);
+    std::fs::write(&go, b"").expect("go file");
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "publishing across the handover failed: {out}{err}\n{}",
+        fx.logs()
+    );
+    let (ok, out, err) = discarded.finish_or(|| fx.logs());
+    assert!(ok, "discarding across the handover failed: {out}{err}");
+    let m = s(&fx.mnt).to_string();
+    let (ok, out, err) = App::sh(
+        &fx.mnt,
+        &format!("stat -c '%h %s' {m}/checkpoint && ls {m}"),
+    )
+    .finish();
+    assert!(ok, "{err}");
+    assert_eq!(out, "1 3000000\ncheckpoint\n");
+    let want = format!(" {orphans} orphan inode(s)");
+    let mut summary = String::new();
+    assert!(
+        wait_until(DEADLINE, || {
+            summary = fsck_summary(fx);
+            summary.contains(&want)
+        }),
+        "fsck does not count{want}: {summary}"
+    );
+    let out = fx.fsctl(&["umount", s(&fx.mnt)]);
+    assert!(
+        out.status.success(),
+        "umount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fx.mount();
+    let expected = fx.path("expected");
+    std::fs::write(&expected, chaos_tests::tmpfile::content(3_000_000, 9)).expect("expected");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cmp {} {m}/checkpoint", s(&expected))).finish();
+    assert!(
+        ok,
+        "the volume does not hold the published bytes: {out}{err}"
+    );
+}
+
+/// kill -9 of the serving generation between an O_TMPFILE's write and its
+/// linkat (see [`tmpfile_published_across`]). The discarded one stays an
+/// orphan until the mount ends (a generation that took over after a crash
+/// cannot know which handles the kernel still holds), and only it.
+#[test]
+fn an_o_tmpfile_written_before_a_kill_is_linked_after_the_takeover() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    tmpfile_published_across(&mut fx, 1, |fx| {
+        fx.wait_until_standby_ready();
+        let pid = fx.active_pid();
+        kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the serving generation");
+        let status = fx.wait_serving(2);
+        assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    });
+}
+
+/// A planned upgrade between an O_TMPFILE's write and its linkat (see
+/// [`tmpfile_published_across`]): the successor imports the handle table,
+/// so the discarded tmpfile is reclaimed at its close.
+#[test]
+fn an_o_tmpfile_written_before_a_planned_upgrade_is_linked_after_it() {
+    let mut fx = Fixture::start(&[]);
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    tmpfile_published_across(&mut fx, 0, |fx| {
+        let (code, report) = upgrade(fx, &new, "30s");
+        assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    });
 }
 
 #[test]

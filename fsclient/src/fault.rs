@@ -170,6 +170,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "rename" => opcode::RENAME2,
         "link" => opcode::LINK,
         "create" => opcode::CREATE,
+        "tmpfile" => opcode::TMPFILE,
         "write" => opcode::WRITE,
         "read" => opcode::READ,
         "fsync" => opcode::FSYNC,

@@ -151,6 +151,11 @@ impl Handles {
         }
     }
 
+    /// `ino` is no orphan any more (an O_TMPFILE was linked).
+    pub fn unmark_orphan(&self, ino: u64) {
+        self.lock().orphans.remove(&ino);
+    }
+
     /// The orphans this table keeps alive.
     pub fn open_orphans(&self) -> Vec<u64> {
         self.lock().orphans.iter().copied().collect()
@@ -240,6 +245,16 @@ mod tests {
         assert!(new.is_open_orphan(5));
         assert!(new.release(a).reclaim);
         assert_eq!(new.open(file(6)).unwrap(), 2 << FH_GENERATION_SHIFT);
+    }
+
+    #[test]
+    fn a_linked_tmpfile_is_no_orphan_at_its_last_release() {
+        let h = Handles::default();
+        let a = h.open(file(4)).unwrap();
+        assert!(h.mark_orphan(4));
+        h.unmark_orphan(4);
+        assert!(!h.is_open_orphan(4));
+        assert!(!h.release(a).reclaim, "named: nothing to reclaim");
     }
 
     #[test]

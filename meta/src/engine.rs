@@ -194,6 +194,22 @@ impl<E: Engine> MetaStore for E {
         )
     }
 
+    fn tmpfile(
+        &self,
+        parent: u64,
+        args: &CreateArgs,
+        session: u64,
+        linkable: bool,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        self.write(
+            "tmpfile",
+            req,
+            |c| namespace::tmpfile(c, parent, args, session, linkable),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
     fn link(
         &self,
         ino: u64,
@@ -255,6 +271,13 @@ impl<E: Engine> MetaStore for E {
 
     fn orphans(&self) -> Result<Vec<u64>> {
         self.read("orphans", |c| orphan::list(c))
+    }
+
+    fn is_linkable_tmpfile(&self, ino: u64) -> Result<bool> {
+        self.read("linkable tmpfile", |c| {
+            let a = inode::attr(c, ino)?;
+            Ok(inode::linkable_tmpfile_dir(c, &a)?.is_some())
+        })
     }
 
     fn readlink(&self, ino: u64) -> Result<OsString> {

@@ -82,7 +82,24 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         req: Option<RequestKey>,
     ) -> Result<Attr>;
 
-    /// Adds the name `new_name` in `new_parent` for `ino` (not a directory).
+    /// Creates a regular file without a name in `parent` (O_TMPFILE): mode,
+    /// owner and group as [`MetaStore::create`], nlink 0, an orphan from
+    /// birth held by `session` alone, charged to the quotas holding
+    /// `parent`. `linkable` (no O_EXCL): [`MetaStore::link`] may give it
+    /// a name, once. The parent directory is not changed.
+    fn tmpfile(
+        &self,
+        parent: u64,
+        args: &CreateArgs,
+        session: u64,
+        linkable: bool,
+        req: Option<RequestKey>,
+    ) -> Result<Attr>;
+
+    /// Adds the name `new_name` in `new_parent` for `ino` (not a
+    /// directory). At nlink 0 only a linkable unnamed O_TMPFILE may be
+    /// linked (it leaves the orphan list and its quotas follow its name);
+    /// any other inode at nlink 0 is `NotFound`.
     fn link(
         &self,
         ino: u64,
@@ -114,6 +131,11 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
 
     /// Inodes with nlink 0 awaiting `reclaim`, ascending.
     fn orphans(&self) -> Result<Vec<u64>>;
+
+    /// Whether `ino` is an unnamed O_TMPFILE that [`MetaStore::link`] may
+    /// still name (its data may yet be published, unlike an unlinked
+    /// file's).
+    fn is_linkable_tmpfile(&self, ino: u64) -> Result<bool>;
 
     /// Target of a symlink.
     fn readlink(&self, ino: u64) -> Result<OsString>;

@@ -1,6 +1,7 @@
 //! Directory quotas under random sequences of changes (proptest): files and
 //! directories made, resized, linked, unlinked, renamed across quota
-//! boundaries, orphans reclaimed, limits changed. After every step, taken
+//! boundaries, orphans reclaimed, limits changed, O_TMPFILEs made (counted
+//! from their directory) and linked (counted from their name). After every step, taken
 //! or refused, each quota's stored usage equals a recount of its tree; a
 //! refused step changed nothing (no usage, no name); and a step refused
 //! for lack of quota is refused only because a quota counting it would go
@@ -10,9 +11,14 @@
 
 mod common;
 
-use baton_meta::{FileKind, MetaError, MetaStore, Quota, RenameFlags, SetAttr, ROOT_INO};
+use baton_meta::{
+    FileKind, MetaError, MetaStore, Quota, RenameFlags, SessionInfo, SetAttr, ROOT_INO,
+};
 use common::*;
 use proptest::prelude::*;
+
+/// The session O_TMPFILEs are made by.
+const SESSION: u64 = 1;
 
 const PLAIN: RenameFlags = RenameFlags {
     noreplace: false,
@@ -47,6 +53,13 @@ enum Step {
         to: usize,
     },
     Reclaim,
+    Tmpfile {
+        dir: usize,
+    },
+    LinkTmpfile {
+        tmpfile: usize,
+        dir: usize,
+    },
     Limits {
         dir: usize,
         bytes: Option<u64>,
@@ -65,6 +78,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (ix(), ix()).prop_map(|(name, dir)| Step::Rename { name, dir }),
         1 => (ix(), ix()).prop_map(|(dir, to)| Step::MoveDir { dir, to }),
         1 => Just(Step::Reclaim),
+        1 => ix().prop_map(|dir| Step::Tmpfile { dir }),
+        1 => (ix(), ix()).prop_map(|(tmpfile, dir)| Step::LinkTmpfile { tmpfile, dir }),
         1 => (ix(), limit(60_000), limit(12))
             .prop_map(|(dir, bytes, inodes)| Step::Limits { dir, bytes, inodes }),
     ]
@@ -83,6 +98,8 @@ struct Model {
     names: Vec<(u64, String, u64)>,
     /// Regular files not yet reclaimed (linked or orphans).
     files: Vec<u64>,
+    /// O_TMPFILEs never linked (and not reclaimed).
+    tmpfiles: Vec<u64>,
     next_name: u32,
 }
 
@@ -195,8 +212,27 @@ fn apply(m: &dyn MetaStore, model: &mut Model, step: &Step) -> Option<Result<(),
             for ino in m.orphans().unwrap() {
                 m.reclaim(ino, None).unwrap();
                 model.files.retain(|f| *f != ino);
+                model.tmpfiles.retain(|f| *f != ino);
             }
             Some(Ok(()))
+        }
+        Step::Tmpfile { dir } => {
+            let parent = pick(&model.dirs, dir)?.0;
+            let args = baton_meta::CreateArgs::new(FileKind::Regular, 0o600);
+            Some(m.tmpfile(parent, &args, SESSION, true, None).map(|a| {
+                model.tmpfiles.push(a.ino);
+                model.files.push(a.ino);
+            }))
+        }
+        Step::LinkTmpfile { tmpfile, dir } => {
+            let i = tmpfile % model.tmpfiles.len().max(1);
+            let ino = *pick(&model.tmpfiles, tmpfile)?;
+            let parent = pick(&model.dirs, dir)?.0;
+            let name = model.name();
+            Some(m.link(ino, parent, n(&name), None).map(|_| {
+                model.tmpfiles.remove(i);
+                model.names.push((parent, name, ino));
+            }))
         }
         Step::Limits { dir, bytes, inodes } => {
             let ino = pick(&model.dirs, dir)?.0;
@@ -212,8 +248,16 @@ fn run(steps: &[Step], limits: &[(Option<u64>, Option<u64>)]) -> Result<(), Test
         dirs: vec![(ROOT_INO, ROOT_INO, String::new())],
         names: Vec::new(),
         files: Vec::new(),
+        tmpfiles: Vec::new(),
         next_name: 0,
     };
+    m.open_session(&SessionInfo {
+        id: SESSION,
+        host: "testhost".into(),
+        pid: std::process::id(),
+        mount: "/mnt".into(),
+    })
+    .unwrap();
     // Nested quota directories: q0, q0/q1, and q2 beside them.
     for (i, parent) in [(0usize, 0usize), (1, 1), (2, 0)] {
         let parent_ino = model.dirs[parent].0;

@@ -7,7 +7,9 @@
 //!   every generation that connects (what the supervisor will do);
 //! - `adopt`: take an initialized fd from a holder and serve it;
 //! - `workload`, `rw-workload`: verifying workloads run as child processes
-//!   of tests.
+//!   of tests;
+//! - `tmpfile-publish`: write an O_TMPFILE, link it, check it by its name
+//!   (`chaos_tests::tmpfile`).
 //!
 //! Signals: SIGTERM/SIGINT stop (and `serve`/`holder` unmount); SIGUSR1 makes
 //! `adopt` stop its workers between requests and exit 0 without unmounting.
@@ -103,6 +105,31 @@ enum Command {
         /// Stop when this file exists.
         #[arg(long)]
         stop_file: PathBuf,
+    },
+    /// Write BYTES into an O_TMPFILE in DIR, link it as NAME and check it
+    /// through the name; exits 1 if anything failed or differed.
+    TmpfilePublish {
+        /// The directory to publish into.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The name to link the file at.
+        #[arg(long)]
+        name: String,
+        /// Bytes to write.
+        #[arg(long, default_value_t = 1 << 20)]
+        bytes: usize,
+        /// Seed of the content.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Create this file once the data is written.
+        #[arg(long)]
+        ready_file: Option<PathBuf>,
+        /// Wait for this file before linking.
+        #[arg(long)]
+        go_file: Option<PathBuf>,
+        /// Close the file without linking it.
+        #[arg(long)]
+        discard: bool,
     },
 }
 
@@ -202,6 +229,32 @@ fn run() -> anyhow::Result<ExitCode> {
                 stop_file,
             });
             Ok(ExitCode::from(status as u8))
+        }
+        Command::TmpfilePublish {
+            dir,
+            name,
+            bytes,
+            seed,
+            ready_file,
+            go_file,
+            discard,
+        } => {
+            let config = chaos_tests::tmpfile::PublishConfig {
+                dir,
+                name,
+                len: bytes,
+                seed,
+                ready_file,
+                go_file,
+                discard,
+            };
+            match chaos_tests::tmpfile::publish(&config) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(err) => {
+                    eprintln!("baton-testfs tmpfile-publish: {err:#}");
+                    Ok(ExitCode::from(1))
+                }
+            }
         }
     }
 }

@@ -128,9 +128,11 @@ pub struct Scenario {
 /// WRITE, READ or FSYNC), so only those are drawn.
 fn point_opcodes(point: &str) -> &'static [&'static str] {
     match point {
-        "after-read" => &["create", "mkdir", "rename", "link", "unlink", "setxattr"],
+        "after-read" => &[
+            "create", "mkdir", "rename", "link", "unlink", "setxattr", "tmpfile",
+        ],
         "after-commit" => &[
-            "create", "mkdir", "rename", "link", "unlink", "rmdir", "setxattr",
+            "create", "mkdir", "rename", "link", "unlink", "rmdir", "setxattr", "tmpfile",
         ],
         _ => &[],
     }

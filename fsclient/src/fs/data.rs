@@ -1,4 +1,4 @@
-//! File contents: open, create, read, write, fallocate and lseek.
+//! File contents: open, create, tmpfile, read, write, fallocate and lseek.
 //!
 //! Reads assemble each block from the committed block map (`BlockCache`,
 //! whole blocks, zeros for holes and past a row's length), then lay the
@@ -203,6 +203,54 @@ impl BatonFs {
         // A replayed create opens a new handle: the kernel never saw the
         // dead generation's.
         let fh = self.register(attr.ino, arg.flags, false)?;
+        Ok((self.entry_out(&attr)?, fh))
+    }
+
+    /// TMPFILE (open(2) with O_TMPFILE): a regular file without a name,
+    /// opened; an orphan from birth held by this session and kept by its
+    /// handle, reclaimed at its last release unless a LINK named it.
+    /// Mode, owner and set-group-ID directory as CREATE. Without O_EXCL it
+    /// may be linked (the kernel also refuses that link itself: ENOENT).
+    pub(super) fn do_tmpfile(
+        &self,
+        req: &Request<'_>,
+        parent: u64,
+        arg: &CreateIn,
+    ) -> Result<(EntryOut, u64)> {
+        let (uid, gid, _) = req.caller();
+        let args = CreateArgs {
+            kind: FileKind::Regular,
+            mode: arg.mode & 0o7777,
+            umask: 0,
+            uid,
+            gid,
+            rdev: 0,
+            symlink_target: None,
+        };
+        let linkable = arg.flags as i32 & libc::O_EXCL == 0;
+        // Until the handle is registered, the session tick does not look
+        // at this session's holds (`orphans.rs`).
+        let _births = super::read_lock(&self.tmpfile_births);
+        let attr = self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::Attr(attr) => Ok(attr),
+                _ => Err(super::once::mismatched(
+                    parent,
+                    "replayed tmpfile has another kind of record",
+                )),
+            },
+            |key| {
+                let session = self.connection_identity();
+                Ok(self.meta.tmpfile(parent, &args, session, linkable, key)?)
+            },
+        )?;
+        // A replayed TMPFILE opens a new handle too: the kernel never saw
+        // the dead generation's. Its orphan is then kept to the mount's
+        // end (an inherited table never lets go).
+        let fh = self.register(attr.ino, arg.flags, false)?;
+        self.handles.mark_orphan(attr.ino);
+        tracing::debug!(nodeid = attr.ino, parent, linkable, "tmpfile created");
         Ok((self.entry_out(&attr)?, fh))
     }
 

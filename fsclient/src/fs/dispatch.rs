@@ -490,6 +490,20 @@ impl Filesystem for BatonFs {
         );
     }
 
+    fn tmpfile(&self, req: &Request<'_>, parent: NodeId, arg: &CreateIn, reply: ReplyCreate) {
+        let _timer = self.counters.timer(req.opcode());
+        let parent = parent.get();
+        answer_once!(
+            self,
+            req,
+            "tmpfile",
+            parent,
+            self.do_tmpfile(req, parent, arg),
+            reply,
+            |(entry, fh)| reply.created(&entry, FileHandle::new(fh), FopenFlags::empty())
+        );
+    }
+
     fn interrupt(&self, req: &Request<'_>, unique: u64) {
         let _timer = self.counters.timer(req.opcode());
         self.do_interrupt(unique);

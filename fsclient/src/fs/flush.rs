@@ -416,9 +416,11 @@ impl BatonFs {
     }
 
     /// FSYNC: commits the staged data, then makes every committed metadata
-    /// transaction durable against power loss.
+    /// transaction durable against power loss. An unlinked file's data is
+    /// left staged (it is discarded at its last close), but not that of an
+    /// O_TMPFILE a link may still publish (written, fsynced, then linked).
     pub(super) fn do_fsync(&self, ino: u64) -> Result<()> {
-        if !self.handles.is_open_orphan(ino) {
+        if !self.handles.is_open_orphan(ino) || self.meta.is_linkable_tmpfile(ino)? {
             self.flush_inode(ino)?;
         }
         Ok(self.meta.sync()?)

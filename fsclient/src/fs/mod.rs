@@ -6,7 +6,8 @@
 //! - [`namespace`]: lookup, getattr, setattr, mknod, mkdir, symlink, link,
 //!   unlink, rmdir, rename, readlink;
 //! - [`orphans`]: this mount's session and when an orphan is reclaimed;
-//! - [`data`]: open, create, read, write, fallocate, lseek;
+//! - [`data`]: open, create, tmpfile (O_TMPFILE), read, write, fallocate,
+//!   lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`write_through`]: a WRITE of a whole small file, committed at once;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
@@ -40,7 +41,9 @@ mod fence_tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::Duration;
 
 use baton_blocks::{BlockCache, BlockStore, Staging};
@@ -122,6 +125,12 @@ pub struct BatonFs {
     timer_thread: Mutex<Option<std::thread::Thread>>,
     /// Inodes that lost their last name, for the timer thread to settle.
     orphans_to_settle: Mutex<orphans::OrphanQueue>,
+    /// Held shared by a TMPFILE from its metadata transaction until its
+    /// handle is registered, exclusively by the session tick while it
+    /// reads which orphans this session holds: an orphan born held by
+    /// this session is never let go of for want of its handle
+    /// (`orphans.rs`).
+    tmpfile_births: RwLock<()>,
     inode_locks: Vec<Mutex<()>>,
     committed_bytes: committed_bytes::CommittedBytes,
     /// Set when a write-through upload failed (`write_through.rs`).
@@ -154,6 +163,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// [`lock`] for a guard with no data (`BatonFs::tmpfile_births`), shared.
+fn read_lock(m: &RwLock<()>) -> RwLockReadGuard<'_, ()> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] for a guard with no data, exclusive.
+fn write_lock(m: &RwLock<()>) -> RwLockWriteGuard<'_, ()> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl BatonFs {
     /// A filesystem over an opened volume. The volume's lock stays with the
     /// caller.
@@ -179,6 +198,7 @@ impl BatonFs {
             held_locks_saved: AtomicU64::new(0),
             timer_thread: Mutex::new(None),
             orphans_to_settle: Mutex::new(orphans::OrphanQueue::default()),
+            tmpfile_births: RwLock::new(()),
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),

@@ -353,7 +353,7 @@ impl BatonFs {
         newparent: u64,
         newname: &OsStr,
     ) -> Result<EntryOut> {
-        self.once(
+        let entry = self.once(
             req,
             |recorded| self.entry_from_record(ino, recorded),
             |key| {
@@ -361,7 +361,12 @@ impl BatonFs {
                 self.quota_free.forget_all();
                 self.entry_out(&attr)
             },
-        )
+        )?;
+        if entry.attr.nlink == 1 {
+            // Its first name: an O_TMPFILE (`data.rs`).
+            self.named_tmpfile(ino);
+        }
+        Ok(entry)
     }
 
     /// An inode lost a name; at nlink 0 this session lets go of it soon,

@@ -21,6 +21,12 @@
 //! which then finds nlink 0 and takes the hold again (or finds the inode
 //! gone: ENOENT). Opens and closes of linked files write nothing here.
 //!
+//! An O_TMPFILE is an orphan from birth, held by this session alone (no
+//! other mount can reach it) and marked in the table with its handle; the
+//! tick reads this session's holds only between TMPFILEs' transactions and
+//! their handles' registration (`tmpfile_births`), so it sees the handle.
+//! Its first link takes it off the orphan list (`MetaStore::link`).
+//!
 //! The session tick (`crate::session`, every expiry/5) renews the
 //! heartbeat, deletes sessions whose heartbeat expired (their holds go with
 //! them), lets go of holds on inodes no handle here has open (another host
@@ -131,6 +137,8 @@ impl BatonFs {
             *super::lock(&self.session_healthy_since) = Some(std::time::Instant::now());
             // Its published locks went with the expired session.
             self.republish_locks();
+            // TMPFILEs under way register their handles first.
+            let _births = super::write_lock(&self.tmpfile_births);
             for ino in self.handles.open_orphans() {
                 match self.hold_open_orphan(ino) {
                     Ok(()) => {}
@@ -150,11 +158,13 @@ impl BatonFs {
                 tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
             }
         }
-        for held in self
-            .meta
-            .held_orphans(info.id)?
-            .chunks(ORPHAN_RELEASE_BATCH_MAX)
-        {
+        let held = {
+            // An orphan a TMPFILE made is in this list only once its
+            // handle is registered (`do_tmpfile`), so it is kept.
+            let _births = super::write_lock(&self.tmpfile_births);
+            self.meta.held_orphans(info.id)?
+        };
+        for held in held.chunks(ORPHAN_RELEASE_BATCH_MAX) {
             self.settle_orphans(held)?;
         }
         self.reclaim_unheld_orphans()
@@ -337,6 +347,15 @@ impl BatonFs {
         self.meta.hold_orphan(self.session_id(), ino)?;
         self.handles.mark_orphan(ino);
         Ok(())
+    }
+
+    /// `ino`, an O_TMPFILE this table keeps alive, got its first name: its
+    /// last release here has nothing to settle. (If it lost that name again
+    /// meanwhile, the unlink's settlement marks it again; one that ran
+    /// before this is caught up by the session tick.)
+    pub(super) fn named_tmpfile(&self, ino: u64) {
+        let _guard = self.inode_lock(ino);
+        self.handles.unmark_orphan(ino);
     }
 
     /// Local cleanup after the metadata reclaimed `ino`: staged data and

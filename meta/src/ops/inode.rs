@@ -330,11 +330,55 @@ pub(crate) fn has_entries<C: Db>(c: &C, ino: u64) -> Result<bool> {
 /// Records `ino` (now at nlink 0) as an orphan awaiting reclaim, held by
 /// every registered session until it says it has no handle on it.
 pub(crate) fn add_orphan<C: Db>(c: &C, ino: u64, now: Timespec) -> Result<()> {
+    insert_orphan_row(c, ino, now)?;
+    super::sessions::hold_for_all(c, ino)?;
+    Ok(())
+}
+
+/// Puts `ino` on the orphan list (no hold: the caller records those).
+pub(crate) fn insert_orphan_row<C: Db>(c: &C, ino: u64, now: Timespec) -> Result<()> {
     c.prepare_cached(
         "INSERT INTO orphans (ino, since_sec) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
     )?
     .execute(params![ino, now.sec])?;
-    super::sessions::hold_for_all(c, ino)?;
+    Ok(())
+}
+
+/// Takes orphan `ino` off the orphan list with every hold on it (it got
+/// a name: an O_TMPFILE linked).
+pub(crate) fn remove_orphan<C: Db>(c: &C, ino: u64) -> Result<()> {
+    for sql in [
+        "DELETE FROM orphan_holds WHERE ino = ?1",
+        "DELETE FROM orphans WHERE ino = ?1",
+    ] {
+        c.prepare_cached(sql)?.execute(params![ino])?;
+    }
+    Ok(())
+}
+
+/// The directory an unnamed O_TMPFILE `ino` was made in, if it is one
+/// that may still be given a name (the kernel's I_LINKABLE). Kept in the
+/// `parent` column, which otherwise only directories use: set by
+/// `namespace::tmpfile` (unless O_EXCL), cleared by its first link, so an
+/// inode that once had a name never has it.
+pub(crate) fn linkable_tmpfile_dir<C: Db>(c: &C, a: &Attr) -> Result<Option<u64>> {
+    if a.kind != FileKind::Regular || a.nlink != 0 {
+        return Ok(None);
+    }
+    let dir: Option<Option<u64>> = c
+        .prepare_cached(
+            "SELECT i.parent FROM inodes i JOIN orphans o ON o.ino = i.ino WHERE i.ino = ?1",
+        )?
+        .query_row(params![a.ino], |r| r.get(0))
+        .optional()?;
+    Ok(dir.flatten())
+}
+
+/// Forgets that regular file `ino` was an unnamed O_TMPFILE (see
+/// [`linkable_tmpfile_dir`]).
+pub(crate) fn clear_tmpfile_dir<C: Db>(c: &C, ino: u64) -> Result<()> {
+    c.prepare_cached("UPDATE inodes SET parent = NULL WHERE ino = ?1")?
+        .execute(params![ino])?;
     Ok(())
 }
 

@@ -1,5 +1,5 @@
-//! Name operations: lookup, create (all kinds), link, unlink, rmdir and
-//! readlink. Rename lives in `rename.rs`.
+//! Name operations: lookup, create (all kinds), tmpfile (O_TMPFILE), link,
+//! unlink, rmdir and readlink. Rename lives in `rename.rs`.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -85,6 +85,38 @@ pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs)
     Ok(attr)
 }
 
+/// Creates a regular file without a name in directory `parent`
+/// (O_TMPFILE): nlink 0, an orphan from birth that only `session` holds
+/// (only the mount that made it can reach it, through its open handle),
+/// charged to the quotas holding `parent` (as ext4 charges a tmpfile to
+/// its directory's project) until a [`link`] moves it under its name's.
+/// `linkable` (the open had no O_EXCL): [`link`] may give it a name, once.
+/// The directory is not changed: no entry was added.
+pub(crate) fn tmpfile<C: Db>(
+    c: &C,
+    parent: u64,
+    args: &CreateArgs,
+    session: u64,
+    linkable: bool,
+) -> Result<Attr> {
+    if args.kind != FileKind::Regular || args.symlink_target.is_some() {
+        return Err(MetaError::invalid(
+            parent,
+            "O_TMPFILE makes a regular file only",
+        ));
+    }
+    let dir = inode::live_dir(c, parent)?;
+    let now = Timespec::now();
+    let mut new = new_attr(&dir, args, 0, now);
+    new.nlink = 0;
+    let ino = inode::insert(c, &new, linkable.then_some(parent))?;
+    inode::insert_orphan_row(c, ino, now)?;
+    super::sessions::hold(c, session, ino)?;
+    let attr = inode::attr(c, ino)?;
+    quota::charge_new(c, parent, &attr)?;
+    Ok(attr)
+}
+
 /// The symlink target bytes if `args` needs one; checks presence and length.
 fn check_target(parent: u64, args: &CreateArgs) -> Result<Option<&[u8]>> {
     match (args.kind, &args.symlink_target) {
@@ -147,7 +179,9 @@ fn new_attr(dir: &Attr, args: &CreateArgs, target_len: usize, now: Timespec) -> 
     }
 }
 
-/// Adds the name `new_name` in `new_parent` for the non-directory `ino`.
+/// Adds the name `new_name` in `new_parent` for the non-directory `ino`;
+/// at nlink 0 only a linkable unnamed O_TMPFILE, whose first name takes it
+/// off the orphan list (its holds go: it is an ordinary file now).
 pub(crate) fn link<C: Db>(c: &C, ino: u64, new_parent: u64, new_name: &OsStr) -> Result<Attr> {
     let b = check_name(new_parent, new_name)?;
     let mut a = inode::attr(c, ino)?;
@@ -157,7 +191,11 @@ pub(crate) fn link<C: Db>(c: &C, ino: u64, new_parent: u64, new_name: &OsStr) ->
             reason: "hard links to directories are not allowed".into(),
         });
     }
-    if a.nlink == 0 {
+    // At nlink 0 only an unnamed O_TMPFILE may get a name (the kernel's
+    // I_LINKABLE, kept across hosts and generations); a file that lost its
+    // last name stays gone, as on a local filesystem.
+    let first_name = a.nlink == 0;
+    if first_name && inode::linkable_tmpfile_dir(c, &a)?.is_none() {
         return Err(MetaError::NotFound { ino, name: None });
     }
     inode::live_dir(c, new_parent)?;
@@ -178,6 +216,10 @@ pub(crate) fn link<C: Db>(c: &C, ino: u64, new_parent: u64, new_name: &OsStr) ->
     a.nlink += 1;
     a.ctime = now;
     inode::save(c, &a)?;
+    if first_name {
+        inode::clear_tmpfile_dir(c, ino)?;
+        inode::remove_orphan(c, ino)?;
+    }
     inode::adjust_dir(c, new_parent, 0, now)?;
     quota::resync(c, &a, true)?;
     Ok(a)

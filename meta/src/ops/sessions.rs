@@ -121,7 +121,7 @@ pub(crate) fn hold<C: Db>(c: &C, id: u64, ino: u64) -> Result<()> {
             .execute(params![sql(id), ino])?;
             Ok(())
         }
-        // Linked again (never, today): nothing to hold.
+        // Linked (an O_TMPFILE given its name): nothing to hold.
         Some(_) => Ok(()),
     }
 }

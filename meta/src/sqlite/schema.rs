@@ -12,7 +12,10 @@
 //!        generation, kind (1 reg 2 dir 3 symlink 4 fifo 5 sock 6 chr 7 blk),
 //!        mode (permission bits only), nlink, uid, gid, rdev, size,
 //!        atime_sec/nsec, mtime_sec/nsec, ctime_sec/nsec,
-//!        parent -- directories only: the directory holding its entry (for ..))
+//!        parent -- directories: the directory holding its entry (for ..);
+//!                  a regular file: only while it is an unnamed O_TMPFILE
+//!                  that may be linked, the directory it was made in
+//!                  (ops/inode.rs `linkable_tmpfile_dir`); NULL otherwise)
 //! dentries(cookie INTEGER PRIMARY KEY AUTOINCREMENT -- readdir cookie, never reused
 //!        parent -> inodes, name BLOB, ino -> inodes, UNIQUE(parent, name))
 //!        + index on (parent, cookie), added in place by `open`

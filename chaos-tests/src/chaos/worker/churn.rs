@@ -1,6 +1,8 @@
 //! Metadata churn against an in-memory model of the tree: create, mkdir,
 //! rename (also over an existing file), link, unlink, rmdir, setxattr,
-//! readdir, stat and read, each checked against the model as it runs; at
+//! readdir, stat and read, publication through O_TMPFILE (write, then
+//! `linkat`) and an O_TMPFILE closed without a name (no entry appears),
+//! each checked against the model as it runs; at
 //! the end the whole tree on the mount (paths, types, contents, link
 //! counts, hard-link identity, user xattrs) is compared with the model.
 
@@ -244,6 +246,60 @@ impl Churn {
         }
     }
 
+    /// A file written under no name (O_TMPFILE), then linked: it appears
+    /// whole at once, as a created file does.
+    fn tmpfile_publish(&mut self, ctx: &mut Ctx) {
+        let Some(dir) = Self::pick(ctx, &self.model.dirs()) else {
+            return;
+        };
+        let rel = join(&dir, &self.model.fresh("t"));
+        let content = {
+            let len = ctx.rng.below(FILE_BYTES_MAX + 1) as usize;
+            ctx.rng.bytes(len)
+        };
+        let (dir_path, path) = (self.abs(&dir), self.abs(&rel));
+        let ok = ctx
+            .op("tmpfile-publish", path.display(), || {
+                let mut f = crate::tmpfile::open_tmpfile(&dir_path, 0, 0o644)?;
+                f.write_all(&content)?;
+                crate::tmpfile::link_open_file(&f, &path)
+            })
+            .is_ok();
+        self.checked(ok);
+        if ok {
+            self.model.next += 1;
+            let id = self.model.next;
+            self.model.inodes.insert(
+                id,
+                Inode {
+                    content,
+                    xattrs: BTreeMap::new(),
+                },
+            );
+            self.model.nodes.insert(rel, Node::File(id));
+        }
+    }
+
+    /// A file written under no name (O_TMPFILE) and closed: the tree does
+    /// not change (readdir and the final walk check that).
+    fn tmpfile_discard(&mut self, ctx: &mut Ctx) {
+        let Some(dir) = Self::pick(ctx, &self.model.dirs()) else {
+            return;
+        };
+        let content = {
+            let len = ctx.rng.below(FILE_BYTES_MAX + 1) as usize;
+            ctx.rng.bytes(len)
+        };
+        let dir_path = self.abs(&dir);
+        let ok = ctx
+            .op("tmpfile-discard", dir_path.display(), || {
+                let mut f = crate::tmpfile::open_tmpfile(&dir_path, 0, 0o644)?;
+                f.write_all(&content)
+            })
+            .is_ok();
+        self.checked(ok);
+    }
+
     fn mkdir(&mut self, ctx: &mut Ctx) {
         let dirs: Vec<String> = self
             .model
@@ -469,7 +525,10 @@ impl Churn {
             51..=62 => self.unlink(ctx),
             63..=69 => self.rmdir(ctx),
             70..=77 => self.setxattr(ctx),
-            78..=89 => self.readdir(ctx),
+            78..=84 => self.readdir(ctx),
+            85..=88 if !full => self.tmpfile_publish(ctx),
+            89 => self.tmpfile_discard(ctx),
+            85..=88 => self.readdir(ctx),
             90..=99 => self.stat_and_read(ctx),
             _ => self.unlink(ctx),
         }
