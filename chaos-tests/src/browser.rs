@@ -108,6 +108,20 @@ fn read_messages(mut from: File, tx: std::sync::mpsc::SyncSender<Result<Value, S
     }
 }
 
+/// Headless Chromium as root on a closed network: no sandbox (root), no
+/// GPU, and none of its own connections (refused here, many at a time).
+pub const HEADLESS_ARGS: [&str; 9] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+];
+
 impl Browser {
     /// Starts headless `chromium` (fresh profile, no network of its own)
     /// and attaches to a blank page; every later wait is bounded by
@@ -120,19 +134,8 @@ impl Browser {
         let (in_fd, out_fd) = (in_read.as_raw_fd(), out_write.as_raw_fd());
         let mut command = Command::new(chromium);
         command
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-dev-shm-usage",
-                "--hide-scrollbars",
-                "--remote-debugging-pipe",
-            ])
+            .args(HEADLESS_ARGS)
+            .args(["--hide-scrollbars", "--remote-debugging-pipe"])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             .stdin(Stdio::null())

@@ -664,17 +664,7 @@ fn chromium() -> Option<PathBuf> {
 fn chromium_dom(chromium: &Path, url: &str) -> String {
     let profile = tempfile::tempdir().expect("chromium profile dir");
     let child = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-        ])
+        .args(chaos_tests::browser::HEADLESS_ARGS)
         .arg(format!("--user-data-dir={}", s(profile.path())))
         .arg("--dump-dom")
         .arg(url)

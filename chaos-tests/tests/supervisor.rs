@@ -243,6 +243,16 @@ impl Fixture {
         self.status()["pid"].as_i64().expect("a serving pid") as i32
     }
 
+    /// kill -9 of the serving generation; returns the status once the
+    /// next one serves.
+    fn kill_serving_generation(&self) -> Value {
+        let generation = self.wait_serving(1)["generation"]
+            .as_u64()
+            .expect("a generation");
+        kill(Pid::from_raw(self.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
+        self.wait_serving(generation + 1)
+    }
+
     /// Waits until generation `generation` or later serves.
     fn wait_serving(&self, generation: u64) -> Value {
         let deadline = Instant::now() + DEADLINE;
@@ -965,8 +975,7 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
         "fallocate: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
-    let status = fx.wait_serving(2);
+    let status = fx.kill_serving_generation();
     assert_eq!(status["restarts"]["signal"], 1, "{status}");
     assert_eq!(
         status["restarts"]["exit"], 0,
@@ -987,8 +996,7 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
     std::fs::remove_file(&filler_rest).expect("remove the filler");
     let (ok, _, err) = App::sh(&fx.mnt, &format!("sync {}", s(&big))).finish_or(|| fx.logs());
     assert!(ok, "fsync once there is space: {err}");
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
-    let status = fx.wait_serving(3);
+    let status = fx.kill_serving_generation();
     assert_eq!(status["restarts"]["exit"], 0, "{status}");
     assert!(cmp_prefix(&kept, 4 * mib), "the earlier file changed");
     assert!(
@@ -3022,9 +3030,7 @@ fn locks_held_across_a_generation_kill_9_still_exclude_others() {
     );
     assert!(waiter.running(), "B got a lock A holds");
 
-    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
-    fx.wait_serving(generation + 1);
+    fx.kill_serving_generation();
 
     // The successor knows both locks: a try-lock of either fails.
     let (ok, out, _) = App::sh(&fx.mnt, &format!("flock -n {m}/flock -c 'echo stolen'")).finish();
@@ -3086,9 +3092,7 @@ fn a_lock_cycle_closed_after_a_generation_kill_9_is_edeadlk() {
         "the lock plan never reached its pause\n{}",
         fx.logs()
     );
-    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
-    fx.wait_serving(generation + 1);
+    fx.kill_serving_generation();
     std::fs::write(control.join("resume"), b"").expect("resume the plan");
     let (ok, out, err) = plan.finish_or(|| fx.logs());
     assert!(ok, "{out}{err}");
@@ -3162,9 +3166,7 @@ fn times_of_a_write_closed_after_a_generation_kill_9_are_the_writes_and_are_stor
             fx.logs()
         );
     }
-    let generation = fx.wait_serving(1)["generation"].as_u64().unwrap_or(1);
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill the generation");
-    fx.wait_serving(generation + 1);
+    fx.kill_serving_generation();
     let mut shown = Vec::new();
     for (name, control, app) in writers {
         std::fs::write(control.join("resume"), b"").expect("resume the writer");
@@ -3445,9 +3447,7 @@ fn a_mounts_totals_survive_a_supervisor_kill_9_and_a_supervisor_upgrade() {
         "2 MiB written were not counted: {}",
         fx.status()
     );
-    let generation = fx.status()["generation"].as_u64().expect("generation");
-    kill(Pid::from_raw(fx.active_pid()), Signal::SIGKILL).expect("kill -9 the generation");
-    fx.wait_serving(generation + 1);
+    fx.kill_serving_generation();
     let before = fx.status();
     assert_eq!(before["restarts"]["signal"], 1, "{before}");
 
