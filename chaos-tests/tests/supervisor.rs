@@ -962,13 +962,17 @@ fn a_full_disk_gives_enospc_keeps_acknowledged_writes_and_the_mount_serves_on() 
     // disk: what the dead generation staged cannot be uploaded, no log
     // line can be written, and the next one serves anyway.
     let filler_rest = fx.path("filler-rest");
-    // Written until ENOSPC (its size could change under an fallocate of
-    // what statvfs said: the logs go on).
-    let _ = Command::new("dd")
-        .args(["if=/dev/zero", &format!("of={}", s(&filler_rest)), "bs=4k"])
-        .output()
-        .expect("dd");
-    assert_eq!(free_bytes(fx.dir.path()), 0, "the disk did not fill");
+    // Appended to until ENOSPC, again while the generation frees a
+    // little (a staging temp file), until nothing is left.
+    let full = wait_until(DEADLINE, || {
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", &format!("of={}", s(&filler_rest))])
+            .args(["bs=4k", "oflag=append", "conv=notrunc"])
+            .output()
+            .expect("dd");
+        free_bytes(fx.dir.path()) == 0
+    });
+    assert!(full, "the disk did not stay full");
     let status = fx.kill_serving_generation();
     assert_eq!(status["restarts"]["signal"], 1, "{status}");
     assert_eq!(
@@ -1608,6 +1612,92 @@ fn a_second_supervisor_on_the_same_state_directory_is_refused_and_the_mount_serv
     assert_eq!(serving["generation"].as_u64(), Some(1), "{serving}");
     let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {}/f", s(&fx.mnt))).finish();
     assert!(ok && out == "kept\n", "{out} {err}");
+}
+
+/// stderr on /dev/full: every log write fails with ENOSPC.
+fn full_stderr() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full")
+}
+
+#[test]
+fn logs_that_cannot_be_written_end_neither_the_supervisor_nor_a_filesystem() {
+    // tracing-subscriber reported a failed log write with eprintln!, which
+    // panicked (exit 101) when stderr was that same full disk.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("s.sock");
+    let mut supervisor = ChildGuard(
+        Command::new(binary("fs-supervisor"))
+            .args(["--state-dir", s(&dir.path().join("state"))])
+            .args(["--socket", s(&socket)])
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stderr(full_stderr())
+            .spawn()
+            .expect("spawn fs-supervisor"),
+    );
+    let up = wait_until(DEADLINE, || socket.exists());
+    let early_exit = supervisor.0.try_wait().ok().flatten();
+    assert!(
+        up,
+        "fs-supervisor did not start with a full log: {early_exit:?}"
+    );
+    let out = Command::new(binary("fsctl"))
+        .args(["status", "--socket", s(&socket)])
+        .output()
+        .expect("fsctl status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kill(supervisor.pid(), Signal::SIGTERM).expect("stop fs-supervisor");
+    let status = supervisor.wait_timeout(DEADLINE);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "fs-supervisor with a full log"
+    );
+
+    let base = dir.path().join("base");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mountpoint");
+    let out = Command::new(binary("fsctl"))
+        .args(["format", "vol", "--base-dir", s(&base)])
+        .output()
+        .expect("fsctl format");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut fsclient = ChildGuard(
+        Command::new(binary("fsclient"))
+            .args(["mount", "vol", s(&mnt), "--base-dir", s(&base)])
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stderr(full_stderr())
+            .spawn()
+            .expect("spawn fsclient"),
+    );
+    let mounted = chaos_tests::mount_guard::wait_for_mount(&mnt, DEADLINE);
+    let guard = MountGuard::new(&mnt);
+    let early_exit = fsclient.0.try_wait().ok().flatten();
+    assert!(
+        mounted,
+        "fsclient did not mount with a full log: {early_exit:?}"
+    );
+    let (ok, _, err) = App::sh(&mnt, &format!("echo data > {0}/f && cat {0}/f", s(&mnt))).finish();
+    assert!(ok, "{err}");
+    drop(guard);
+    let status = fsclient.wait_timeout(DEADLINE);
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "fsclient with a full log"
+    );
 }
 
 #[test]
