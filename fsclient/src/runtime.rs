@@ -16,7 +16,7 @@ use std::sync::Arc;
 use baton_volume::{LockMode, Volume, VolumePaths};
 use fuse_wire::{Channel, ExitReason, InitConfig, InitParams, Session, Workers};
 use nix::sys::signal::{SigSet, Signal};
-use upgrade_protocol::connect_seqpacket;
+use upgrade_protocol::{connect_seqpacket, Unanswered};
 
 use crate::cli::{Cli, Command, VolumeArgs};
 use crate::error::{Error, Result};
@@ -162,7 +162,15 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let span = tracing::info_span!("generation", mount = %mount, generation = generation_number);
     let _in_span = span.enter();
     let planned = adoption.handover.is_some();
+    // A new mount's first generation: on a volume only one mount per host
+    // serves (not shared), every session registered is a dead mount's
+    // (the supervisor refuses a second mount of a volume, `fsclient
+    // mount` takes the lock exclusively).
+    let fresh = !planned && generation_number == 1 && unanswered == Unanswered::Leave;
     let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads, idle)?;
+    if fresh && !held.shared {
+        generation.fs().expire_earlier_sessions()?;
+    }
     // A planned upgrade continues the predecessor's session (same id, its
     // holds in place): renewing it can wait until this one reads, out of
     // the applications' stall. Otherwise it is registered before serving.
