@@ -224,7 +224,10 @@ impl Fixture {
 
     fn cgroup_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = Vec::new();
-        for root in [PathBuf::from(CGROUP_V1_MEMORY), PathBuf::from("/sys/fs/cgroup")] {
+        for root in [
+            PathBuf::from(CGROUP_V1_MEMORY),
+            PathBuf::from("/sys/fs/cgroup"),
+        ] {
             let parent = root.join(&self.cgroup_parent);
             if let Ok(entries) = std::fs::read_dir(&parent) {
                 dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
@@ -303,7 +306,10 @@ impl Drop for Fixture {
                 std::fs::remove_dir(&cgroup).is_ok()
             });
         }
-        for root in [PathBuf::from(CGROUP_V1_MEMORY), PathBuf::from("/sys/fs/cgroup")] {
+        for root in [
+            PathBuf::from(CGROUP_V1_MEMORY),
+            PathBuf::from("/sys/fs/cgroup"),
+        ] {
             let _ = std::fs::remove_dir(root.join(&self.cgroup_parent));
         }
         drop(self.guard.take());
@@ -433,7 +439,11 @@ fn a_clean_umount_after_takeovers_leaves_no_orphan() {
         let out = fx.sh(&format!(
             "i=0; while [ $i -lt 50 ]; do echo closed > c{round}-$i; rm c{round}-$i; i=$((i+1)); done"
         ));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         fx.kill_generation(round + 2);
         // The previous round's files close in this generation.
         if round % 2 == 1 {
@@ -455,7 +465,11 @@ fn a_clean_umount_after_takeovers_leaves_no_orphan() {
         "a clean umount leaves no orphan no file holds ({} object(s) left)",
         fx.objects()
     );
-    assert_eq!(fx.objects(), 0, "every object of the unlinked files is gone");
+    assert_eq!(
+        fx.objects(),
+        0,
+        "every object of the unlinked files is gone"
+    );
 }
 
 #[test]
