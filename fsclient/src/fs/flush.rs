@@ -129,10 +129,13 @@ impl BatonFs {
     /// store cannot take now stays staged for the next flush). With
     /// `others_dead` (this process holds the volume's exclusive lock, so
     /// no other mount can be serving it) every registered session is
-    /// deleted with its holds ([`BatonFs::expire_earlier_sessions`]).
+    /// deleted with its holds ([`BatonFs::expire_earlier_sessions`]), and
+    /// a first batch of the orphans only they held is reclaimed before
+    /// serving (one transaction); the session ticks reclaim the rest.
     pub fn recover(&self, others_dead: bool) -> Result<()> {
         if others_dead {
             self.expire_earlier_sessions()?;
+            self.reclaim_unheld_batches(1)?;
         }
         for ino in self.staging.recover()? {
             let attr = match self.meta.getattr(ino) {

@@ -206,9 +206,15 @@ impl BatonFs {
     /// [`UNHELD_RECLAIM_COUNT_MAX`], one transaction each, at most
     /// [`UNHELD_RECLAIM_BATCHES_MAX`] of them.
     pub(super) fn reclaim_unheld_orphans(&self) -> Result<()> {
+        self.reclaim_unheld_batches(UNHELD_RECLAIM_BATCHES_MAX)
+    }
+
+    /// [`BatonFs::reclaim_unheld_orphans`], at most `batches_max`
+    /// transactions.
+    pub(super) fn reclaim_unheld_batches(&self, batches_max: u32) -> Result<()> {
         let started = Instant::now();
         let mut reclaimed_count = 0usize;
-        for _ in 0..UNHELD_RECLAIM_BATCHES_MAX {
+        for _ in 0..batches_max {
             let unheld = self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)?;
             self.release_orphans(None, &unheld)?;
             reclaimed_count += unheld.len();
