@@ -253,9 +253,8 @@ impl BatonFs {
     /// request is answered after one transaction instead of two; else now.
     ///
     /// A crash before the thread ran leaves the hold to the next
-    /// generation: after a planned handover its session tick settles it,
-    /// after a crash (inherited handles) it is kept until the mount ends,
-    /// like an orphan that was open.
+    /// generation, whose session tick settles it (after a crash, once the
+    /// kernel has no inode for it).
     pub(super) fn orphaned(&self, ino: u64) -> Result<()> {
         // Queued under the thread's lock, so that nothing is queued after
         // the thread's last drain (`SessionTimer::stop`).
@@ -325,8 +324,8 @@ impl BatonFs {
     }
 
     /// `ino` may be an orphan this session holds: keeps the hold while a
-    /// handle here has it open (or the table is inherited), else lets go,
-    /// reclaiming it if nobody else holds it.
+    /// handle here has it open (or, the table inherited, the kernel has its
+    /// inode), else lets go, reclaiming it if nobody else holds it.
     pub(super) fn settle_orphan(&self, ino: u64) -> Result<()> {
         self.settle_orphans(&[ino])
     }
