@@ -10,8 +10,8 @@
 //! generation whose table was lost in a crash) is accepted for I/O, which
 //! works by nodeid only, and its release is a no-op here. Such a table is
 //! *inherited*: open counts may miss handles the kernel holds, so an orphan
-//! is never released by it: the session keeps its hold until the mount
-//! ends (see `fs/orphans.rs`).
+//! is released by it only once the kernel has no inode for it either (see
+//! `fs/orphans.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

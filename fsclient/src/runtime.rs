@@ -16,7 +16,7 @@ use std::sync::Arc;
 use baton_volume::{LockMode, Volume, VolumePaths};
 use fuse_wire::{Channel, ExitReason, InitConfig, InitParams, Session, Workers};
 use nix::sys::signal::{SigSet, Signal};
-use upgrade_protocol::connect_seqpacket;
+use upgrade_protocol::{connect_seqpacket, Unanswered};
 
 use crate::cli::{Cli, Command, VolumeArgs};
 use crate::error::{Error, Result};
@@ -66,14 +66,7 @@ fn open_fs(
         attr_ttl: options.attr_ttl(shared),
     };
     let (fs, lock) = BatonFs::from_volume(opened, config);
-    Ok((
-        Arc::new(fs),
-        ServedVolume {
-            name,
-            shared,
-            _lock: lock,
-        },
-    ))
+    Ok((Arc::new(fs), ServedVolume { name, shared, lock }))
 }
 
 /// What stays alive with the server besides the filesystem.
@@ -81,7 +74,8 @@ struct ServedVolume {
     name: String,
     /// Other hosts may serve the volume (their open orphans are not ours).
     shared: bool,
-    _lock: nix::fcntl::Flock<std::fs::File>,
+    /// The volume lock, held for the process's life.
+    lock: nix::fcntl::Flock<std::fs::File>,
 }
 
 fn mount(
@@ -162,7 +156,18 @@ fn serve(connect: &Path, volume: &str, options: &VolumeArgs, signals: &SigSet) -
     let span = tracing::info_span!("generation", mount = %mount, generation = generation_number);
     let _in_span = span.enter();
     let planned = adoption.handover.is_some();
+    // A new mount's first generation: on a volume only one mount per host
+    // serves (not shared), and with no other process holding its lock,
+    // every session registered is a dead mount's.
+    let fresh = !planned && generation_number == 1 && unanswered == Unanswered::Leave;
     let (generation, journal) = Generation::adopt(fs, socket, adoption, fd, options.threads, idle)?;
+    if fresh && !held.shared {
+        if others_hold_lock(&held.lock) {
+            tracing::warn!(volume = %held.name, "another process holds the volume lock; earlier sessions are left to expire");
+        } else {
+            generation.fs().expire_earlier_sessions()?;
+        }
+    }
     // A planned upgrade continues the predecessor's session (same id, its
     // holds in place): renewing it can wait until this one reads, out of
     // the applications' stall. Otherwise it is registered before serving.
@@ -218,4 +223,50 @@ fn spawn_waiter(workers: Workers) -> std::thread::JoinHandle<ExitReason> {
         }
         reason
     })
+}
+
+/// Whether a process other than this one holds a flock on `lock` (another
+/// mount of the volume on this host, or a generation of one), as
+/// /proc/locks lists them (`N: FLOCK ADVISORY READ PID MAJ:MIN:INO ...`,
+/// device numbers in hex). Unreadable: `true`.
+fn others_hold_lock(lock: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(meta), Ok(locks)) = (lock.metadata(), std::fs::read_to_string("/proc/locks")) else {
+        return true;
+    };
+    let file = (
+        nix::sys::stat::major(meta.dev()),
+        nix::sys::stat::minor(meta.dev()),
+        meta.ino(),
+    );
+    let me = std::process::id().to_string();
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // Waiters ("N: -> FLOCK ...") hold nothing yet.
+        fields.get(1) == Some(&"FLOCK")
+            && fields.get(4).is_some_and(|pid| *pid != me)
+            && fields.get(5).and_then(|id| lock_file_id(id)) == Some(file)
+    })
+}
+
+/// `MAJ:MIN:INO` of /proc/locks (hex, hex, decimal).
+fn lock_file_id(id: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = id.split(':');
+    let major = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let minor = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let ino = parts.next()?.parse().ok()?;
+    Some((major, minor, ino))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lock_file_id;
+
+    #[test]
+    fn proc_locks_file_ids_parse_hex_devices_and_decimal_inodes() {
+        assert_eq!(lock_file_id("fe:00:5308819"), Some((0xfe, 0, 5_308_819)));
+        assert_eq!(lock_file_id("08:1a:12"), Some((8, 0x1a, 12)));
+        assert_eq!(lock_file_id("EOF"), None);
+        assert_eq!(lock_file_id("08:01"), None);
+    }
 }

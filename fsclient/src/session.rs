@@ -98,7 +98,7 @@ impl SessionTimer {
             }
             // From here on requests settle their orphans themselves.
             fs.set_timer_thread(None);
-            fs.settle_queued_orphans(true);
+            fs.settle_orphans_at_exit();
         });
         SessionTimer {
             stop,

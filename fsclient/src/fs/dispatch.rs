@@ -66,8 +66,9 @@ impl Filesystem for BatonFs {
         );
     }
 
-    fn forget(&self, req: &Request<'_>, _nodeid: NodeId, _nlookup: u64) {
+    fn forget(&self, req: &Request<'_>, nodeid: NodeId, _nlookup: u64) {
         let _timer = self.counters.timer(req.opcode());
+        self.forgotten(nodeid.get());
     }
 
     fn getattr(

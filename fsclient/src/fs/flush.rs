@@ -129,16 +129,13 @@ impl BatonFs {
     /// store cannot take now stays staged for the next flush). With
     /// `others_dead` (this process holds the volume's exclusive lock, so
     /// no other mount can be serving it) every registered session is
-    /// deleted with its holds: the first session tick then reclaims the
-    /// orphans they held.
+    /// deleted with its holds ([`BatonFs::expire_earlier_sessions`]), and
+    /// a first batch of the orphans only they held is reclaimed before
+    /// serving (one transaction); the session ticks reclaim the rest.
     pub fn recover(&self, others_dead: bool) -> Result<()> {
         if others_dead {
-            let expired = self.meta.expire_sessions(std::time::Duration::ZERO)?;
-            if !expired.is_empty() {
-                tracing::info!(sessions = ?expired, "sessions of earlier mounts deleted");
-            }
-            // What only they held goes now, before serving.
-            self.reclaim_unheld_orphans()?;
+            self.expire_earlier_sessions()?;
+            self.reclaim_unheld_batches(1)?;
         }
         for ino in self.staging.recover()? {
             let attr = match self.meta.getattr(ino) {
@@ -166,6 +163,20 @@ impl BatonFs {
                     ),
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A new mount of a volume no other mount can be serving (one mount
+    /// of a volume per host, and the volume is not shared): deletes every
+    /// registered session with its holds, so that the orphans dead mounts
+    /// held go at the first session tick (in the background, in batches)
+    /// instead of once their sessions expire. Call before registering
+    /// this mount's session.
+    pub fn expire_earlier_sessions(&self) -> Result<()> {
+        let expired = self.meta.expire_sessions(std::time::Duration::ZERO)?;
+        if !expired.is_empty() {
+            tracing::info!(sessions = ?expired, "sessions of earlier mounts deleted");
         }
         Ok(())
     }

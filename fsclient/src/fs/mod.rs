@@ -131,6 +131,9 @@ pub struct BatonFs {
     /// this session is never let go of for want of its handle
     /// (`orphans.rs`).
     tmpfile_births: RwLock<()>,
+    /// With an inherited handle table: orphans this session keeps because
+    /// the kernel still had their inode; FORGET of one settles it again.
+    kernel_held_orphans: Mutex<std::collections::HashSet<u64>>,
     inode_locks: Vec<Mutex<()>>,
     committed_bytes: committed_bytes::CommittedBytes,
     /// Set when a write-through upload failed (`write_through.rs`).
@@ -199,6 +202,7 @@ impl BatonFs {
             timer_thread: Mutex::new(None),
             orphans_to_settle: Mutex::new(orphans::OrphanQueue::default()),
             tmpfile_births: RwLock::new(()),
+            kernel_held_orphans: Mutex::new(std::collections::HashSet::new()),
             inode_locks: (0..INODE_LOCK_STRIPE_COUNT)
                 .map(|_| Mutex::new(()))
                 .collect(),
@@ -586,6 +590,26 @@ impl BatonFs {
         {
             if err.raw_os_error() != Some(libc::ENOENT) {
                 tracing::warn!(ino, %err, "could not invalidate the kernel's attributes");
+            }
+        }
+    }
+
+    /// Whether this mount's kernel may still reference `ino` (an open
+    /// file, a cached inode): asks it to drop its cached attributes of
+    /// `ino`, which it refuses with ENOENT when it has no such inode. An
+    /// open file pins its inode, and an inode without a name cannot come
+    /// back (no LOOKUP finds it), so `false` is final for an orphan.
+    /// Without a connection or on any other failure: `true`.
+    fn kernel_may_hold(&self, ino: u64) -> bool {
+        let Some(channel) = self.kernel.get() else {
+            return true;
+        };
+        match fuse_wire::notify::inval_inode(channel.as_ref(), NodeId::from(ino), -1, 0) {
+            Ok(()) => true,
+            Err(err) if err.raw_os_error() == Some(libc::ENOENT) => false,
+            Err(err) => {
+                tracing::warn!(nodeid = ino, %err, "cannot ask the kernel whether it holds an orphan; kept");
+                true
             }
         }
     }

@@ -10,10 +10,13 @@
 //! - at once, when no handle of this table is open on it (after our own
 //!   unlink, or at the next tick for another host's unlink);
 //! - at the last release of a handle on it;
-//! - never while the handle table is *inherited* (a generation that took
-//!   over after a crash: the kernel may hold handles this process never
-//!   saw): the holds stay until the mount ends and the session is closed,
-//!   or until the session expires when nothing serves the mount any more.
+//! - with an *inherited* handle table (a generation that took over after a
+//!   crash: the kernel may hold handles this process never saw), only once
+//!   the kernel has no inode for it any more (it answers an invalidation
+//!   of the inode with ENOENT: no open file, none can come back, as the
+//!   inode has no name). A kept one is settled again when the kernel
+//!   FORGETs it (it evicts an unlinked inode at its last close) and at
+//!   every session tick (a FORGET the dead generation read is lost).
 //!
 //! Every such decision runs under the inode's stripe mutex and re-reads the
 //! open count, and OPEN registers its handle BEFORE reading the inode: so a
@@ -40,9 +43,12 @@ use baton_meta::{MetaError, SessionInfo};
 use super::BatonFs;
 use crate::error::Result;
 
-/// Orphans without holders reclaimed per tick at most (the rest wait for
-/// the next tick).
+/// Orphans without holders reclaimed per transaction at most.
 pub const UNHELD_RECLAIM_COUNT_MAX: u32 = 256;
+/// Transactions of [`UNHELD_RECLAIM_COUNT_MAX`] a tick runs at most (the
+/// rest wait for the next tick): thousands of orphans a dead mount left go
+/// in one tick, a few seconds, while requests are served.
+pub const UNHELD_RECLAIM_BATCHES_MAX: u32 = 64;
 /// Orphans let go of in one metadata transaction at most.
 pub const ORPHAN_RELEASE_BATCH_MAX: usize = 256;
 /// How long an unlinked inode waits for others to be settled with it in
@@ -139,7 +145,9 @@ impl BatonFs {
             self.republish_locks();
             // TMPFILEs under way register their handles first.
             let _births = super::write_lock(&self.tmpfile_births);
-            for ino in self.handles.open_orphans() {
+            let mut held = self.handles.open_orphans();
+            held.extend(super::lock(&self.kernel_held_orphans).iter().copied());
+            for ino in held {
                 match self.hold_open_orphan(ino) {
                     Ok(()) => {}
                     Err(crate::error::Error::Meta(e))
@@ -158,22 +166,85 @@ impl BatonFs {
                 tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
             }
         }
+        self.settle_held_orphans(info.id)?;
+        self.reclaim_unheld_orphans()
+    }
+
+    /// Settles every orphan session `id` holds (lets go of those no handle
+    /// here, nor the kernel if the table is inherited, has open).
+    fn settle_held_orphans(&self, id: u64) -> Result<()> {
         let held = {
             // An orphan a TMPFILE made is in this list only once its
             // handle is registered (`do_tmpfile`), so it is kept.
             let _births = super::write_lock(&self.tmpfile_births);
-            self.meta.held_orphans(info.id)?
+            self.meta.held_orphans(id)?
         };
         for held in held.chunks(ORPHAN_RELEASE_BATCH_MAX) {
             self.settle_orphans(held)?;
         }
-        self.reclaim_unheld_orphans()
+        Ok(())
     }
 
-    /// Reclaims orphans no session holds (a batch of them).
+    /// Serving ends (SIGTERM): settles what was queued and every orphan
+    /// this session holds, so that a clean unmount leaves only the orphans
+    /// a handle still holds. Failures are logged: the holds stay and the
+    /// next mount reclaims them once the session expires.
+    pub fn settle_orphans_at_exit(&self) {
+        self.settle_queued_orphans(true);
+        let Some(id) = super::lock(&self.session).as_ref().map(|info| info.id) else {
+            return;
+        };
+        let settled = self
+            .settle_held_orphans(id)
+            .and_then(|()| self.reclaim_unheld_orphans());
+        if let Err(err) = settled {
+            tracing::warn!(%err, "orphans not settled at exit; the next mount reclaims them");
+        }
+    }
+
+    /// Reclaims orphans no session holds: batches of
+    /// [`UNHELD_RECLAIM_COUNT_MAX`], one transaction each, at most
+    /// [`UNHELD_RECLAIM_BATCHES_MAX`] of them.
     pub(super) fn reclaim_unheld_orphans(&self) -> Result<()> {
-        let unheld = self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)?;
-        self.release_orphans(None, &unheld)
+        self.reclaim_unheld_batches(UNHELD_RECLAIM_BATCHES_MAX)
+    }
+
+    /// [`BatonFs::reclaim_unheld_orphans`], at most `batches_max`
+    /// transactions.
+    pub(super) fn reclaim_unheld_batches(&self, batches_max: u32) -> Result<()> {
+        let started = Instant::now();
+        let mut reclaimed_count = 0usize;
+        for _ in 0..batches_max {
+            let unheld = self.meta.unheld_orphans(UNHELD_RECLAIM_COUNT_MAX)?;
+            self.release_orphans(None, &unheld)?;
+            reclaimed_count += unheld.len();
+            if unheld.len() < UNHELD_RECLAIM_COUNT_MAX as usize {
+                break;
+            }
+        }
+        if reclaimed_count > 0 {
+            tracing::info!(
+                orphans = reclaimed_count,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "orphans no mount holds reclaimed"
+            );
+        }
+        Ok(())
+    }
+
+    /// FORGET of `ino`: with an inherited table, an orphan kept because
+    /// the kernel had its inode is settled again (the kernel evicts an
+    /// unlinked inode, and FORGETs it, once its last file is closed).
+    pub(super) fn forgotten(&self, ino: u64) {
+        if !self.handles.inherited() {
+            return;
+        }
+        if !super::lock(&self.kernel_held_orphans).remove(&ino) {
+            return;
+        }
+        if let Err(err) = self.orphaned(ino) {
+            tracing::warn!(nodeid = ino, %err, "forgotten orphan not settled; the session tick retries");
+        }
     }
 
     /// `ino` lost its last name here (UNLINK, RMDIR, RENAME over it). With
@@ -182,9 +253,8 @@ impl BatonFs {
     /// request is answered after one transaction instead of two; else now.
     ///
     /// A crash before the thread ran leaves the hold to the next
-    /// generation: after a planned handover its session tick settles it,
-    /// after a crash (inherited handles) it is kept until the mount ends,
-    /// like an orphan that was open.
+    /// generation, whose session tick settles it (after a crash, once the
+    /// kernel has no inode for it).
     pub(super) fn orphaned(&self, ino: u64) -> Result<()> {
         // Queued under the thread's lock, so that nothing is queued after
         // the thread's last drain (`SessionTimer::stop`).
@@ -254,8 +324,8 @@ impl BatonFs {
     }
 
     /// `ino` may be an orphan this session holds: keeps the hold while a
-    /// handle here has it open (or the table is inherited), else lets go,
-    /// reclaiming it if nobody else holds it.
+    /// handle here has it open (or, the table inherited, the kernel has its
+    /// inode), else lets go, reclaiming it if nobody else holds it.
     pub(super) fn settle_orphan(&self, ino: u64) -> Result<()> {
         self.settle_orphans(&[ino])
     }
@@ -273,13 +343,30 @@ impl BatonFs {
                 .copied()
                 .filter(|&ino| !self.handles.mark_orphan(ino))
                 .collect();
-            if self.handles.inherited() {
-                return Ok(());
-            }
-            self.release_locked(Some(self.session_id()), &unopened, &mut doomed)
+            let unheld = if self.handles.inherited() {
+                self.unheld_by_kernel(unopened)
+            } else {
+                unopened
+            };
+            self.release_locked(Some(self.session_id()), &unheld, &mut doomed)
         };
         self.delete_objects(doomed.iter().map(String::as_str));
         released
+    }
+
+    /// Those of `inos` the kernel has no inode for (an inherited table may
+    /// miss its handles); the others are remembered, for their FORGET.
+    /// The caller holds their stripes: an OPEN of one registers its handle
+    /// first, and the kernel holds the inode while the OPEN runs.
+    fn unheld_by_kernel(&self, inos: Vec<u64>) -> Vec<u64> {
+        let (held, unheld): (Vec<u64>, Vec<u64>) =
+            inos.into_iter().partition(|&ino| self.kernel_may_hold(ino));
+        let mut kept = super::lock(&self.kernel_held_orphans);
+        for ino in &unheld {
+            kept.remove(ino);
+        }
+        kept.extend(held);
+        unheld
     }
 
     /// The stripe mutexes of all of `inos`, taken in ascending stripe
