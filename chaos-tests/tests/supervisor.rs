@@ -3561,9 +3561,9 @@ fn a_mounts_totals_survive_a_supervisor_kill_9_and_a_supervisor_upgrade() {
 }
 
 /// `fsctl up` as README's first command runs it, in a temp dir: formats the
-/// volume, starts fs-supervisor, mounts; run again it says the volume is
-/// already mounted and succeeds; another volume at the same place is
-/// refused. Its hints are commands that work as printed.
+/// volume, starts fs-supervisor (with metrics), mounts; run again it says
+/// the volume is already mounted and succeeds; another volume at the same
+/// place is refused. Its hints are commands that work as printed.
 #[test]
 fn fsctl_up_mounts_once_and_again_is_a_no_op() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -3571,14 +3571,20 @@ fn fsctl_up_mounts_once_and_again_is_a_no_op() {
     let mnt = dir.path().join("mnt");
     let socket = dir.path().join("supervisor.sock");
     let state = dir.path().join("state");
-    let up = |volume: &str| {
+    // A port free a moment ago, for the metrics `up` turns on.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let up_with = |volume: &str, extra: &[&str]| {
         Command::new(binary("fsctl"))
             .args(["up", volume, s(&mnt), "--base-dir", s(&base)])
             .args(["--state-dir", s(&state), "--socket", s(&socket)])
+            .args(extra)
             .output()
             .expect("fsctl up")
     };
-    let first = up("vol");
+    let up = |volume: &str| up_with(volume, &[]);
+    let first = up_with("vol", &["--metrics-listen", &metrics.to_string()]);
     let _guard = MountGuard::new(&mnt);
     // Stops the supervisor `up` started, whatever happens below.
     struct StopSupervisor<'a>(&'a Path);
@@ -3618,6 +3624,22 @@ fn fsctl_up_mounts_once_and_again_is_a_no_op() {
     );
     let (ok, out, err) = App::sh(&mnt, &format!("echo up > {0}/f && cat {0}/f", s(&mnt))).finish();
     assert!(ok && out == "up\n", "{out}{err}");
+    assert!(
+        said.contains(&format!("  metrics: http://{metrics}/metrics")),
+        "{said}"
+    );
+    let readyz = {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(metrics).expect("connect to the metrics");
+        write!(stream, "GET /readyz HTTP/1.0\r\n\r\n").expect("request");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("response");
+        answer
+    };
+    assert!(
+        readyz.starts_with("HTTP/1.0 200") || readyz.starts_with("HTTP/1.1 200"),
+        "{readyz}"
+    );
 
     let again = up("vol");
     let said = String::from_utf8_lossy(&again.stdout).into_owned();

@@ -107,6 +107,11 @@ enum Command {
         /// answers on the socket yet).
         #[arg(long, default_value = DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// Have the fs-supervisor `up` starts serve Prometheus metrics
+        /// (/metrics), a live status page (/), /healthz and /readyz on
+        /// this address, e.g. 127.0.0.1:9464.
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics_listen: Option<std::net::SocketAddr>,
         #[command(flatten)]
         socket: SocketArg,
     },
@@ -387,8 +392,18 @@ fn run() -> anyhow::Result<ExitCode> {
             mountpoint,
             base_dir,
             state_dir,
+            metrics_listen,
             socket,
-        } => up(&name, &mountpoint, base_dir, &state_dir, &socket.socket),
+        } => up(
+            &name,
+            &mountpoint,
+            base_dir,
+            &Supervised {
+                state_dir: &state_dir,
+                socket: &socket.socket,
+                metrics_listen,
+            },
+        ),
         Command::Fsck {
             volume,
             base_dir,
@@ -961,16 +976,29 @@ fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
 /// The main job on the embedded default: formats the volume on first use,
 /// starts `fs-supervisor` in the background if none answers on `socket`, and
 /// mounts the volume through it.
+/// The fs-supervisor `up` mounts through (started if none answers on
+/// `socket`).
+struct Supervised<'a> {
+    state_dir: &'a Path,
+    socket: &'a Path,
+    metrics_listen: Option<std::net::SocketAddr>,
+}
+
 fn up(
     name: &str,
     mountpoint: &std::path::Path,
     base_dir: PathBuf,
-    state_dir: &Path,
-    socket: &std::path::Path,
+    supervised: &Supervised<'_>,
 ) -> anyhow::Result<ExitCode> {
+    let socket = supervised.socket;
     let paths = VolumePaths::named(name, &base_dir)?;
     create_mountpoint(mountpoint)?;
-    ensure_supervisor(socket, state_dir)?;
+    let started = ensure_supervisor(supervised)?;
+    if let (false, Some(addr)) = (started, supervised.metrics_listen) {
+        eprintln!(
+            "fsctl: note: fs-supervisor was already running, so --metrics-listen {addr} is not applied: it takes effect when `up` starts fs-supervisor (or start it yourself with `fs-supervisor --metrics-listen {addr}`)"
+        );
+    }
     let mountpoint_abs = absolute(mountpoint)?;
     // `up` is idempotent: the same volume already mounted there is success.
     if let Reply::Status { report } = call(socket, &Request::Status)? {
@@ -993,7 +1021,11 @@ fn up(
                 m.generation,
                 m.state
             );
-            print_up_hints(mountpoint, socket);
+            print_up_hints(
+                mountpoint,
+                socket,
+                started.then_some(supervised.metrics_listen).flatten(),
+            );
             return Ok(ExitCode::SUCCESS);
         }
     }
@@ -1014,13 +1046,17 @@ fn up(
         mountpoint.display(),
         socket.display()
     );
-    print_up_hints(mountpoint, socket);
+    print_up_hints(
+        mountpoint,
+        socket,
+        started.then_some(supervised.metrics_listen).flatten(),
+    );
     Ok(code)
 }
 
 /// What to do next with a mount `up` made: commands that work as printed
 /// (this fsctl's own path; `--socket` only when it is not the default).
-fn print_up_hints(mountpoint: &Path, socket: &Path) {
+fn print_up_hints(mountpoint: &Path, socket: &Path, metrics: Option<std::net::SocketAddr>) {
     let fsctl = std::env::current_exe()
         .ok()
         .and_then(|exe| {
@@ -1043,6 +1079,9 @@ fn print_up_hints(mountpoint: &Path, socket: &Path) {
     println!("  upgrade: {fsctl} upgrade {m} --binary {fsclient}{socket_arg}");
     println!("  crash:   kill -9 the pid in status; the next generation takes over");
     println!("  stop:    {fsctl} umount {m}{socket_arg}");
+    if let Some(addr) = metrics {
+        println!("  metrics: http://{addr}/metrics (live status page: http://{addr}/)");
+    }
 }
 
 /// The first `name` in a directory of `$PATH`.
@@ -1060,10 +1099,12 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Starts `fs-supervisor` (next to this executable) in its own process
-/// group, logging to its state directory, unless one answers on `socket`.
-fn ensure_supervisor(socket: &Path, state_dir: &Path) -> anyhow::Result<()> {
+/// group, logging to its state directory, unless one answers on `socket`;
+/// returns whether it started one.
+fn ensure_supervisor(supervised: &Supervised<'_>) -> anyhow::Result<bool> {
+    let (socket, state_dir) = (supervised.socket, supervised.state_dir);
     if upgrade_protocol::connect_seqpacket(socket).is_ok() {
-        return Ok(());
+        return Ok(false);
     }
     let binary = std::env::current_exe()?.with_file_name("fs-supervisor");
     std::fs::create_dir_all(state_dir)
@@ -1079,6 +1120,11 @@ fn ensure_supervisor(socket: &Path, state_dir: &Path) -> anyhow::Result<()> {
         .arg(socket)
         .arg("--state-dir")
         .arg(state_dir)
+        .args(
+            supervised
+                .metrics_listen
+                .map(|addr| format!("--metrics-listen={addr}")),
+        )
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -1111,7 +1157,7 @@ fn ensure_supervisor(socket: &Path, state_dir: &Path) -> anyhow::Result<()> {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     println!("started fs-supervisor (log: {})", log_path.display());
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
