@@ -316,8 +316,10 @@ fn parse_block_size(text: &str) -> Result<u32, String> {
 fn main() -> ExitCode {
     baton_volume::private_fs::set_private_umask();
     tracing_subscriber::fmt()
+        // A command's result is what it prints; its logs only from
+        // warnings up unless RUST_LOG asks for more.
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         // Colour only on a terminal, never in a log file or a pipe.

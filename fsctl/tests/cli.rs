@@ -40,6 +40,15 @@ fn a_formatted_volume_checks_consistent_and_a_second_format_leaves_it_alone() {
         "{}",
         text(&out.stdout)
     );
+    // A command's result is its output; logs below warnings only when
+    // asked for.
+    assert_eq!(text(&out.stderr), "", "an info log by default");
+    let out = Command::new(env!("CARGO_BIN_EXE_fsctl"))
+        .args(["format", "vol0", "--base-dir", base_dir])
+        .env_remove("NO_COLOR")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
     // Its log line goes to a pipe here: no colour codes in it.
     let log = text(&out.stderr);
     assert!(
