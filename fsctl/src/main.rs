@@ -331,10 +331,22 @@ fn main() -> ExitCode {
             eprintln!("fsctl: {}", upgrade_protocol::error_chain(err.as_ref()));
             let code = err
                 .chain()
-                .find_map(|cause| match cause.downcast_ref::<ProtocolError>()? {
-                    ProtocolError::Unreachable { .. } | ProtocolError::NoAnswer { .. } => Some(3),
-                    ProtocolError::NotAllowed { .. } => Some(4),
-                    _ => None,
+                .find_map(|cause| {
+                    // A volume named wrongly is bad usage (exit 2).
+                    if let Some(
+                        baton_volume::VolumeError::InvalidName { .. }
+                        | baton_volume::VolumeError::BadVolume(_),
+                    ) = cause.downcast_ref()
+                    {
+                        return Some(2);
+                    }
+                    match cause.downcast_ref::<ProtocolError>()? {
+                        ProtocolError::Unreachable { .. } | ProtocolError::NoAnswer { .. } => {
+                            Some(3)
+                        }
+                        ProtocolError::NotAllowed { .. } => Some(4),
+                        _ => None,
+                    }
                 })
                 .unwrap_or(1);
             ExitCode::from(code)

@@ -99,7 +99,7 @@ fn a_bad_volume_name_is_refused_with_the_rule_and_creates_nothing() {
     for name in ["bad/name", "..", ".hidden", ""] {
         let out = fsctl(&["format", name, "--base-dir", s(base.path())]);
         let err = text(&out.stderr);
-        assert!(!out.status.success(), "{name:?} was accepted");
+        assert_eq!(out.status.code(), Some(2), "{name:?}: bad usage: {err}");
         assert!(err.contains("volume name"), "{name:?}: {err}");
     }
     assert_eq!(
