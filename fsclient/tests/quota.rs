@@ -61,7 +61,16 @@ fn bytes_limit_refuses_the_first_byte_past_it_and_keeps_what_fits() {
     assert_eq!(errno_of(f.write_all_at(&block, MIB)), libc::EDQUOT);
     f.sync_all().unwrap();
     assert_eq!(errno_of(f.set_len(MIB + 1)), libc::EDQUOT);
-    assert_eq!(errno_of(nix_fallocate(&f, MIB + 4096)), libc::EDQUOT);
+    assert_eq!(errno_of(nix_fallocate(&f, 0, 0, MIB + 4096)), libc::EDQUOT);
+    // ZERO_RANGE grows like mode 0; with KEEP_SIZE it adds nothing.
+    let zero = libc::FALLOC_FL_ZERO_RANGE;
+    assert_eq!(
+        errno_of(nix_fallocate(&f, zero, MIB - 4096, 8192)),
+        libc::EDQUOT
+    );
+    let keep = zero | libc::FALLOC_FL_KEEP_SIZE;
+    nix_fallocate(&f, keep, MIB - 4096, 8192).unwrap();
+    f.write_all_at(&block, MIB - 4096).unwrap();
     drop(f);
     assert_eq!(fs::metadata(q.join("a")).unwrap().len(), MIB);
     assert_eq!(usage(&vol, &q).bytes, MIB);
@@ -101,10 +110,17 @@ fn bytes_limit_refuses_the_first_byte_past_it_and_keeps_what_fits() {
     m.stop();
 }
 
-fn nix_fallocate(f: &fs::File, len: u64) -> std::io::Result<()> {
+fn nix_fallocate(f: &fs::File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: a valid fd; plain syscall.
-    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, len as libc::off_t) };
+    let rc = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
 use baton_blocks::{BlocksError, ObjectKey, FILE_SIZE_BYTES_MAX};
-use baton_meta::limits::BLOCKS_QUERY_COUNT_MAX;
+use baton_meta::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX};
 use baton_meta::{CreateArgs, FileKind, MetaError, Recorded};
 use bytes::Bytes;
 use fuse_wire::{
@@ -35,6 +35,11 @@ pub const READ_ATTEMPTS_MAX: u32 = 3;
 const SEEK_DATA: u32 = 3;
 /// `SEEK_HOLE`.
 const SEEK_HOLE: u32 = 4;
+/// Partial blocks a punch rewrites with zeros: the one at each edge.
+pub const PUNCH_EDGE_BLOCK_COUNT_MAX: usize = 2;
+/// Block rows one commit of a punch removes: with the edges, a commit
+/// stays within `COMMIT_BLOCKS_ROWS_MAX`.
+pub const PUNCH_CHUNK_ROWS_MAX: usize = COMMIT_BLOCKS_ROWS_MAX - PUNCH_EDGE_BLOCK_COUNT_MAX;
 
 /// A cursor over the block-map rows of one file, fetched a page at a time.
 pub(super) struct Rows<'a> {
@@ -445,6 +450,24 @@ impl BatonFs {
         Ok(data.len() as u32)
     }
 
+    /// FALLOCATE. Baton reserves no space: objects are written when data
+    /// is, so mode 0 and KEEP_SIZE promise nothing about later writes (a
+    /// write can still fail with ENOSPC or EDQUOT). Per mode:
+    /// - 0: the size grows to `offset + length` if that is larger
+    ///   (quota-checked); the new bytes are a hole.
+    /// - KEEP_SIZE: nothing to do (no blocks to preallocate), past the
+    ///   size included.
+    /// - PUNCH_HOLE | KEEP_SIZE: `punch_locked`.
+    /// - ZERO_RANGE (| KEEP_SIZE): the range within the size is punched, so
+    ///   it reads as zeros; without KEEP_SIZE the size then grows as for 0.
+    /// - COLLAPSE_RANGE, INSERT_RANGE: EOPNOTSUPP, deliberately. The block
+    ///   map is keyed by block index, so shifting the data after the range
+    ///   rewrites every later row (and, for an offset that is not a
+    ///   multiple of the block size, every later block): a rewrite of the
+    ///   file, not a cheap map edit. Linux's FUSE does not forward them
+    ///   anyway (it answers EOPNOTSUPP itself); this arm is for a kernel
+    ///   that would. Anything else (UNSHARE_RANGE, WRITE_ZEROES, unknown
+    ///   bits, PUNCH_HOLE without KEEP_SIZE) is EOPNOTSUPP too.
     pub(super) fn do_fallocate(&self, ino: u64, arg: &FallocateIn) -> Result<()> {
         let end = arg
             .offset
@@ -453,21 +476,23 @@ impl BatonFs {
             .ok_or_else(|| {
                 Error::refused(ino, "fallocate past the largest file size", Errno::EFBIG)
             })?;
-        // fallocate(2) takes PUNCH_HOLE only together with KEEP_SIZE.
-        const PUNCH_HOLE_KEEP_SIZE: FallocateFlags =
-            FallocateFlags::PUNCH_HOLE.union(FallocateFlags::KEEP_SIZE);
-        match arg.mode {
+        let keep_size = arg.mode.contains(FallocateFlags::KEEP_SIZE);
+        match arg.mode.difference(FallocateFlags::KEEP_SIZE) {
+            mode if mode.is_empty() && keep_size => Ok(()),
             mode if mode.is_empty() => {
-                let size = self.logical_size(ino)?;
-                if end > size {
+                if end > self.logical_size(ino)? {
                     self.check_quota_growth(ino, end)?;
                     let _guard = self.staging_lock(ino, "fallocate")?;
-                    self.staging.set_size(ino, end)?;
-                    self.invalidate(ino);
+                    self.grow_locked(ino, end)?;
                 }
                 Ok(())
             }
-            PUNCH_HOLE_KEEP_SIZE => self.punch_hole(ino, arg.offset, end),
+            // fallocate(2) takes PUNCH_HOLE only together with KEEP_SIZE.
+            FallocateFlags::PUNCH_HOLE if keep_size => {
+                let _guard = self.staging_lock(ino, "punch hole")?;
+                self.punch_locked(ino, arg.offset, end)
+            }
+            FallocateFlags::ZERO_RANGE => self.zero_range(ino, arg.offset, end, keep_size),
             _ => Err(Error::refused(
                 ino,
                 "unsupported fallocate mode",
@@ -476,11 +501,43 @@ impl BatonFs {
         }
     }
 
-    /// Zeroes `offset..end` within the file: whole blocks lose their rows,
-    /// the partial blocks at the edges are rewritten with zeros, all in one
-    /// commit.
-    fn punch_hole(&self, ino: u64, offset: u64, end: u64) -> Result<()> {
-        let _guard = self.staging_lock(ino, "punch hole")?;
+    /// ZERO_RANGE: `offset..end` reads as zeros afterwards (punched within
+    /// the size); without `keep_size` the file then grows to `end` if that
+    /// is larger, quota-checked first as for mode 0.
+    fn zero_range(&self, ino: u64, offset: u64, end: u64, keep_size: bool) -> Result<()> {
+        let grow = !keep_size && end > self.logical_size(ino)?;
+        if grow {
+            self.check_quota_growth(ino, end)?;
+        }
+        let _guard = self.staging_lock(ino, "zero range")?;
+        self.punch_locked(ino, offset, end)?;
+        if grow {
+            self.grow_locked(ino, end)?;
+        }
+        Ok(())
+    }
+
+    /// Stages size `end` if it is larger than the size readers see; the
+    /// caller holds the inode lock and checked the quota.
+    fn grow_locked(&self, ino: u64, end: u64) -> Result<()> {
+        if end > self.logical_size(ino)? {
+            self.staging.set_size(ino, end)?;
+            self.invalidate(ino);
+        }
+        Ok(())
+    }
+
+    /// Zeroes `offset..end` within the file; the caller holds the inode
+    /// lock. Whole blocks lose their rows, the partial blocks at the edges
+    /// are rewritten with zeros. Up to [`PUNCH_CHUNK_ROWS_MAX`] rows this is
+    /// one commit. A longer punch first commits chunks of that many rows
+    /// (front to back), then the last chunk with the edges: a commit takes
+    /// at most `COMMIT_BLOCKS_ROWS_MAX` rows. Each commit is a valid state
+    /// and punching is idempotent, so a crash between two leaves the range
+    /// partly punched (zeros where punched, the old data elsewhere): the
+    /// call was not answered, and the kernel resends it to the next
+    /// generation, which punches the rest.
+    fn punch_locked(&self, ino: u64, offset: u64, end: u64) -> Result<()> {
         self.flush_locked(ino, &[])?;
         let attr = self.meta.getattr(ino)?;
         let end = end.min(attr.size);
@@ -491,13 +548,36 @@ impl BatonFs {
         let first_full = offset.div_ceil(bs);
         let end_full = end / bs;
         let mut punched = Vec::new();
+        let mut commits = 1u64;
         let mut rows = Rows::new(self, ino);
         let mut index = first_full;
         while let Some((found, _)) = rows.next_from(index, end_full)? {
+            if punched.len() == PUNCH_CHUNK_ROWS_MAX {
+                // Nothing of this file is staged (flushed above, edges not
+                // yet written): the commit is this chunk alone. The cursor
+                // stays right: the rows it has yet to return are past it.
+                self.flush_locked(ino, &punched)?;
+                punched.clear();
+                commits += 1;
+            }
             punched.push(found);
             index = found + 1;
         }
-        let zero_edge = |lo: u64, hi: u64| -> Result<()> {
+        self.zero_edges(ino, offset, end, (first_full, end_full))?;
+        self.flush_locked(ino, &punched)?;
+        if commits > 1 {
+            tracing::debug!(nodeid = ino, offset, end, commits, "hole punched in chunks");
+        }
+        Ok(())
+    }
+
+    /// Stages zeros over the partial blocks at the edges of `offset..end`
+    /// (at most [`PUNCH_EDGE_BLOCK_COUNT_MAX`]); `full`: the whole blocks
+    /// inside it, as a range of block indices.
+    fn zero_edges(&self, ino: u64, offset: u64, end: u64, full: (u64, u64)) -> Result<()> {
+        let bs = self.block_size;
+        let (first_full, end_full) = full;
+        let zero = |lo: u64, hi: u64| -> Result<()> {
             if lo < hi {
                 let zeros = vec![0u8; (hi - lo) as usize];
                 self.staging
@@ -506,12 +586,11 @@ impl BatonFs {
             Ok(())
         };
         if first_full > end_full {
-            zero_edge(offset, end)?;
+            zero(offset, end)
         } else {
-            zero_edge(offset, (first_full * bs).min(end))?;
-            zero_edge((end_full * bs).max(offset), end)?;
+            zero(offset, (first_full * bs).min(end))?;
+            zero((end_full * bs).max(offset), end)
         }
-        self.flush_locked(ino, &punched)
     }
 
     /// EDQUOT if making the file `end` bytes long would take a quota that

@@ -1,0 +1,275 @@
+//! fallocate(2) on a mounted Baton volume, every mode: punching holes over
+//! more block rows than one commit takes, KEEP_SIZE alone, ZERO_RANGE with
+//! and without KEEP_SIZE, and util-linux `fallocate` run step by step on
+//! the mount and on a local filesystem with the results compared.
+//! COLLAPSE_RANGE and INSERT_RANGE are EOPNOTSUPP on Baton (README, POSIX
+//! gaps). Each test mounts its own volume with the real `fsclient` binary.
+//! Needs root and /dev/fuse.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::process::Command;
+
+use baton_blocks::ObjectKey;
+use baton_meta::limits::COMMIT_BLOCKS_ROWS_MAX;
+use baton_meta::{BlockRef, CommitBlocks};
+use common::*;
+
+const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
+const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+
+fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open fd.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
+fn read_all(f: &File) -> Vec<u8> {
+    let mut back = vec![0u8; f.metadata().unwrap().len() as usize];
+    f.read_exact_at(&mut back, 0).unwrap();
+    back
+}
+
+/// Asserts `back` is `want` with `lo..hi` zeroed (bounded by both lengths).
+fn assert_zeroed(back: &[u8], want: &[u8], lo: usize, hi: usize) {
+    assert_eq!(back.len(), want.len(), "size");
+    let hi = hi.min(want.len());
+    assert!(back[..lo] == want[..lo], "data before the range changed");
+    assert!(
+        back[lo..hi].iter().all(|b| *b == 0),
+        "the range does not read as zeros"
+    );
+    assert!(back[hi..] == want[hi..], "data after the range changed");
+}
+
+/// Adds rows `indices` to the block map of `ino` with the volume unmounted,
+/// a commit per `COMMIT_BLOCKS_ROWS_MAX`, naming objects that were never
+/// stored (`key` gives the volume's key layout). Writing 65,536 blocks
+/// through the mount takes minutes in a debug build; these rows are only
+/// ever punched, never read.
+fn add_unstored_rows(vol: &Volume, ino: u64, indices: std::ops::Range<u64>, len: u32) {
+    let meta = baton_meta::open(s(&vol.meta_path())).unwrap();
+    let first = meta.blocks(ino, 0, 1).unwrap();
+    let layout = ObjectKey::parse(&first[0].object_key).unwrap().layout();
+    let indices: Vec<u64> = indices.collect();
+    for chunk in indices.chunks(COMMIT_BLOCKS_ROWS_MAX) {
+        let commit = CommitBlocks {
+            new_size: None,
+            mtime: None,
+            ctime: None,
+            blocks: chunk
+                .iter()
+                .map(|i| BlockRef {
+                    index: *i,
+                    object_key: ObjectKey::generate(ino, *i, layout).to_string(),
+                    len,
+                })
+                .collect(),
+            punched: Vec::new(),
+        };
+        meta.commit_blocks(ino, &commit, None).unwrap();
+    }
+}
+
+#[test]
+fn punch_hole_over_more_rows_than_one_commit_takes() {
+    // 512-byte blocks; real data in the edge blocks of the punch and
+    // around it, unstored rows between.
+    let bs = 512usize;
+    let vol = Volume::with_block_size(bs as u32);
+    let blocks = COMMIT_BLOCKS_ROWS_MAX + 200;
+    let (head, tail) = (101, blocks - 51);
+    let data = pattern(blocks * bs, 9);
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let f = open_rw(&m.p("big"));
+    f.write_all_at(&data[..head * bs], 0).unwrap();
+    f.write_all_at(&data[tail * bs..], (tail * bs) as u64)
+        .unwrap();
+    f.sync_all().unwrap();
+    let ino = f.metadata().unwrap().ino();
+    drop(f);
+    m.stop();
+    add_unstored_rows(&vol, ino, head as u64..tail as u64, bs as u32);
+
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let f = open_rw(&m.p("big"));
+    let before = f.metadata().unwrap().blocks();
+    // Partial edges, and more whole rows than a commit takes between them.
+    let (lo, hi) = ((head - 1) * bs + 7, (tail + 1) * bs + 300);
+    assert!((hi / bs - lo.div_ceil(bs)) > COMMIT_BLOCKS_ROWS_MAX);
+    fallocate(&f, PUNCH, lo as u64, (hi - lo) as u64).unwrap();
+    let meta = f.metadata().unwrap();
+    assert_eq!(meta.len(), data.len() as u64, "a punch keeps the size");
+    assert!(meta.blocks() < before / 10, "the punched rows are freed");
+    assert_zeroed(&read_all(&f), &data, lo, hi);
+    drop(f);
+    m.stop();
+    // Committed: a new mount reads the same.
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let f = open_rw(&m.p("big"));
+    assert_zeroed(&read_all(&f), &data, lo, hi);
+    drop(f);
+    m.stop();
+}
+
+#[test]
+fn keep_size_alone_succeeds_and_changes_nothing() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let data = pattern(100_000, 3);
+    let f = open_rw(&m.p("k"));
+    f.write_all_at(&data, 0).unwrap();
+    fallocate(&f, KEEP_SIZE, 0, 10).unwrap();
+    fallocate(&f, KEEP_SIZE, 50_000, 1 << 20).unwrap();
+    fallocate(&f, KEEP_SIZE, 1 << 30, 1 << 20).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), data.len() as u64);
+    assert_eq!(read_all(&f), data);
+    assert_eq!(
+        fallocate(&f, KEEP_SIZE, i64::MAX as u64 - 10, 100),
+        Err(libc::EFBIG)
+    );
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.p("k")).unwrap(), data);
+    m.stop();
+}
+
+#[test]
+fn zero_range_reads_zeros_and_grows_only_without_keep_size() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let bs = BLOCK_SIZE as usize;
+    let mut want = pattern(4 * bs + 1000, 4);
+    let f = open_rw(&m.p("z"));
+    f.write_all_at(&want, 0).unwrap();
+    f.sync_all().unwrap();
+    // Within one block, then over whole blocks with partial edges; staged
+    // (unsynced) data in the range is zeroed too.
+    fallocate(&f, ZERO, 10, 20).unwrap();
+    assert_zeroed(&read_all(&f), &want, 10, 30);
+    want[10..30].fill(0);
+    f.write_all_at(&pattern(bs, 5), bs as u64).unwrap();
+    want[bs..2 * bs].copy_from_slice(&pattern(bs, 5));
+    fallocate(&f, ZERO | KEEP_SIZE, 1000, 3 * bs as u64).unwrap();
+    assert_zeroed(&read_all(&f), &want, 1000, 1000 + 3 * bs);
+    want[1000..1000 + 3 * bs].fill(0);
+    // Past the size with KEEP_SIZE: zeros to the end, the size stays.
+    fallocate(&f, ZERO | KEEP_SIZE, 4 * bs as u64, 1 << 20).unwrap();
+    assert_zeroed(&read_all(&f), &want, 4 * bs, usize::MAX);
+    want[4 * bs..].fill(0);
+    // Past the size without: the file grows to the range's end.
+    let end = 5 * bs + 77;
+    fallocate(&f, ZERO, 3 * bs as u64 + 5, (end - 3 * bs - 5) as u64).unwrap();
+    want.resize(end, 0);
+    want[3 * bs + 5..].fill(0);
+    assert_eq!(f.metadata().unwrap().len(), end as u64);
+    assert_eq!(read_all(&f), want);
+    // A range inside the size never shrinks it.
+    fallocate(&f, ZERO, 0, 10).unwrap();
+    want[..10].fill(0);
+    assert_eq!(read_all(&f), want);
+    f.sync_all().unwrap();
+    drop(f);
+    m.stop();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    assert_eq!(fs::read(m.p("z")).unwrap(), want);
+    m.stop();
+}
+
+/// Runs `fallocate ARGS FILE` in `dir`: Ok, or Err(stderr).
+fn fallocate_cli(dir: &Path, args: &[&str]) -> Result<(), String> {
+    let out = Command::new("fallocate")
+        .args(args)
+        .arg("f")
+        .current_dir(dir)
+        .output()
+        .expect("util-linux fallocate");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+#[test]
+fn fallocate_cli_matches_a_local_filesystem() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // The reference: the temp dir's own filesystem (ext4 or xfs, which
+    // take every mode; tmpfs would refuse ZERO_RANGE and COLLAPSE_RANGE).
+    let reference = vol.path("ref");
+    fs::create_dir(&reference).unwrap();
+    let data = pattern(300_000, 6);
+    for dir in [&reference, &m.mnt] {
+        fs::write(dir.join("f"), &data).unwrap();
+    }
+    let steps: &[&[&str]] = &[
+        &["-l", "400000"],
+        &["-n", "-o", "350000", "-l", "200000"],
+        &["-p", "-o", "10000", "-l", "150000"],
+        &["-z", "-o", "200000", "-l", "100000"],
+        &["-z", "-n", "-o", "380000", "-l", "100000"],
+        &["-z", "-o", "390000", "-l", "100000"],
+        &["-o", "0", "-l", "100"],
+        &["-n", "-o", "0", "-l", "1000000"],
+        &["-p", "-o", "0", "-l", "1000000"],
+        &["-o", "1000", "-l", "600000"],
+    ];
+    for step in steps {
+        let local = fallocate_cli(&reference, step);
+        assert_eq!(local, Ok(()), "reference fallocate {step:?}");
+        assert_eq!(fallocate_cli(&m.mnt, step), Ok(()), "fallocate {step:?}");
+        let (want, got) = (reference.join("f"), m.p("f"));
+        let size = fs::metadata(&want).unwrap().len();
+        assert_eq!(
+            fs::metadata(&got).unwrap().len(),
+            size,
+            "size after {step:?}"
+        );
+        assert!(
+            fs::read(&want).unwrap() == fs::read(&got).unwrap(),
+            "contents differ after {step:?}"
+        );
+    }
+    // Documented gaps: the reference shifts the data, Baton refuses and
+    // leaves the file as it was.
+    let before = fs::read(m.p("f")).unwrap();
+    for step in [
+        &["-c", "-o", "65536", "-l", "65536"],
+        &["-i", "-o", "65536", "-l", "65536"],
+    ] {
+        assert_eq!(
+            fallocate_cli(&reference, step),
+            Ok(()),
+            "reference {step:?}"
+        );
+        let err = fallocate_cli(&m.mnt, step).expect_err("Baton refuses it");
+        assert!(err.contains("Operation not supported"), "{step:?}: {err}");
+        assert!(
+            fs::read(m.p("f")).unwrap() == before,
+            "{step:?} changed the file"
+        );
+    }
+    m.stop();
+}
