@@ -216,10 +216,11 @@ fn fallocate_cli(dir: &Path, args: &[&str]) -> Result<(), String> {
 fn fallocate_cli_matches_a_local_filesystem() {
     let vol = Volume::new();
     let m = vol.mount(&vol.mountpoint("mnt"));
-    // The reference: the temp dir's own filesystem (ext4 or xfs, which
-    // take every mode; tmpfs would refuse ZERO_RANGE and COLLAPSE_RANGE).
-    let reference = vol.path("ref");
-    fs::create_dir(&reference).unwrap();
+    // The reference: a directory under cargo's target dir, on the
+    // project's disk (ext4 or xfs, which take every mode; a /tmp on tmpfs
+    // would refuse ZERO_RANGE and COLLAPSE_RANGE).
+    let reference_dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let reference = reference_dir.path().to_path_buf();
     let data = pattern(300_000, 6);
     for dir in [&reference, &m.mnt] {
         fs::write(dir.join("f"), &data).unwrap();
