@@ -131,20 +131,6 @@ impl Handles {
         self.lock().open_count.get(&ino).copied().unwrap_or(0)
     }
 
-    /// Whether a handle open for writing on `ino` may exist: one in this
-    /// table, or any when the table is inherited (under the writeback
-    /// cache, the kernel may then hold dirty pages of `ino`).
-    pub fn may_be_open_for_writing(&self, ino: u64) -> bool {
-        let inner = self.lock();
-        if !inner.open_count.contains_key(&ino) && !self.inherited() {
-            return false;
-        }
-        self.inherited()
-            || inner.handles.values().any(|h| {
-                h.ino == ino && !h.dir && h.flags & libc::O_ACCMODE as u32 != libc::O_RDONLY as u32
-            })
-    }
-
     /// Whether the kernel may hold handles this table never saw (an
     /// earlier generation's, lost in a crash).
     pub fn inherited(&self) -> bool {

@@ -408,38 +408,6 @@ fn seek_data_and_seek_hole_follow_the_block_map() {
 }
 
 #[test]
-fn seek_data_and_seek_hole_see_pages_the_kernel_has_not_written_back() {
-    // Under the writeback cache a write() leaves a dirty page in the
-    // kernel; LSEEK must count it as data before any flush or close (it
-    // answered ENXIO: "no data" in a file with data).
-    let vol = Volume::new();
-    let m = vol.mount(&vol.mountpoint("mnt"));
-    let bs = u64::from(BLOCK_SIZE);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(m.p("dirty"))
-        .unwrap();
-    f.write_all_at(b"far", 10 * bs + 100).unwrap();
-    f.write_all_at(b"near", 2 * bs + 100).unwrap();
-    assert_eq!(lseek(&f, 0, libc::SEEK_DATA), Ok(2 * bs));
-    let hole = lseek(&f, 2 * bs, libc::SEEK_HOLE).unwrap();
-    assert!(
-        (2 * bs + 104..=10 * bs + 100).contains(&hole),
-        "hole at {hole}"
-    );
-    assert_eq!(lseek(&f, 3 * bs, libc::SEEK_DATA), Ok(10 * bs));
-    assert_eq!(lseek(&f, 10 * bs, libc::SEEK_HOLE), Ok(10 * bs + 103));
-    // Another open, read-only, sees the same.
-    let r = File::open(m.p("dirty")).unwrap();
-    assert_eq!(lseek(&r, 0, libc::SEEK_DATA), Ok(2 * bs));
-    drop((f, r));
-    m.stop();
-}
-
-#[test]
 fn fallocate_extends_and_punches_holes() {
     let vol = Volume::new();
     let m = vol.mount(&vol.mountpoint("mnt"));

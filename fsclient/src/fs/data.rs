@@ -662,7 +662,6 @@ impl BatonFs {
                 Errno::EINVAL,
             ));
         }
-        self.write_back_kernel_pages(ino);
         // Staging first, as in `logical_size`.
         let staged = self.staging.staged_size(ino)?;
         let attr = self.meta.getattr(ino)?;

@@ -594,29 +594,6 @@ impl BatonFs {
         }
     }
 
-    /// Under the writeback cache, has the kernel write back its dirty
-    /// pages of `ino` (and drop its cached pages): a page written but not
-    /// yet sent is data LSEEK must see. Dropping a dirty page makes the
-    /// kernel write it first (`launder_folio`), as WRITEs other workers
-    /// answer while this one waits; the caller holds no Baton lock. Only
-    /// when a handle open for writing may exist (else nothing is dirty).
-    fn write_back_kernel_pages(&self, ino: u64) {
-        if !self.writeback.load(std::sync::atomic::Ordering::Relaxed)
-            || !self.handles.may_be_open_for_writing(ino)
-        {
-            return;
-        }
-        let Some(channel) = self.kernel.get() else {
-            return;
-        };
-        if let Err(err) = fuse_wire::notify::inval_inode(channel.as_ref(), NodeId::from(ino), 0, 0)
-        {
-            if err.raw_os_error() != Some(libc::ENOENT) {
-                tracing::warn!(nodeid = ino, %err, "could not have the kernel write back its pages");
-            }
-        }
-    }
-
     /// Whether this mount's kernel may still reference `ino` (an open
     /// file, a cached inode): asks it to drop its cached attributes of
     /// `ino`, which it refuses with ENOENT when it has no such inode. An
