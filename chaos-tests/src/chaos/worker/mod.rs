@@ -12,7 +12,8 @@ mod mmap;
 mod writer;
 
 use std::fmt::Display;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
+use std::os::fd::IntoRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -92,6 +93,17 @@ pub struct Ctx {
     pub rng: Rng,
     last_stop_check: Instant,
     stopped: bool,
+}
+
+/// close(2) with its error visible (FUSE flush happens there).
+pub(super) fn close_checked(file: File) -> std::io::Result<()> {
+    let fd = file.into_raw_fd();
+    // SAFETY: fd was just released by its owner and is closed exactly once.
+    if unsafe { libc::close(fd) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// The errno name of an I/O error (`ENOSPC`), or `other`.
@@ -227,6 +239,10 @@ impl Ctx {
                 .ok()?;
             out.extend_from_slice(&buf.window()[..n]);
             if n == 0 {
+                // Closed with its error seen: a close that writes back
+                // another fd's dirty pages can fail, and must be counted.
+                self.op("close", path.display(), || close_checked(file))
+                    .ok()?;
                 return Some(out);
             }
         }

@@ -7,12 +7,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
-use std::os::fd::IntoRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::Ctx;
+use super::{close_checked, Ctx};
 use crate::chaos::rng::fill_content;
 
 /// Live files per writer.
@@ -23,17 +22,6 @@ const WRITE_BYTES_MAX: u64 = 64 << 10;
 struct Tracked {
     file: Option<File>,
     content: Vec<u8>,
-}
-
-/// close(2) with its error visible (FUSE flush happens there).
-fn close_checked(file: File) -> std::io::Result<()> {
-    let fd = file.into_raw_fd();
-    // SAFETY: fd was just released by its owner and is closed exactly once.
-    if unsafe { libc::close(fd) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 struct Writer {
@@ -149,11 +137,16 @@ impl Writer {
         }
     }
 
-    /// Reads `name` back with O_DIRECT and compares it with the model.
-    fn verify(&mut self, ctx: &mut Ctx, name: &str, final_pass: bool) {
+    /// Reads `name` back with O_DIRECT and compares it with the model;
+    /// false if it could not be read back whole. A failed read or close
+    /// there may be the error of this writer's own unsynced pages (the
+    /// direct read and the close write them back first, and the first
+    /// to look clears the kernel's error flag, so this writer's own close
+    /// then succeeds): the caller then no longer knows the content.
+    fn verify(&mut self, ctx: &mut Ctx, name: &str, final_pass: bool) -> bool {
         let path = self.path(name);
         let Some(expected) = self.files.get(name).map(|t| t.content.clone()) else {
-            return;
+            return true;
         };
         match ctx.read_direct(&path) {
             Some(got) => {
@@ -164,9 +157,13 @@ impl Writer {
                     ctx.report.read_bytes_verified += verified;
                 }
                 ctx.compare(&path, 0, &expected, &got);
+                true
             }
-            None if final_pass => ctx.report.lost_bytes += expected.len() as u64,
-            None => {}
+            None if final_pass => {
+                ctx.report.lost_bytes += expected.len() as u64;
+                false
+            }
+            None => false,
         }
     }
 
@@ -179,7 +176,7 @@ impl Writer {
             }
         }
         for name in &names {
-            self.verify(ctx, name, true);
+            let _ = self.verify(ctx, name, true);
         }
         let dir = self.dir.clone();
         let Ok(listed) = ctx.op("readdir", dir.display(), || {
@@ -246,7 +243,9 @@ pub(super) fn run(ctx: &mut Ctx) {
             continue;
         }
         if ctx.rng.chance(1, 25) {
-            writer.verify(ctx, &name, false);
+            if !writer.verify(ctx, &name, false) {
+                writer.poison(ctx, &name);
+            }
             continue;
         }
         if !writer.step(ctx, &name) {
