@@ -40,7 +40,10 @@ use chaos_tests::memfs::PATTERN_FILE_LEN;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(about = "Baton benchmarks, measured beside baselines in the same run")]
+#[command(
+    version,
+    about = "Baton benchmarks, measured beside baselines in the same run"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Bench,
