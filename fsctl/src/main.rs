@@ -14,6 +14,7 @@
 mod check;
 mod progress;
 mod quota;
+mod table;
 mod warmup;
 
 use std::os::unix::process::CommandExt;
@@ -947,42 +948,11 @@ fn table(report: &StatusReport, wide: bool) -> String {
         ]);
     }
     let right = [false, false, false, true, true, true, true, true, false];
-    let mut out = aligned(&rows, &right);
+    let mut out = table::aligned(&rows, &right);
     for m in &report.mounts {
         if let Some(why) = &m.read_only_reason {
             out.push_str(&format!("{}: read-only: {why}\n", m.mountpoint.display()));
         }
-    }
-    out
-}
-
-/// `rows` as lines of columns as wide as their widest cell, two spaces
-/// apart (`right[i]`: column i is aligned right); no trailing spaces.
-fn aligned<const N: usize>(rows: &[[String; N]], right: &[bool; N]) -> String {
-    let mut widths = [0usize; N];
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let mut line = String::new();
-        for (i, cell) in row.iter().enumerate() {
-            if i > 0 {
-                line.push_str("  ");
-            }
-            let pad = " ".repeat(widths[i] - cell.chars().count());
-            if right[i] {
-                line.push_str(&pad);
-                line.push_str(cell);
-            } else {
-                line.push_str(cell);
-                line.push_str(&pad);
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
     }
     out
 }
@@ -1184,25 +1154,5 @@ mod tests {
         assert_eq!(human_duration(75), "1m15s");
         assert_eq!(human_duration(7_300), "2h1m");
         assert_eq!(human_duration(200_000), "2d7h");
-    }
-
-    #[test]
-    fn table_columns_line_up_whatever_the_width_of_a_cell() {
-        let row = |cells: [&str; 3]| cells.map(String::from);
-        let rows = [
-            row(["MOUNTPOINT", "VOLUME (full)", "GEN"]),
-            row(["/mnt/a", "sqlite:///var/lib/baton/default/meta.db", "1"]),
-            row(["/a/much/longer/mountpoint", "b", "12345"]),
-        ];
-        let text = aligned(&rows, &[false, false, true]);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(
-            lines,
-            [
-                "MOUNTPOINT                 VOLUME (full)                              GEN",
-                "/mnt/a                     sqlite:///var/lib/baton/default/meta.db      1",
-                "/a/much/longer/mountpoint  b                                        12345",
-            ]
-        );
     }
 }
