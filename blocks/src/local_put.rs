@@ -8,8 +8,11 @@
 //! this writes the same file the same way (a temp file named
 //! `{path}#{digits}`, which `LocalFileSystem` lists skip as an upload in
 //! progress, renamed into place) with none of that. Like `LocalFileSystem`,
-//! it does not fsync: the contract in `fsclient`'s flush module says why.
+//! it does not fsync: a close need not reach the disk. An fsync does, and
+//! [`sync_files`] is its part: the objects' data and the directory entries
+//! that name them (the contract in `fsclient`'s flush module).
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -45,4 +48,34 @@ fn create_new(path: &Path) -> io::Result<File> {
         }
         other => other,
     }
+}
+
+/// Makes objects `keys` under `root` durable against power loss: each
+/// file's data (fdatasync), then every directory from its parent up to
+/// `root` (fsync: the rename that named it, the mkdir that made its
+/// directory), each directory once. An object already deleted is skipped
+/// (a later commit released it; nothing names it).
+pub(crate) fn sync_files(root: &Path, keys: &[ObjectKey]) -> Result<()> {
+    let mut dirs = BTreeSet::new();
+    for key in keys {
+        let path = root.join(key.to_string());
+        match File::open(&path).and_then(|file| file.sync_data()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(source) => return Err(BlocksError::ObjectFileWrite { path, source }),
+        }
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(root)) {
+            if !dirs.insert(d.to_path_buf()) {
+                break;
+            }
+            dir = d.parent();
+        }
+    }
+    for dir in dirs {
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| BlocksError::ObjectFileWrite { path: dir, source })?;
+    }
+    Ok(())
 }

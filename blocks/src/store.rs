@@ -381,6 +381,36 @@ impl BlockStore {
         Ok(key)
     }
 
+    /// Makes objects `keys` durable against power loss (an fsync's part
+    /// of the store). A local directory store writes its files without
+    /// syncing them: here their data and the directory entries naming them
+    /// reach the disk. A remote store's acknowledged PUT is durable already.
+    pub fn make_durable(&self, keys: &[ObjectKey]) -> Result<()> {
+        match &self.local_root {
+            Some(root) if !keys.is_empty() => crate::local_put::sync_files(root, keys),
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes every object durable (SYNCFS): a local directory store syncs
+    /// the filesystem holding it, in one call.
+    pub fn make_all_durable(&self) -> Result<()> {
+        let Some(root) = &self.local_root else {
+            return Ok(());
+        };
+        let synced = std::fs::File::open(root)
+            .and_then(|dir| nix::unistd::syncfs(&dir).map_err(std::io::Error::from));
+        synced.map_err(|source| BlocksError::ObjectFileWrite {
+            path: root.clone(),
+            source,
+        })
+    }
+
+    /// Whether [`BlockStore::make_durable`] has work to do for new objects.
+    pub fn syncs_objects(&self) -> bool {
+        self.local_root.is_some()
+    }
+
     /// Reads bytes `range` of object `key` (ranged GET). The result has
     /// exactly `range.end - range.start` bytes or an error is returned.
     pub fn get_range(&self, key: &ObjectKey, range: Range<u64>) -> Result<Bytes> {

@@ -79,6 +79,22 @@ pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
     res
 }
 
+/// [`replace`], durable against power loss: the file's data before the
+/// rename, the directory after it.
+pub(crate) fn replace_durable(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
+    let res = private_fs::create(tmp)
+        .and_then(|mut f| f.write_all(data).and_then(|()| f.sync_data()))
+        .and_then(|()| fs::rename(tmp, path))
+        .and_then(|()| match path.parent() {
+            Some(dir) => fs::File::open(dir).and_then(|d| d.sync_all()),
+            None => Ok(()),
+        });
+    if res.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    res
+}
+
 /// Rewrites the record `path` holds with `data`, a record of the same
 /// length, in place: `Ok(false)` if there is no such file (write it with
 /// [`replace`]: a file created here and killed or out of space before its

@@ -3,7 +3,7 @@
 
 use super::io::{
     fsync_path, open_optional, open_rw, overwrite_in_page, read_padded, remove_optional, replace,
-    write_at_reserved,
+    replace_durable, write_at_reserved,
 };
 use super::*;
 
@@ -685,20 +685,32 @@ impl Staging {
             "{FORMAT_MAGIC}\nblock_size_bytes={}\n",
             self.block_size_bytes
         );
+        // Written durably (below); an empty file is one a power cut took
+        // before its bytes reached the disk (older versions wrote it
+        // without a sync): written again.
         match fs::read_to_string(&path) {
             Ok(have) if have == want => Ok(()),
+            Ok(have) if have.is_empty() => {
+                tracing::warn!(path = %path.display(), "staging format file empty (a power cut before it reached the disk); writing it again");
+                self.write_format(&path, &want)
+            }
             Ok(have) => Err(BlocksError::InvalidArgument {
                 what: format!(
                     "staging dir {} has format {have:?} but this volume needs {want:?}; flush it with the settings that wrote it, or move it aside",
                     self.dir.display()
                 ),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // Several generations may open the area at once: each writes its own temp file.
-                let tmp = self.dir.join(format!("{FORMAT_FILE}.{}{TMP_SUFFIX}", std::process::id()));
-                replace(&path, &tmp, want.as_bytes()).map_err(|e| self.err("write format file", &path, e))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => self.write_format(&path, &want),
             Err(e) => Err(self.err("read format file", &path, e)),
         }
+    }
+
+    fn write_format(&self, path: &Path, want: &str) -> Result<()> {
+        // Several generations may open the area at once: each writes its own temp file.
+        let tmp = self
+            .dir
+            .join(format!("{FORMAT_FILE}.{}{TMP_SUFFIX}", std::process::id()));
+        replace_durable(path, &tmp, want.as_bytes())
+            .map_err(|e| self.err("write format file", path, e))
     }
 }

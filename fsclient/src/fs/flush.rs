@@ -29,12 +29,15 @@
 //!   operation: a WRITE is staged before its reply, a namespace change and a
 //!   flush's commit are committed metadata transactions before theirs (they
 //!   live in the kernel's page cache from then on).
-//! - Power loss or a kernel crash: what FSYNC, FSYNCDIR or SYNCFS
-//!   acknowledged survives as far as metadata goes (`MetaStore::sync`
-//!   fsyncs the metadata log); later changes may be lost, as on a local
-//!   filesystem without fsync. FLUSH (close) does not sync. The object
-//!   store's own durability applies to block objects (the embedded local
-//!   directory backend does not fsync objects).
+//! - Power loss or a kernel crash: what FSYNC acknowledged survives whole.
+//!   It syncs the file's objects first (a local directory store's files
+//!   and the directory entries naming them, `durable.rs`; a remote store's
+//!   acknowledged PUT is durable already), then the metadata log
+//!   (`MetaStore::sync`). FSYNCDIR syncs the metadata log; SYNCFS syncs
+//!   every object and the log, but Linux sends it only on virtiofs:
+//!   `sync(1)` on a /dev/fuse mount never reaches Baton. FLUSH (close) does
+//!   not sync: later changes may be lost, as on a local filesystem without
+//!   fsync. Test: `chaos-tests/tests/power_cut.rs`.
 //!
 //! A crash between any two steps loses nothing: staging is cleared only
 //! after the commit, and redoing a flush from the staged state (what start-
@@ -58,7 +61,8 @@ use bytes::Bytes;
 use fuse_wire::{FlushIn, ReleaseFlags, ReleaseIn};
 
 use super::data::Rows;
-use super::BatonFs;
+use super::durable::ToSync;
+use super::{lock, BatonFs};
 use crate::error::{Error, Result};
 use crate::locks::LockKind;
 
@@ -288,6 +292,9 @@ impl BatonFs {
             }
         };
         self.invalidate(ino);
+        if self.store.syncs_objects() {
+            lock(&self.unsynced).committed(ino, &keys);
+        }
         for ((_, data), key) in plan.uploads.iter().zip(&keys) {
             self.cache.insert(key, data);
         }
@@ -432,9 +439,44 @@ impl BatonFs {
     /// O_TMPFILE a link may still publish (written, fsynced, then linked).
     pub(super) fn do_fsync(&self, ino: u64) -> Result<()> {
         if !self.handles.is_open_orphan(ino) || self.meta.is_linkable_tmpfile(ino)? {
-            self.flush_inode(ino)?;
+            let _guard = self.inode_lock(ino);
+            self.flush_locked(ino, &[])?;
+            self.sync_objects_locked(ino)?;
         }
         Ok(self.meta.sync()?)
+    }
+
+    /// Makes the objects of `ino` that may not be on the disk durable
+    /// (`durable.rs`), before the metadata naming them is synced. The
+    /// caller holds the inode's mutex: no commit of `ino` runs meanwhile.
+    fn sync_objects_locked(&self, ino: u64) -> Result<()> {
+        if !self.store.syncs_objects() {
+            return Ok(());
+        }
+        let keys = match lock(&self.unsynced).take(ino) {
+            ToSync::Keys(keys) => keys,
+            ToSync::Whole => self.object_keys_of(ino)?,
+        };
+        let result = self.store.make_durable(&keys);
+        lock(&self.unsynced).synced(ino, result.is_ok());
+        Ok(result?)
+    }
+
+    /// Every object of `ino`'s block map.
+    fn object_keys_of(&self, ino: u64) -> Result<Vec<ObjectKey>> {
+        const INDICES_PER_QUERY: u64 = 1 << 16;
+        let size = self.meta.getattr(ino)?.size;
+        let block_count = size.div_ceil(self.block_size);
+        let mut keys = Vec::new();
+        let mut first = 0;
+        while first < block_count {
+            let count = (block_count - first).min(INDICES_PER_QUERY) as u32;
+            for row in self.meta.blocks(ino, first, count)? {
+                keys.push(ObjectKey::parse(&row.object_key)?);
+            }
+            first += INDICES_PER_QUERY;
+        }
+        Ok(keys)
     }
 
     /// FSYNCDIR: every namespace change is committed before its reply; this
@@ -446,6 +488,7 @@ impl BatonFs {
     /// SYNCFS: commits every inode's staged data, then syncs the metadata.
     pub(super) fn do_syncfs(&self) -> Result<()> {
         self.flush_all()?;
+        self.store.make_all_durable()?;
         Ok(self.meta.sync()?)
     }
 

@@ -23,6 +23,7 @@ mod counters;
 mod data;
 mod dir;
 mod dispatch;
+mod durable;
 mod flush;
 pub mod held_locks;
 pub mod lock;
@@ -136,6 +137,9 @@ pub struct BatonFs {
     kernel_held_orphans: Mutex<std::collections::HashSet<u64>>,
     inode_locks: Vec<Mutex<()>>,
     committed_bytes: committed_bytes::CommittedBytes,
+    /// Objects committed but maybe not on the disk, for FSYNC
+    /// (`durable.rs`).
+    unsynced: Mutex<durable::Unsynced>,
     /// Set when a write-through upload failed (`write_through.rs`).
     write_through_pause: write_through::Pause,
     readahead: Mutex<HashMap<u64, ReadPattern>>,
@@ -207,6 +211,7 @@ impl BatonFs {
                 .map(|_| Mutex::new(()))
                 .collect(),
             committed_bytes: committed_bytes::CommittedBytes::default(),
+            unsynced: Mutex::default(),
             write_through_pause: write_through::Pause::default(),
             readahead: Mutex::new(HashMap::new()),
             quota_free: quota_free::QuotaFree::default(),
