@@ -1,15 +1,19 @@
 //! Filesystem workloads for `baton-bench fs`: sequential write and read of
 //! one large file, a sequential write in small writes (as an application
-//! writing a log or a checkpoint through a buffered stream does), random 4 KiB reads (a fixed count right after caches were
-//! dropped, or for a duration once warm), small-file metadata churn on
-//! several threads, and a many-file tree read in order the way a model
-//! loader reads its shards. Each returns a throughput figure; targets are
-//! plain paths, so the same code measures every filesystem.
+//! writing a log or a checkpoint through a buffered stream does), random
+//! 4 KiB reads (a fixed count right after caches were dropped, or for a
+//! duration, cold or warm), small-file metadata churn on several threads
+//! (unlinks after a sync, or straight after the creates), the system `tar
+//! -xf` of a source tree and `rm -rf` of it, the latency of an fsync after
+//! a 4 KiB write, and a many-file tree read in order the way a model loader
+//! reads its shards. Each returns a throughput figure (or latencies);
+//! targets are plain paths, so the same code measures every filesystem.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The read and write size of the sequential workloads.
@@ -18,6 +22,13 @@ pub const SEQUENTIAL_CHUNK_BYTES: usize = 1 << 20;
 pub const SMALL_WRITE_BYTES: usize = 4096;
 /// Files per directory of the many-file tree.
 pub const TREE_FILES_PER_DIR: usize = 20;
+/// Files per directory of the source tree, at least (but the last
+/// directory may hold fewer) and at most.
+pub const SOURCE_FILES_PER_DIR_MIN: usize = 100;
+/// See [`SOURCE_FILES_PER_DIR_MIN`].
+pub const SOURCE_FILES_PER_DIR_MAX: usize = 1000;
+/// Size of the file the fsync-latency workload writes into.
+pub const FSYNC_FILE_BYTES: u64 = 1 << 20;
 
 /// Writes `total_bytes` in `chunk_bytes` writes, then fsyncs. Returns MiB/s.
 pub fn sequential_write(path: &Path, total_bytes: u64, chunk_bytes: usize) -> std::io::Result<f64> {
@@ -190,6 +201,30 @@ fn small_file(dir: &Path, i: usize) -> PathBuf {
     dir.join(format!("f{i:06}"))
 }
 
+/// Creates `count` small files in `dir` with `threads` threads (as
+/// [`create_small_files`], without its stat and readdir phases) and unlinks
+/// them at once, with no sync in between: an `rm -rf` straight after an
+/// untar. Only the unlinks are timed; files per second.
+pub fn create_then_unlink(dir: &Path, count: usize, threads: usize) -> std::io::Result<f64> {
+    std::fs::create_dir_all(dir).map_err(|e| failed("mkdir", dir, e))?;
+    let threads = threads.max(1);
+    timed_phase(count, threads, &|i| {
+        let path = small_file(dir, i);
+        File::create(&path)
+            .and_then(|mut f| f.write_all(b"x"))
+            .map_err(|e| failed("create", &path, e))
+    })?;
+    timed_phase(count, threads, &|i| {
+        let path = small_file(dir, i);
+        std::fs::remove_file(&path).map_err(|e| failed("unlink", &path, e))
+    })
+}
+
+/// An IO error that names the call and the path it failed on.
+fn failed(call: &str, path: &Path, err: std::io::Error) -> std::io::Error {
+    std::io::Error::new(err.kind(), format!("{call} {}: {err}", path.display()))
+}
+
 /// Runs `op(i)` for `i` in `0..count` on `threads` threads (thread `t`
 /// takes `t, t + threads, ...`); operations per second over all of them.
 fn timed_phase(
@@ -265,6 +300,190 @@ pub fn read_tree(root: &Path, sizes: &[u64]) -> std::io::Result<f64> {
     Ok(mib_per_sec(total, start.elapsed()))
 }
 
+/// One file of a source tree: its path under the tree's root and its size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceFile {
+    /// Relative to the tree's root.
+    pub path: PathBuf,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// A tree of `count` files shaped like a source tree, the same on every
+/// call: directories of 100-1000 files ([`SOURCE_FILES_PER_DIR_MIN`]),
+/// nested up to three deep (`crate-NN/src-M/part-K`), files of 0.5-16 KiB
+/// (most near the small end) and one in a hundred of 32-256 KiB.
+pub fn source_tree(count: usize) -> Vec<SourceFile> {
+    let span = SOURCE_FILES_PER_DIR_MAX - SOURCE_FILES_PER_DIR_MIN + 1;
+    let mut files = Vec::with_capacity(count);
+    let mut d = 0usize;
+    while files.len() < count {
+        let dir = source_dir(d);
+        let in_dir = (SOURCE_FILES_PER_DIR_MIN + d * 389 % span).min(count - files.len());
+        for _ in 0..in_dir {
+            let i = files.len();
+            files.push(SourceFile {
+                path: dir.join(format!("f{i:05}.rs")),
+                bytes: source_file_bytes(i),
+            });
+        }
+        d += 1;
+    }
+    files
+}
+
+/// Directory `d` of a source tree, in groups of nine: `crate-NN` itself,
+/// then `src-0`, three `src-0/part-K`, `src-1` and three `src-1/part-K`.
+fn source_dir(d: usize) -> PathBuf {
+    let mut dir = PathBuf::from(format!("crate-{:02}", d / 9));
+    if let Some(sub) = (d % 9).checked_sub(1) {
+        dir.push(format!("src-{}", sub / 4));
+        if sub % 4 > 0 {
+            dir.push(format!("part-{}", sub % 4));
+        }
+    }
+    dir
+}
+
+/// Size of file `i` of a source tree (see [`source_tree`]).
+fn source_file_bytes(i: usize) -> u64 {
+    let h = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+    if h % 100 == 0 {
+        (32 << 10) + (h >> 8) % (224 << 10)
+    } else {
+        // u² over 0..1024: skewed to small files.
+        let u = (h >> 8) % 1024;
+        512 + (16_384 - 512) * u * u / (1024 * 1024)
+    }
+}
+
+/// Writes `files` under `root/top` and archives them as `tarball` with the
+/// system `tar` (names sorted, owner root, one fixed mtime: the same bytes
+/// every time), then removes the tree. Not timed.
+pub fn write_source_tarball(
+    root: &Path,
+    top: &str,
+    files: &[SourceFile],
+    tarball: &Path,
+) -> std::io::Result<()> {
+    let tree = root.join(top);
+    let max = files.iter().map(|f| f.bytes).max().unwrap_or(0) as usize;
+    let text: Vec<u8> = (0..max + 4096)
+        .map(|j| {
+            if j % 61 == 60 {
+                b'\n'
+            } else {
+                b' ' + (j * 7 % 95) as u8
+            }
+        })
+        .collect();
+    for (i, file) in files.iter().enumerate() {
+        let path = tree.join(&file.path);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| failed("mkdir", dir, e))?;
+        }
+        let start = i % 4096;
+        std::fs::write(&path, &text[start..start + file.bytes as usize])
+            .map_err(|e| failed("write", &path, e))?;
+    }
+    run_tool(
+        Command::new("tar")
+            .args(["-cf"])
+            .arg(tarball)
+            .args([
+                "--sort=name",
+                "--owner=0",
+                "--group=0",
+                "--numeric-owner",
+                "--mtime=@1767225600",
+                "-C",
+            ])
+            .arg(root)
+            .arg(top),
+        tarball,
+    )?;
+    std::fs::remove_dir_all(&tree).map_err(|e| failed("removing", &tree, e))
+}
+
+/// `tar -xf tarball -C dir` with the system `tar`, timed from its start to
+/// its exit; `files` (the archive's regular files) per second.
+pub fn untar(tarball: &Path, dir: &Path, files: usize) -> std::io::Result<f64> {
+    let start = Instant::now();
+    run_tool(
+        Command::new("tar")
+            .arg("-xf")
+            .arg(tarball)
+            .arg("-C")
+            .arg(dir),
+        dir,
+    )?;
+    Ok(files as f64 / start.elapsed().as_secs_f64())
+}
+
+/// `rm -rf tree` with the system `rm`, timed from its start to its exit;
+/// `files` per second. Fails if the tree is still there after.
+pub fn rm_rf(tree: &Path, files: usize) -> std::io::Result<f64> {
+    let start = Instant::now();
+    run_tool(Command::new("rm").arg("-rf").arg(tree), tree)?;
+    let elapsed = start.elapsed();
+    match std::fs::symlink_metadata(tree) {
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => return Err(failed("lstat", tree, err)),
+        Ok(_) => {
+            return Err(std::io::Error::other(format!(
+                "rm -rf {} exited 0 and left it",
+                tree.display()
+            )))
+        }
+    }
+    Ok(files as f64 / elapsed.as_secs_f64())
+}
+
+/// Runs a system tool; its stderr in the error if it fails. `path` is what
+/// it works on, for the message.
+fn run_tool(command: &mut Command, path: &Path) -> std::io::Result<()> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    let out = command
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| failed(&format!("running {program} on"), path, e))?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "{program} on {}: {}: {}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Writes a [`FSYNC_FILE_BYTES`] file at `path` (fsynced, not timed), then
+/// `count` times: a 4 KiB pwrite at a random 4 KiB-aligned offset, then
+/// fsync. Returns the fsync latencies alone, sorted, nanoseconds.
+pub fn fsync_latencies(path: &Path, count: u64) -> std::io::Result<Vec<u64>> {
+    sequential_write(path, FSYNC_FILE_BYTES, SMALL_WRITE_BYTES)
+        .map_err(|e| failed("writing", path, e))?;
+    let file = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| failed("open", path, e))?;
+    let blocks = FSYNC_FILE_BYTES / SMALL_WRITE_BYTES as u64;
+    let mut buf = [0u8; SMALL_WRITE_BYTES];
+    let mut latencies_ns = Vec::with_capacity(count as usize);
+    for i in 0..count {
+        buf.fill(i as u8);
+        let offset = random_block(0, i, blocks) * SMALL_WRITE_BYTES as u64;
+        file.write_all_at(&buf, offset)
+            .map_err(|e| failed("pwrite", path, e))?;
+        let start = Instant::now();
+        file.sync_all().map_err(|e| failed("fsync", path, e))?;
+        latencies_ns.push(start.elapsed().as_nanos() as u64);
+    }
+    latencies_ns.sort_unstable();
+    Ok(latencies_ns)
+}
+
 /// Drops the kernel's page cache (needs root) so the next read is cold.
 pub fn drop_page_cache() -> std::io::Result<()> {
     nix::unistd::sync();
@@ -310,5 +529,60 @@ mod tests {
         let sizes = tree_sizes(3, 1, 2);
         write_tree(&dir.path().join("tree"), &sizes).unwrap();
         assert!(read_tree(&dir.path().join("tree"), &sizes).unwrap() > 0.0);
+        assert!(create_then_unlink(&dir.path().join("nosync"), 40, 4).unwrap() > 0.0);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("nosync"))
+                .unwrap()
+                .count(),
+            0
+        );
+        let fsyncs = fsync_latencies(&dir.path().join("fsync"), 20).unwrap();
+        assert_eq!(fsyncs.len(), 20);
+        assert!(fsyncs.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    #[test]
+    fn source_tree_is_shaped_like_one_and_repeats() {
+        let files = source_tree(20_000);
+        assert_eq!(files.len(), 20_000);
+        assert_eq!(files, source_tree(20_000));
+        let mut per_dir = std::collections::BTreeMap::new();
+        for f in &files {
+            *per_dir.entry(f.path.parent().unwrap()).or_insert(0usize) += 1;
+        }
+        let (last, full) = per_dir
+            .values()
+            .collect::<Vec<_>>()
+            .split_last()
+            .map(|(l, r)| (**l, r.to_vec()))
+            .unwrap();
+        assert!(last <= SOURCE_FILES_PER_DIR_MAX);
+        assert!(full
+            .iter()
+            .all(|n| (SOURCE_FILES_PER_DIR_MIN..=SOURCE_FILES_PER_DIR_MAX).contains(*n)));
+        assert!(per_dir.keys().any(|d| d.components().count() == 3));
+        let small = files
+            .iter()
+            .filter(|f| (512..=16_384).contains(&f.bytes))
+            .count();
+        assert!(small > 19_000 && small < 20_000, "{small} small files");
+        assert!(files.iter().all(|f| f.bytes <= 256 << 10));
+    }
+
+    #[test]
+    fn source_tarball_untars_and_removes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = source_tree(250);
+        let tarball = dir.path().join("src.tar");
+        write_source_tarball(dir.path(), "source", &files, &tarball).unwrap();
+        assert!(!dir.path().join("source").exists());
+        let into = dir.path().join("into");
+        std::fs::create_dir(&into).unwrap();
+        assert!(untar(&tarball, &into, files.len()).unwrap() > 0.0);
+        let one = into.join("source").join(&files[7].path);
+        assert_eq!(std::fs::metadata(&one).unwrap().len(), files[7].bytes);
+        assert!(rm_rf(&into.join("source"), files.len()).unwrap() > 0.0);
+        let err = untar(&dir.path().join("missing.tar"), &into, 1).unwrap_err();
+        assert!(err.to_string().contains("tar on"), "{err}");
     }
 }

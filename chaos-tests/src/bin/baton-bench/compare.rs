@@ -3,7 +3,18 @@
 //! directory, and Baton mounted through fs-supervisor), repeated `runs`
 //! times; then the Baton-only figures (generation and supervisor memory,
 //! kill -9 stall). Prints a table of medians (min-max) with Baton's ratio to
-//! each baseline, and writes the same as JSON with `--json`.
+//! each baseline, and writes the same as JSON with `--json`. A ratio above 1
+//! always means Baton is better: it is Baton's figure over the baseline's,
+//! except on latency rows (unit µs, `lower_is_better` in the JSON), where
+//! it is the baseline's over Baton's.
+//!
+//! The small-file rows of issue 28 are measured as users run them: `unlink,
+//! no sync before` unlinks files straight after creating them (the `unlink`
+//! row syncs and waits for a quiet machine first); `untar` and `rm -rf
+//! after untar` run the system `tar -xf` of a source tree (generated once per
+//! invocation, the same for every target) and then `rm -rf` of it at once;
+//! `fsync 4K dirty` times fsync after a 4 KiB write; `rand 4K read cold N s`
+//! reads a cold file for N seconds while the cache fills.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +23,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use chaos_tests::bench::fs::{
-    create_small_files, drop_page_cache, random_reads, random_reads_counted, read_tree,
-    sequential_read, sequential_write, tree_sizes, unlink_small_files, write_tree,
+    create_small_files, create_then_unlink, drop_page_cache, fsync_latencies, random_reads,
+    random_reads_counted, read_tree, rm_rf, sequential_read, sequential_write, source_tree,
+    tree_sizes, unlink_small_files, untar, write_source_tarball, write_tree,
     SEQUENTIAL_CHUNK_BYTES, SMALL_WRITE_BYTES,
 };
 use chaos_tests::bench::{status_kib, Spread, Target};
@@ -29,6 +41,12 @@ pub struct Options {
     pub files: usize,
     pub seconds: f64,
     pub cold_reads: u64,
+    /// Seconds of the sustained cold random-read run (0 skips it).
+    pub cold_seconds: f64,
+    /// Files of the untarred source tree (0 skips untar and rm -rf).
+    pub untar_files: usize,
+    /// fsyncs of the fsync-latency workload (0 skips it).
+    pub fsyncs: u64,
     pub tree_files: usize,
     pub tree_min_mib: u64,
     pub tree_max_mib: u64,
@@ -60,13 +78,28 @@ struct Key {
     workload: &'static str,
     unit: &'static str,
     threads: usize,
+    /// A latency: the ratios are inverted so that above 1 still means
+    /// Baton is better.
+    lower_is_better: bool,
 }
 
+/// A rate (higher is better).
 const fn key(workload: &'static str, unit: &'static str, threads: usize) -> Key {
     Key {
         workload,
         unit,
         threads,
+        lower_is_better: false,
+    }
+}
+
+/// A latency in microseconds on one thread (lower is better).
+const fn latency_key(workload: &'static str) -> Key {
+    Key {
+        workload,
+        unit: "µs",
+        threads: 1,
+        lower_is_better: true,
     }
 }
 
@@ -75,13 +108,61 @@ const SMALL_WRITES: Key = key("4K writes + fsync", "MiB/s", 1);
 const SEQ_READ_COLD: Key = key("seq read cold", "MiB/s", 1);
 const SEQ_READ_WARM: Key = key("seq read warm", "MiB/s", 1);
 const TREE_READ_COLD: Key = key("many-file read cold", "MiB/s", 1);
+const UNTAR: Key = key("untar", "files/s", 1);
+const RM_AFTER_UNTAR: Key = key("rm -rf after untar", "files/s", 1);
+const FSYNC_P50: Key = latency_key("fsync 4K dirty p50");
+const FSYNC_P99: Key = latency_key("fsync 4K dirty p99");
+/// The unlinks of files just created, with no sync or wait in between
+/// (the `unlink` row has both).
+const UNLINK_NO_SYNC: &str = "unlink, no sync before";
 
-/// Every row, in table order.
-fn all_keys() -> Vec<Key> {
+/// What one invocation prepares once for every target.
+struct Prepared {
+    /// The sustained cold random-read row, labelled with its seconds,
+    /// unless `--cold-seconds 0`.
+    cold_sustained: Option<Key>,
+    /// The source tree's tarball, unless `--untar-files 0`.
+    tarball: Option<PathBuf>,
+}
+
+/// The top directory in the source tarball.
+const SOURCE_TOP: &str = "source";
+
+impl Prepared {
+    /// Labels the sustained cold row; writes the source tarball in `root`.
+    fn new(root: &Path, o: &Options) -> anyhow::Result<Prepared> {
+        // `Key` holds `&'static str`s (it is `Copy`); one label per
+        // invocation is leaked.
+        let cold_sustained = (o.cold_seconds > 0.0).then(|| {
+            let label = format!("rand 4K read cold {} s", o.cold_seconds);
+            key(Box::leak(label.into_boxed_str()), "ops/s", 1)
+        });
+        let tarball = if o.untar_files > 0 {
+            println!(
+                "== writing a source tree of {} files and its tarball",
+                o.untar_files
+            );
+            let tarball = root.join("source.tar");
+            write_source_tarball(root, SOURCE_TOP, &source_tree(o.untar_files), &tarball)
+                .context("writing the source tarball")?;
+            Some(tarball)
+        } else {
+            None
+        };
+        Ok(Prepared {
+            cold_sustained,
+            tarball,
+        })
+    }
+}
+
+/// Every row, in table order (without those a `0` flag skips).
+fn all_keys(o: &Options, p: &Prepared) -> Vec<Key> {
     let mut keys = vec![SEQ_WRITE, SMALL_WRITES, SEQ_READ_COLD, SEQ_READ_WARM];
     for threads in [1, 4] {
         keys.push(key("rand 4K read cold", "ops/s", threads));
     }
+    keys.extend(p.cold_sustained);
     for threads in [1, 4] {
         keys.push(key("rand 4K read warm", "ops/s", threads));
     }
@@ -90,10 +171,17 @@ fn all_keys() -> Vec<Key> {
         ("stat", "ops/s"),
         ("readdir", "entries/s"),
         ("unlink", "ops/s"),
+        (UNLINK_NO_SYNC, "ops/s"),
     ] {
         for threads in [1, 4] {
             keys.push(key(workload, unit, threads));
         }
+    }
+    if p.tarball.is_some() {
+        keys.extend([UNTAR, RM_AFTER_UNTAR]);
+    }
+    if o.fsyncs > 0 {
+        keys.extend([FSYNC_P50, FSYNC_P99]);
     }
     keys.push(TREE_READ_COLD);
     keys
@@ -332,7 +420,7 @@ fn mount(name: &'static str, dir: &Path) -> anyhow::Result<Result<Mounted, Strin
 }
 
 /// One pass of every workload on a mounted target.
-fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
+fn run_once(t: &mut Mounted, o: &Options, p: &Prepared) -> anyhow::Result<Vec<(Key, f64)>> {
     let mut out = Vec::new();
     let big = t.root.join("big");
     let seconds = crate::seconds_arg("--seconds", o.seconds)?;
@@ -362,6 +450,17 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         t.cold()?;
         let ops = random_reads_counted(&big, threads, o.cold_reads).context("cold random")?;
         out.push((key("rand 4K read cold", "ops/s", threads), ops));
+    }
+    if let Some(cold_sustained) = p.cold_sustained {
+        // Sustained: the cache fills as the run goes on.
+        t.cold()?;
+        let ops = random_reads(
+            &big,
+            1,
+            crate::seconds_arg("--cold-seconds", o.cold_seconds)?,
+        )
+        .with_context(|| format!("sustained cold random reads of {}", big.display()))?;
+        out.push((cold_sustained, ops));
     }
     // Warm the whole file again after the cold remounts.
     sequential_read(&big, SEQUENTIAL_CHUNK_BYTES).context("warming read")?;
@@ -394,6 +493,7 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         out.push((key("unlink", "ops/s", threads), rate));
         std::fs::remove_dir(&dir).context("removing the small-file directory")?;
     }
+    out.extend(small_files_as_users_run_them(t, o, p)?);
     quiet(o);
     let sizes = tree_sizes(o.tree_files, o.tree_min_mib, o.tree_max_mib);
     let tree = t.root.join("tree");
@@ -404,6 +504,50 @@ fn run_once(t: &mut Mounted, o: &Options) -> anyhow::Result<Vec<(Key, f64)>> {
         read_tree(&t.root.join("tree"), &sizes).context("reading the tree")?,
     ));
     std::fs::remove_dir_all(&tree).context("removing the tree")?;
+    Ok(out)
+}
+
+/// The rows of issue 28, each as users run it: unlinks straight after the
+/// creates, an untar then at once `rm -rf` of it, and fsync after a small
+/// write. A quiet machine before each, none inside.
+fn small_files_as_users_run_them(
+    t: &Mounted,
+    o: &Options,
+    p: &Prepared,
+) -> anyhow::Result<Vec<(Key, f64)>> {
+    let mut out = Vec::new();
+    for threads in [1, 4] {
+        quiet(o);
+        let dir = t.root.join(format!("nosync-{threads}"));
+        let rate = create_then_unlink(&dir, o.files, threads)
+            .context("creating then unlinking small files")?;
+        out.push((key(UNLINK_NO_SYNC, "ops/s", threads), rate));
+        std::fs::remove_dir(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    if let Some(tarball) = p.tarball.as_deref() {
+        // The tarball read from the page cache: the target's writes timed,
+        // not the read of the archive.
+        sequential_read(tarball, SEQUENTIAL_CHUNK_BYTES)
+            .with_context(|| format!("reading {}", tarball.display()))?;
+        quiet(o);
+        out.push((
+            UNTAR,
+            untar(tarball, &t.root, o.untar_files).context("untar of the source tree")?,
+        ));
+        out.push((
+            RM_AFTER_UNTAR,
+            rm_rf(&t.root.join(SOURCE_TOP), o.untar_files).context("rm -rf of the source tree")?,
+        ));
+    }
+    if o.fsyncs > 0 {
+        quiet(o);
+        let path = t.root.join("fsync-1m");
+        let latencies_ns = fsync_latencies(&path, o.fsyncs).context("fsync latency")?;
+        let us = |q| chaos_tests::bench::percentile(&latencies_ns, q) / 1000.0;
+        out.push((FSYNC_P50, us(0.5)));
+        out.push((FSYNC_P99, us(0.99)));
+        std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+    }
     Ok(out)
 }
 
@@ -436,6 +580,9 @@ struct StallFigures {
     max: f64,
 }
 
+/// One row of the table. The `baton_vs_*` ratios are above 1 when Baton
+/// is better: Baton's median over the baseline's, or the inverse on a
+/// `lower_is_better` row.
 #[derive(serde::Serialize)]
 struct Row {
     #[serde(flatten)]
@@ -485,6 +632,7 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
         baton: BatonOnly::default(),
         errors: Vec::new(),
     };
+    let prepared = Prepared::new(root.path(), o)?;
     let mut figures: BTreeMap<(&'static str, Key), Vec<f64>> = BTreeMap::new();
     for (flag, name) in [
         ("plain", PLAIN),
@@ -500,6 +648,7 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
             name,
             &root.path().join(name.replace(' ', "-")),
             o,
+            &prepared,
             &mut report,
         ) {
             Ok(Some(runs)) => {
@@ -515,7 +664,7 @@ pub fn run(o: &Options, json: Option<&Path>) -> anyhow::Result<()> {
             }
         }
     }
-    report.rows = rows(&figures, &report.targets);
+    report.rows = rows(&figures, &report.targets, o, &prepared);
     if o.targets.iter().any(|t| t == "baton") {
         baton_only(root.path(), o, &mut report);
     }
@@ -551,6 +700,7 @@ fn measure_target(
     name: &'static str,
     dir: &Path,
     o: &Options,
+    p: &Prepared,
     report: &mut Report,
 ) -> anyhow::Result<Option<Vec<(Key, f64)>>> {
     let mut target = match mount(name, dir).with_context(|| format!("mounting {name}"))? {
@@ -570,8 +720,8 @@ fn measure_target(
     let mut all = Vec::new();
     for run in 0..o.runs {
         quiet(o);
-        let figures =
-            run_once(&mut target, o).with_context(|| format!("{} run {}", target.name, run + 1))?;
+        let figures = run_once(&mut target, o, p)
+            .with_context(|| format!("{} run {}", target.name, run + 1))?;
         println!("   run {} done", run + 1);
         all.extend(figures);
     }
@@ -582,8 +732,13 @@ fn measure_target(
     Ok(Some(all))
 }
 
-fn rows(figures: &BTreeMap<(&'static str, Key), Vec<f64>>, targets: &[&'static str]) -> Vec<Row> {
-    all_keys()
+fn rows(
+    figures: &BTreeMap<(&'static str, Key), Vec<f64>>,
+    targets: &[&'static str],
+    o: &Options,
+    p: &Prepared,
+) -> Vec<Row> {
+    all_keys(o, p)
         .into_iter()
         .map(|k| {
             let results: BTreeMap<&'static str, Spread> = targets
@@ -593,7 +748,11 @@ fn rows(figures: &BTreeMap<(&'static str, Key), Vec<f64>>, targets: &[&'static s
             let ratio = |base: &str| {
                 let baton = results.get(BATON)?.median;
                 let base = results.get(base)?.median;
-                (base > 0.0).then(|| baton / base)
+                if k.lower_is_better {
+                    (baton > 0.0).then(|| base / baton)
+                } else {
+                    (base > 0.0).then(|| baton / base)
+                }
             };
             Row {
                 key: k,
@@ -722,9 +881,10 @@ fn print_report(r: &Report) {
         o.runs
     );
     println!(
-        "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread; {:.1} s warm random runs; {} small files; tree of {} files of {}-{} MiB; up to {:.0} s wait for a quiet machine before each measurement",
-        o.size_mib, o.size_mib / 4, o.cold_reads, o.seconds, o.files, o.tree_files, o.tree_min_mib, o.tree_max_mib, o.quiet_wait.as_secs_f64()
+        "  {} MiB file in 1 MiB writes + fsync, {} MiB in 4 KiB writes + fsync; {} cold random reads per thread, then {} s of them; {:.1} s warm random runs; {} small files; untar and rm -rf of {} files; {} fsyncs; tree of {} files of {}-{} MiB; up to {:.0} s wait for a quiet machine before each measurement",
+        o.size_mib, o.size_mib / 4, o.cold_reads, o.cold_seconds, o.seconds, o.files, o.untar_files, o.fsyncs, o.tree_files, o.tree_min_mib, o.tree_max_mib, o.quiet_wait.as_secs_f64()
     );
+    println!("  ratios above 1: Baton is better (on µs rows, the baseline's latency over Baton's)");
     for (name, reason) in &r.skipped {
         println!("  skipped {name}: {reason}");
     }

@@ -8,13 +8,19 @@
 //!
 //! `baton-bench fs` (alias `fsclient`): sequential write (1 MiB writes,
 //! final fsync), cold and warm sequential read of a large file, random 4 KiB
-//! reads cold and warm with 1 and 4 threads, create/stat/readdir/unlink of
-//! small files with 1 and 4 threads, and a cold read of a tree of many large
-//! files, on a plain directory, bindfs, `rclone mount` of a local directory
-//! and a Baton volume mounted through fs-supervisor; then Baton's memory
-//! (idle and busy generation, supervisor with idle mounts) and kill -9
-//! stall. Cold reads drop the page cache, and for Baton also remount with an
-//! empty block cache. `--quick` shrinks everything for a smoke run.
+//! reads cold (a fixed count with 1 and 4 threads, and `--cold-seconds` on
+//! one thread while the cache fills) and warm with 1 and 4 threads,
+//! create/stat/readdir/unlink of small files with 1 and 4 threads (unlink
+//! after a sync, and straight after the creates), the system `tar -xf` of
+//! a source tree (`--untar-files`) and `rm -rf` of it right after, fsync
+//! latency (p50, p99) after a 4 KiB write, and a cold read of a tree of many
+//! large files, on a plain directory, bindfs, `rclone mount` of a local
+//! directory and a Baton volume mounted through fs-supervisor; then Baton's
+//! memory (idle and busy generation, supervisor with idle mounts) and kill
+//! -9 stall. Cold reads drop the page cache, and for Baton also remount
+//! with an empty block cache. Ratios above 1 mean Baton is better (on the
+//! latency rows, the baseline's over Baton's). `--quick` shrinks everything
+//! for a smoke run.
 //!
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
 //! `baton-bench stall-together`: several mounts under one fs-supervisor,
@@ -192,6 +198,18 @@ struct FsArgs {
     /// Random 4 KiB reads per thread right after caches were dropped.
     #[arg(long, default_value_t = 2000)]
     cold_reads: u64,
+    /// Seconds of random 4 KiB reads (1 thread) right after caches were
+    /// dropped, the cache filling as they go (0 skips the row).
+    #[arg(long, default_value_t = 20.0)]
+    cold_seconds: f64,
+    /// Files in the source tree untarred with `tar -xf`, then removed with
+    /// `rm -rf` (0 skips both rows).
+    #[arg(long, default_value_t = 20_000)]
+    untar_files: usize,
+    /// fsyncs, each after a 4 KiB write into a 1 MiB file, for the fsync
+    /// latency rows (0 skips them).
+    #[arg(long, default_value_t = 2000)]
+    fsyncs: u64,
     /// Files in the many-file tree.
     #[arg(long, default_value_t = 200)]
     tree_files: usize,
@@ -243,11 +261,16 @@ impl FsArgs {
         } else {
             QUIET_WAIT_S
         });
+        // Checked here so that a bad value fails before any measurement.
+        seconds_arg("--cold-seconds", self.cold_seconds)?;
         let mut o = compare::Options {
             size_mib: self.size_mib,
             files: self.files,
             seconds: self.seconds,
             cold_reads: self.cold_reads,
+            cold_seconds: self.cold_seconds,
+            untar_files: self.untar_files,
+            fsyncs: self.fsyncs,
             tree_files: self.tree_files,
             tree_min_mib: self.tree_min_mib,
             tree_max_mib: self.tree_max_mib,
@@ -264,6 +287,9 @@ impl FsArgs {
                 files: 300,
                 seconds: 0.3,
                 cold_reads: 200,
+                cold_seconds: 2.0,
+                untar_files: 2000,
+                fsyncs: 200,
                 tree_files: 6,
                 tree_min_mib: 1,
                 tree_max_mib: 2,
