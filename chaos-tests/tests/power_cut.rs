@@ -91,6 +91,16 @@ fn mount(base: &Path, mnt: &Path) -> (ChildGuard, MountGuard) {
     (child, MountGuard::new(mnt))
 }
 
+/// What the machine's reboot after the cut changes for the volume at
+/// `base`: the boot id. The staging area recorded this boot's id, and this
+/// test runs on in the same boot, so the record names another one.
+fn reboot(base: &Path) {
+    let mark = base.join("vol/staging/BOOT");
+    let recorded = fs::read_to_string(&mark).expect("the staging area's boot mark");
+    assert!(recorded.starts_with("boot "), "boot mark {recorded:?}");
+    fs::write(&mark, "boot 00000000-0000-0000-0000-000000000000\n").unwrap();
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8) ^ seed ^ (i >> 9) as u8 ^ (i >> 17) as u8)
@@ -164,6 +174,7 @@ fn fsynced_files_survive_a_power_cut_taken_right_after_the_fsync() {
     // At the same path: the volume names its object store's directory.
     let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
     let base = after.at.join("base");
+    reboot(&base);
     let out = run(Command::new(workspace_binary("fsctl"))
         .args(["fsck", "vol", "--json", "--base-dir"])
         .arg(&base));
@@ -179,4 +190,163 @@ fn fsynced_files_survive_a_power_cut_taken_right_after_the_fsync() {
         assert_eq!(got.len(), want.len(), "{name}: length after the power cut");
         assert!(got == *want, "{name}: content after the power cut differs");
     }
+}
+
+#[test]
+fn a_power_cut_with_writes_staged_still_mounts_and_keeps_what_was_fsynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    File::create(&image).unwrap().set_len(256 << 20).unwrap();
+    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
+    let base = disk.at.join("base");
+    run(Command::new(workspace_binary("fsctl"))
+        .args(["format", "vol", "--base-dir"])
+        .arg(&base));
+    let mnt = dir.path().join("mnt");
+    let mounted = mount(&base, &mnt);
+    let synced = pattern(300_000, 1);
+    write_synced(&mnt.join("synced"), &synced, false, false);
+    // Staged, never closed: a writer in the middle of its work.
+    let mut open = Vec::new();
+    for i in 0..20u8 {
+        let mut file = File::create(mnt.join(format!("open-{i}"))).unwrap();
+        file.write_all(&pattern(100_000 + usize::from(i) * 1000, i))
+            .unwrap();
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(&pattern(4096, i), 5 << 20).unwrap();
+        file.flush().unwrap();
+        open.push(file);
+    }
+    let cut = dir.path().join("cut.img");
+    fs::copy(&image, &cut).unwrap();
+    drop(open);
+    drop(mounted);
+    drop(disk);
+
+    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
+    let base = after.at.join("base");
+    reboot(&base);
+    let mnt = dir.path().join("mnt-after");
+    let _mounted = mount(&base, &mnt);
+    assert!(fs::read(mnt.join("synced")).unwrap() == synced);
+    for i in 0..20u8 {
+        let path = mnt.join(format!("open-{i}"));
+        match fs::read(&path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("{}: {e}", path.display()),
+        }
+    }
+}
+
+#[test]
+fn a_power_cut_during_unsynced_overwrites_keeps_the_fsynced_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    File::create(&image).unwrap().set_len(256 << 20).unwrap();
+    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
+    let base = disk.at.join("base");
+    run(Command::new(workspace_binary("fsctl"))
+        .args(["format", "vol", "--base-dir"])
+        .arg(&base));
+    let mnt = dir.path().join("mnt");
+    let mounted = mount(&base, &mnt);
+    let old = pattern(3 << 20, 1);
+    write_synced(&mnt.join("c"), &old, false, false);
+    // An overwrite of 4 KiB, staged and not fsynced.
+    let new = pattern(4096, 9);
+    let file = OpenOptions::new().write(true).open(mnt.join("c")).unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&new, 8192).unwrap();
+    // The kernel's writeback sends the WRITE to Baton (staged there), as
+    // it would by itself within 30 s; no FSYNC.
+    use std::os::fd::AsRawFd;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: sync_file_range(2) on an open fd, no memory passed.
+    assert_eq!(
+        unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) },
+        0
+    );
+    // Another file's fsync: the metadata log and whatever the disk's
+    // journal commits with it reach the disk.
+    write_synced(&mnt.join("other"), &pattern(10_000, 2), false, false);
+    let cut = dir.path().join("cut.img");
+    fs::copy(&image, &cut).unwrap();
+    drop(file);
+    drop(mounted);
+    drop(disk);
+
+    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
+    let base = after.at.join("base");
+    reboot(&base);
+    let mnt = dir.path().join("mnt-after");
+    let _mounted = mount(&base, &mnt);
+    let got = fs::read(mnt.join("c")).unwrap();
+    assert_eq!(got.len(), old.len(), "length of c after the power cut");
+    assert!(
+        got == old,
+        "c after the power cut is not its fsynced content: first difference at byte {:?}",
+        got.iter().zip(&old).position(|(a, b)| a != b)
+    );
+    // The unsynced overwrite is set aside, not applied and not deleted.
+    let aside: Vec<_> = fs::read_dir(base.join("vol/staging"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("unsynced-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "one directory of set-aside staged writes");
+}
+
+#[test]
+fn writes_left_staged_by_a_clean_unmount_are_applied_after_a_reboot() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("disk.img");
+    File::create(&image).unwrap().set_len(256 << 20).unwrap();
+    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
+    let base = disk.at.join("base");
+    run(Command::new(workspace_binary("fsctl"))
+        .args(["format", "vol", "--base-dir"])
+        .arg(&base));
+    let mnt = dir.path().join("mnt");
+    let mounted = mount(&base, &mnt);
+    // The object store refuses every upload (an immutable directory, even
+    // for root): the writes stay staged, and the close says so.
+    let data = base.join("vol/data");
+    run(Command::new("chattr").args(["-R", "+i"]).arg(&data));
+    let content = pattern(500_000, 3);
+    let mut file = File::create(mnt.join("kept")).unwrap();
+    file.write_all(&content).unwrap();
+    drop(file);
+    // The unmount's last flush fails too: fsclient syncs what stays staged.
+    run(Command::new("umount").arg(&mnt));
+    let (mut child, guard) = mounted;
+    child
+        .wait_timeout(Duration::from_secs(30))
+        .expect("fsclient exits");
+    drop(guard);
+    let mark = fs::read_to_string(base.join("vol/staging/BOOT")).unwrap();
+    assert_eq!(
+        mark, "synced\n",
+        "the staging area's mark after the unmount"
+    );
+    // A power cut now (after the unmount) and a reboot: the synced writes
+    // are applied.
+    let cut = dir.path().join("cut.img");
+    fs::copy(&image, &cut).unwrap();
+    drop(disk);
+    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
+    let base = after.at.join("base");
+    // The store is writable again (here, not before the cut: that change
+    // would not have reached the image).
+    run(Command::new("chattr")
+        .args(["-R", "-i"])
+        .arg(base.join("vol/data")));
+    let mnt = dir.path().join("mnt-after");
+    let _mounted = mount(&base, &mnt);
+    assert!(
+        fs::read(mnt.join("kept")).unwrap() == content,
+        "the writes the unmount left staged and synced"
+    );
 }

@@ -249,7 +249,7 @@ impl Generation {
             workers.stop();
         }
         self.fs.cancel_lock_waiters();
-        self.fs.flush_all_at_exit().map(|()| ended)
+        self.fs.flush_all_at_exit(ended).map(|()| ended)
     }
 
     /// Registers the mount's session, or continues it (a generation after

@@ -209,7 +209,8 @@ fn serve_until_signal(
     stopper.stop();
     let reason = waiter.join().unwrap_or(ExitReason::Stopped);
     fs.cancel_lock_waiters();
-    Ok((reason, fs.flush_all_at_exit()))
+    // This process unmounts as it exits: nothing serves the mount after it.
+    Ok((reason, fs.flush_all_at_exit(true)))
 }
 
 /// Joins the workers; if the connection ends by itself, wakes the main

@@ -6,6 +6,8 @@
 //!
 //! ```text
 //! staging_dir/FORMAT                        "baton-staging v1" + block size
+//! staging_dir/BOOT                          the boot whose writes may be unsynced (`boot.rs`)
+//! staging_dir/unsynced-{boot}/{ino:016x}/   what a crashed boot left staged, set aside
 //! staging_dir/{ino:016x}/{index:08x}.blk    complete new content of a dirty block
 //! staging_dir/{ino:016x}/size               size record (see `record`)
 //! staging_dir/{ino:016x}/*.tmp              being written; deleted at open
@@ -61,6 +63,7 @@
 //! keys (a crash after 2 leaves unreferenced objects for garbage collection),
 //! and re-applying the same floor, blocks and size is idempotent.
 
+mod boot;
 mod io;
 mod record;
 mod retire;

@@ -44,6 +44,7 @@ impl Staging {
             owned: AtomicBool::new(false),
         };
         staging.check_format()?;
+        staging.check_boot()?;
         staging.note_retired_leftovers();
         Ok(staging)
     }
@@ -638,7 +639,7 @@ impl Staging {
         Ok(indices)
     }
 
-    fn inode_dirs(&self) -> Result<Vec<u64>> {
+    pub(super) fn inode_dirs(&self) -> Result<Vec<u64>> {
         let entries =
             fs::read_dir(&self.dir).map_err(|e| self.err("list staging dir", &self.dir, e))?;
         let mut inos = Vec::new();

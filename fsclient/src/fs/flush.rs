@@ -37,7 +37,9 @@
 //!   every object and the log, but Linux sends it only on virtiofs:
 //!   `sync(1)` on a /dev/fuse mount never reaches Baton. FLUSH (close) does
 //!   not sync: later changes may be lost, as on a local filesystem without
-//!   fsync. Test: `chaos-tests/tests/power_cut.rs`.
+//!   fsync. What a crashed boot left staged (maybe torn) is set aside at
+//!   the next open, never applied over committed data (`Staging`'s
+//!   `boot.rs`). Test: `chaos-tests/tests/power_cut.rs`.
 //!
 //! A crash between any two steps loses nothing: staging is cleared only
 //! after the commit, and redoing a flush from the staged state (what start-
@@ -104,11 +106,18 @@ impl BatonFs {
 
     /// The last flush before this process exits: [`BatonFs::flush_all`],
     /// and if anything could not be uploaded, [`Error::LeftStaged`] saying
-    /// how much stays where.
-    pub fn flush_all_at_exit(&self) -> Result<()> {
+    /// how much stays where. With `mount_gone` (no other process will
+    /// serve this mount) what stays is synced and the area marked so, to
+    /// be applied after a reboot too (`Staging::mark_synced`).
+    pub fn flush_all_at_exit(&self, mount_gone: bool) -> Result<()> {
         let Err(err) = self.flush_all() else {
             return Ok(());
         };
+        if mount_gone {
+            if let Err(sync_err) = self.staging.mark_synced() {
+                tracing::error!(%sync_err, "cannot sync what stays staged; after a power cut or a reboot it will be set aside, not applied");
+            }
+        }
         let left = self.staging.staged_inodes().unwrap_or_default();
         let bytes = self.staging.staged_bytes(&left).unwrap_or(0);
         Err(Error::LeftStaged {
