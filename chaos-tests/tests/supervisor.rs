@@ -1729,6 +1729,8 @@ fn a_non_root_fsctl_is_refused_with_exit_code_4() {
 /// (fault hook), with `prepare` run first and `script` doing the op; the
 /// application's call must succeed exactly once, the resent request be
 /// answered from its exactly-once record, and `check` hold afterwards.
+/// Generation 2 reads the resent request 300 ms late (delay hook): after
+/// its session timer's first tick, as a loaded machine does.
 fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
     drop(killed_after_commit_fixture(op, prepare, script, check));
 }
@@ -1737,9 +1739,15 @@ fn killed_after_commit(op: &str, prepare: &str, script: &str, check: &str) {
 /// by generation 2) for more checks.
 fn killed_after_commit_fixture(op: &str, prepare: &str, script: &str, check: &str) -> Fixture {
     let fault = format!("after-commit@{op}");
+    let delay = format!("{op}:300");
     let mut fx = Fixture::start_with_env(
         &[],
-        &[("BATON_FAULT", &fault), ("BATON_FAULT_GENERATION", "1")],
+        &[
+            ("BATON_FAULT", &fault),
+            ("BATON_FAULT_GENERATION", "1"),
+            ("BATON_DELAY", &delay),
+            ("BATON_DELAY_GENERATION", "2"),
+        ],
     );
     fx.mount();
     let m = s(&fx.mnt).to_string();

@@ -10,10 +10,13 @@
 //! BATON_FAULT=<point>[@<opcode>][#<n>]    e.g. after-commit@mkdir#3
 //! BATON_DELAY=<opcode>:<ms>               sleep that long after reading such a request
 //! BATON_FAULT_GENERATION=<g>              both only in generation g (default: any)
+//! BATON_DELAY_GENERATION=<g>              the delay only in generation g (default: as above)
 //! ```
 //!
 //! The delay makes a request still running when a handover starts, so it
-//! must go through the in-flight journal.
+//! must go through the in-flight journal; in the generation after a kill,
+//! it makes a resent request answered after the session timer's first
+//! tick.
 //!
 //! When unset (production) a hook is one relaxed atomic load. A malformed
 //! value is refused at start with an error naming the variable, never
@@ -30,6 +33,8 @@ pub const FAULT_ENV: &str = "BATON_FAULT";
 pub const DELAY_ENV: &str = "BATON_DELAY";
 /// The environment variable restricting it to one generation.
 pub const FAULT_GENERATION_ENV: &str = "BATON_FAULT_GENERATION";
+/// The environment variable restricting the delay to one generation.
+pub const DELAY_GENERATION_ENV: &str = "BATON_DELAY_GENERATION";
 
 /// Where a generation can be killed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,15 +88,19 @@ pub struct FaultSpecError {
 /// Reads the environment and arms the hook for `generation`. Call once at
 /// start, before serving.
 pub fn arm_from_env(generation: u64) -> Result<(), FaultSpecError> {
-    let only = match std::env::var(FAULT_GENERATION_ENV) {
-        Ok(g) if !g.is_empty() => Some(g.parse::<u64>().map_err(|_| FaultSpecError {
-            variable: FAULT_GENERATION_ENV,
+    let only = |variable| match std::env::var(variable) {
+        Ok(g) if !g.is_empty() => g.parse::<u64>().map(Some).map_err(|_| FaultSpecError {
+            variable,
             value: g.clone(),
             reason: "not a generation number",
-        })?),
-        _ => None,
+        }),
+        _ => Ok(None),
     };
-    let here = only.is_none_or(|g| g == generation);
+    let fault_only = only(FAULT_GENERATION_ENV)?;
+    let here = fault_only.is_none_or(|g| g == generation);
+    let delay_here = only(DELAY_GENERATION_ENV)?
+        .or(fault_only)
+        .is_none_or(|g| g == generation);
     let fault = match std::env::var(FAULT_ENV) {
         Ok(spec) if !spec.is_empty() && here => {
             let fault = parse(&spec)?;
@@ -101,7 +110,7 @@ pub fn arm_from_env(generation: u64) -> Result<(), FaultSpecError> {
         _ => None,
     };
     let delay = match std::env::var(DELAY_ENV) {
-        Ok(spec) if !spec.is_empty() && here => {
+        Ok(spec) if !spec.is_empty() && delay_here => {
             let delay = parse_delay(&spec)?;
             tracing::warn!(spec, generation, "delay hook armed (test only)");
             Some(delay)
@@ -183,17 +192,25 @@ fn opcode_named(name: &str) -> Option<u32> {
     })
 }
 
+/// The delay hook: sleeps if the armed delay is for `op`. Runs at
+/// after-read ([`hit`]) and, for TMPFILE, also before its handler takes
+/// the lock that holds the session tick off (`do_tmpfile`): a TMPFILE read
+/// late, as on a loaded machine.
+pub fn delay(op: u32) {
+    if let Some(Some((delayed, duration))) = DELAY.get() {
+        if *delayed == op {
+            std::thread::sleep(*duration);
+        }
+    }
+}
+
 /// The hook: dies by SIGKILL here (after-read is hooked for lookup,
 /// read, write, fsync, flush, readdir and every exactly-once mutation) if the armed fault matches `point` and
 /// the request's `op` (RENAME and RENAME2, READDIR and READDIRPLUS count as
 /// one) for the n-th time.
 pub fn hit(point: Point, op: u32) {
     if point == Point::AfterRead {
-        if let Some(Some((delayed, duration))) = DELAY.get() {
-            if *delayed == op {
-                std::thread::sleep(*duration);
-            }
-        }
+        delay(op);
     }
     let Some(Some(fault)) = FAULT.get() else {
         return;

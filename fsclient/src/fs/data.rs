@@ -233,6 +233,7 @@ impl BatonFs {
             symlink_target: None,
         };
         let linkable = arg.flags as i32 & libc::O_EXCL == 0;
+        crate::fault::delay(fuse_wire::abi::opcode::TMPFILE);
         // Until the handle is registered, the session tick does not look
         // at this session's holds (`orphans.rs`).
         let _births = super::read_lock(&self.tmpfile_births);

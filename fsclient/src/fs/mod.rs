@@ -152,6 +152,8 @@ pub struct BatonFs {
     /// The FUSE connection, for notifications the kernel did not ask for
     /// ([`BatonFs::invalidate_kernel_attrs`]). Set once, before serving.
     kernel: OnceLock<Arc<dyn fuse_wire::reply::ReplyChannel>>,
+    /// When [`BatonFs::set_connection`] ran (this generation adopted).
+    adopted_at: OnceLock<std::time::Instant>,
     /// Handing over: no more staging writes (metadata is fenced too).
     fenced: AtomicBool,
     /// Replayed requests answered from an earlier generation's record.
@@ -217,6 +219,7 @@ impl BatonFs {
             quota_free: quota_free::QuotaFree::default(),
             connection_identity: OnceLock::new(),
             kernel: OnceLock::new(),
+            adopted_at: OnceLock::new(),
             fenced: AtomicBool::new(false),
             recovered: AtomicU64::new(0),
             counters: counters::RequestCounters::default(),
@@ -285,6 +288,7 @@ impl BatonFs {
             "the connection was set twice"
         );
         self.handles.start_generation(generation, inherited);
+        let _ = self.adopted_at.set(std::time::Instant::now());
         // A SQLite volume has one mount at a time: no other mount to ask,
         // and a lock costs no metadata transaction.
         if self.meta.shared_by_hosts() {

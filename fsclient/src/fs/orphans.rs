@@ -43,6 +43,10 @@ use baton_meta::{MetaError, SessionInfo};
 use super::BatonFs;
 use crate::error::Result;
 
+/// How long after adopting a connection after a crash the resent
+/// requests count as maybe unanswered (`settle_held_orphans`). They are
+/// queued at once by the RESEND; this bounds a loaded machine's delay.
+pub const RESENT_REPLIES_GRACE: Duration = Duration::from_secs(10);
 /// Orphans without holders reclaimed per transaction at most.
 pub const UNHELD_RECLAIM_COUNT_MAX: u32 = 256;
 /// Transactions of [`UNHELD_RECLAIM_COUNT_MAX`] a tick runs at most (the
@@ -166,13 +170,29 @@ impl BatonFs {
                 tracing::warn!(sessions = ?expired, "expired sessions of dead mounts deleted");
             }
         }
-        self.settle_held_orphans(info.id)?;
+        self.settle_held_orphans(info.id, self.births_in_flight())?;
         self.reclaim_unheld_orphans()
     }
 
+    /// A TMPFILE the dead generation committed but never answered made an
+    /// orphan the kernel has no inode for yet: its RESEND, answered from
+    /// the exactly-once record, gives it one. Until the resent requests
+    /// are surely answered, the tick keeps an orphan the kernel does not
+    /// hold (a later tick settles it). Exit does not wait: a RESEND left
+    /// unread as this process stops within the grace after its own
+    /// takeover is the one case left (documented).
+    fn births_in_flight(&self) -> bool {
+        self.handles.inherited()
+            && self
+                .adopted_at
+                .get()
+                .is_some_and(|at| at.elapsed() < RESENT_REPLIES_GRACE)
+    }
+
     /// Settles every orphan session `id` holds (lets go of those no handle
-    /// here, nor the kernel if the table is inherited, has open).
-    fn settle_held_orphans(&self, id: u64) -> Result<()> {
+    /// here, nor the kernel if the table is inherited, has open; with
+    /// `births_in_flight`, those the kernel does not hold are kept too).
+    fn settle_held_orphans(&self, id: u64, births_in_flight: bool) -> Result<()> {
         let held = {
             // An orphan a TMPFILE made is in this list only once its
             // handle is registered (`do_tmpfile`), so it is kept.
@@ -180,7 +200,7 @@ impl BatonFs {
             self.meta.held_orphans(id)?
         };
         for held in held.chunks(ORPHAN_RELEASE_BATCH_MAX) {
-            self.settle_orphans(held)?;
+            self.settle_orphans_with(held, births_in_flight)?;
         }
         Ok(())
     }
@@ -195,7 +215,7 @@ impl BatonFs {
             return;
         };
         let settled = self
-            .settle_held_orphans(id)
+            .settle_held_orphans(id, false)
             .and_then(|()| self.reclaim_unheld_orphans());
         if let Err(err) = settled {
             tracing::warn!(%err, "orphans not settled at exit; the next mount reclaims them");
@@ -333,6 +353,12 @@ impl BatonFs {
     /// [`BatonFs::settle_orphan`] of each of `inos`, with one metadata
     /// transaction for all, under all their stripe mutexes.
     fn settle_orphans(&self, inos: &[u64]) -> Result<()> {
+        self.settle_orphans_with(inos, false)
+    }
+
+    /// [`BatonFs::settle_orphans`]; with `births_in_flight` (an inherited
+    /// table), those the kernel does not hold are kept too.
+    fn settle_orphans_with(&self, inos: &[u64], births_in_flight: bool) -> Result<()> {
         let mut doomed = Vec::new();
         let released = {
             let _guards = self.inode_locks_of(inos);
@@ -343,7 +369,10 @@ impl BatonFs {
                 .copied()
                 .filter(|&ino| !self.handles.mark_orphan(ino))
                 .collect();
-            let unheld = if self.handles.inherited() {
+            let unheld = if births_in_flight {
+                super::lock(&self.kernel_held_orphans).extend(unopened);
+                Vec::new()
+            } else if self.handles.inherited() {
                 self.unheld_by_kernel(unopened)
             } else {
                 unopened
