@@ -16,7 +16,10 @@
 //!   of the inode with ENOENT: no open file, none can come back, as the
 //!   inode has no name). A kept one is settled again when the kernel
 //!   FORGETs it (it evicts an unlinked inode at its last close) and at
-//!   every session tick (a FORGET the dead generation read is lost).
+//!   every session tick (a FORGET the dead generation read is lost). For
+//!   [`RESENT_REPLIES_GRACE`] after the takeover the tick keeps even those
+//!   the kernel has no inode for: a resent TMPFILE's reply may still give
+//!   it one.
 //!
 //! Every such decision runs under the inode's stripe mutex and re-reads the
 //! open count, and OPEN registers its handle BEFORE reading the inode: so a
