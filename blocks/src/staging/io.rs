@@ -70,24 +70,28 @@ pub(crate) fn read_padded(file: &File, offset: u64, len: usize) -> io::Result<Ve
 /// Replaces `path` with `data` atomically (write `tmp`, rename). No fsync:
 /// the page cache survives process death; `Staging::sync` adds durability.
 pub(crate) fn replace(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
-    let res = private_fs::create(tmp)
-        .and_then(|mut f| f.write_all(data))
-        .and_then(|()| fs::rename(tmp, path));
-    if res.is_err() {
-        let _ = fs::remove_file(tmp);
-    }
-    res
+    write_and_rename(path, tmp, data, false)
 }
 
 /// [`replace`], durable against power loss: the file's data before the
 /// rename, the directory after it.
 pub(crate) fn replace_durable(path: &Path, tmp: &Path, data: &[u8]) -> io::Result<()> {
+    write_and_rename(path, tmp, data, true)
+}
+
+fn write_and_rename(path: &Path, tmp: &Path, data: &[u8], durable: bool) -> io::Result<()> {
     let res = private_fs::create(tmp)
-        .and_then(|mut f| f.write_all(data).and_then(|()| f.sync_data()))
+        .and_then(|mut f| {
+            f.write_all(data)?;
+            if durable {
+                f.sync_data()?;
+            }
+            Ok(())
+        })
         .and_then(|()| fs::rename(tmp, path))
         .and_then(|()| match path.parent() {
-            Some(dir) => fs::File::open(dir).and_then(|d| d.sync_all()),
-            None => Ok(()),
+            Some(dir) if durable => fs::File::open(dir).and_then(|d| d.sync_all()),
+            _ => Ok(()),
         });
     if res.is_err() {
         let _ = fs::remove_file(tmp);

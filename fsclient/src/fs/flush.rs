@@ -76,6 +76,10 @@ pub(super) struct CommitPlan {
     pub(super) punched: Vec<u64>,
 }
 
+/// Objects an FSYNC syncs one by one at most; more, and it syncs the
+/// store's filesystem (`sync_objects_locked`).
+pub const SYNC_OBJECTS_ONE_BY_ONE_MAX: usize = 4096;
+
 /// Upload-and-commit rounds of one flush at most; each takes up to
 /// `UPLOAD_SET_BLOCK_COUNT_MAX` blocks. A writer racing the flush can only
 /// keep it busy this long.
@@ -466,7 +470,14 @@ impl BatonFs {
             ToSync::Keys(keys) => keys,
             ToSync::Whole => self.object_keys_of(ino)?,
         };
-        let result = self.store.make_durable(&keys);
+        // Past a few thousand files (a large file's first fsync after a
+        // takeover), one syncfs of the store's disk costs less than an
+        // open and fdatasync each.
+        let result = if keys.len() > SYNC_OBJECTS_ONE_BY_ONE_MAX {
+            self.store.make_all_durable()
+        } else {
+            self.store.make_durable(&keys)
+        };
         lock(&self.unsynced).synced(ino, result.is_ok());
         Ok(result?)
     }
