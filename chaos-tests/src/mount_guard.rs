@@ -95,3 +95,31 @@ pub fn workspace_binary(name: &str) -> PathBuf {
     }
     dir.join(name)
 }
+
+/// `fsclient mount vol MNT --base-dir BASE EXTRA...` in the background
+/// (stdin closed), once the mount is up; panics if it is not within
+/// `timeout`. The guards kill the process and unmount on drop.
+pub fn mount_fsclient(
+    base: &Path,
+    mnt: &Path,
+    extra: &[&str],
+    timeout: Duration,
+) -> (ChildGuard, MountGuard) {
+    let child = ChildGuard(
+        std::process::Command::new(workspace_binary("fsclient"))
+            .args(["mount", "vol"])
+            .arg(mnt)
+            .arg("--base-dir")
+            .arg(base)
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn fsclient (build the workspace first)"),
+    );
+    assert!(
+        wait_for_mount(mnt, timeout),
+        "fsclient did not mount {} within {timeout:?}",
+        mnt.display()
+    );
+    (child, MountGuard::new(mnt))
+}

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use chaos_tests::mount_guard::{wait_for_mount, workspace_binary, ChildGuard, MountGuard};
+use chaos_tests::mount_guard::{mount_fsclient, workspace_binary, ChildGuard, MountGuard};
 
 /// An ext4 filesystem on a loop device over `image`, mounted at `at`;
 /// unmounted and detached when dropped.
@@ -61,6 +61,70 @@ impl Drop for LoopDisk {
     }
 }
 
+/// The machine whose power is cut: a volume formatted on a fresh ext4
+/// image. After [`Machine::cut`], the same paths hold the disk as the
+/// cut left it.
+struct Machine {
+    /// Where the disk is mounted.
+    at: PathBuf,
+    disk: Option<LoopDisk>,
+    // Last: removed once the disk is gone.
+    dir: tempfile::TempDir,
+}
+
+impl Machine {
+    fn new() -> Machine {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        File::create(&image).unwrap().set_len(256 << 20).unwrap();
+        let at = dir.path().join("disk");
+        let disk = Some(LoopDisk::mount(&image, &at, true));
+        let machine = Machine { at, disk, dir };
+        run(Command::new(workspace_binary("fsctl"))
+            .args(["format", "vol", "--base-dir"])
+            .arg(machine.base()));
+        machine
+    }
+
+    fn base(&self) -> PathBuf {
+        self.at.join("base")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `fsclient mount` of the volume at `name` (a directory beside the
+    /// disk), with `extra` options.
+    fn mount(&self, name: &str, extra: &[&str]) -> (ChildGuard, MountGuard) {
+        let mnt = self.path(name);
+        fs::create_dir_all(&mnt).unwrap();
+        mount_fsclient(&self.base(), &mnt, extra, Duration::from_secs(20))
+    }
+
+    /// The power cut and the reboot: the image is copied as the disk has
+    /// it now (not what sits dirty in the page cache); then `running` (the
+    /// mounts, the open files) goes, with the disk; the copy is mounted at
+    /// the same path (the volume names its object store's directory; ext4
+    /// replays its journal), and the staging area's boot mark names
+    /// another boot, as after a reboot (this test runs on in the same
+    /// boot). A `synced` mark is left as it is.
+    fn cut<T>(mut self, running: T) -> Machine {
+        let cut = self.path("cut.img");
+        fs::copy(self.path("disk.img"), &cut).unwrap();
+        drop(running);
+        // The old disk goes before the copy takes its place.
+        drop(self.disk.take());
+        self.disk = Some(LoopDisk::mount(&cut, &self.at, false));
+        let mark = self.base().join("vol/staging/BOOT");
+        let recorded = fs::read_to_string(&mark).expect("the staging area's boot mark");
+        if recorded.starts_with("boot ") {
+            fs::write(&mark, "boot 00000000-0000-0000-0000-000000000000\n").unwrap();
+        }
+        self
+    }
+}
+
 fn run(command: &mut Command) -> Output {
     let out = command
         .stdin(Stdio::null())
@@ -72,40 +136,6 @@ fn run(command: &mut Command) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn mount(base: &Path, mnt: &Path) -> (ChildGuard, MountGuard) {
-    mount_with(base, mnt, &[])
-}
-
-fn mount_with(base: &Path, mnt: &Path, extra: &[&str]) -> (ChildGuard, MountGuard) {
-    fs::create_dir_all(mnt).unwrap();
-    let child = ChildGuard(
-        Command::new(workspace_binary("fsclient"))
-            .args(["mount", "vol"])
-            .arg(mnt)
-            .arg("--base-dir")
-            .arg(base)
-            .args(extra)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn fsclient (build the workspace first)"),
-    );
-    assert!(
-        wait_for_mount(mnt, Duration::from_secs(20)),
-        "fsclient did not mount"
-    );
-    (child, MountGuard::new(mnt))
-}
-
-/// What the machine's reboot after the cut changes for the volume at
-/// `base`: the boot id. The staging area recorded this boot's id, and this
-/// test runs on in the same boot, so the record names another one.
-fn reboot(base: &Path) {
-    let mark = base.join("vol/staging/BOOT");
-    let recorded = fs::read_to_string(&mark).expect("the staging area's boot mark");
-    assert!(recorded.starts_with("boot "), "boot mark {recorded:?}");
-    fs::write(&mark, "boot 00000000-0000-0000-0000-000000000000\n").unwrap();
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -133,17 +163,9 @@ fn write_synced(path: &Path, data: &[u8], append: bool, datasync: bool) {
 
 #[test]
 fn fsynced_files_survive_a_power_cut_taken_right_after_the_fsync() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
-    let base = disk.at.join("base");
-    run(Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--base-dir"])
-        .arg(&base));
-    let mnt = dir.path().join("mnt");
-    let mounted = mount(&base, &mnt);
-
+    let machine = Machine::new();
+    let mounted = machine.mount("mnt", &[]);
+    let mnt = machine.path("mnt");
     let mut expected: Vec<(&str, Vec<u8>)> = Vec::new();
     // Several 4 MiB blocks and a tail, in one fsync.
     let big = pattern((9 << 20) + 12_345, 1);
@@ -172,28 +194,19 @@ fn fsynced_files_survive_a_power_cut_taken_right_after_the_fsync() {
     File::open(mnt.join("sub")).unwrap().sync_all().unwrap();
     expected.push(("sub/nested", nested));
 
-    // The power cut: what the disk got, now.
-    let cut = dir.path().join("cut.img");
-    fs::copy(&image, &cut).unwrap();
-    drop(mounted);
-    drop(disk);
-
-    // At the same path: the volume names its object store's directory.
-    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
-    let base = after.at.join("base");
-    reboot(&base);
+    let machine = machine.cut(mounted);
     let out = run(Command::new(workspace_binary("fsctl"))
         .args(["fsck", "vol", "--json", "--base-dir"])
-        .arg(&base));
+        .arg(machine.base()));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fsck JSON");
     assert_eq!(
         report["missing_or_short_blocks"], 0,
         "objects lost in the power cut: {report}"
     );
-    let mnt = dir.path().join("mnt-after");
-    let _mounted = mount(&base, &mnt);
+    let _mounted = machine.mount("mnt-after", &[]);
     for (name, want) in &expected {
-        let got = fs::read(mnt.join(name)).unwrap_or_else(|e| panic!("read {name}: {e}"));
+        let got = fs::read(machine.path("mnt-after").join(name))
+            .unwrap_or_else(|e| panic!("read {name}: {e}"));
         assert_eq!(got.len(), want.len(), "{name}: length after the power cut");
         assert!(got == *want, "{name}: content after the power cut differs");
     }
@@ -201,16 +214,9 @@ fn fsynced_files_survive_a_power_cut_taken_right_after_the_fsync() {
 
 #[test]
 fn a_power_cut_with_writes_staged_still_mounts_and_keeps_what_was_fsynced() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
-    let base = disk.at.join("base");
-    run(Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--base-dir"])
-        .arg(&base));
-    let mnt = dir.path().join("mnt");
-    let mounted = mount(&base, &mnt);
+    let machine = Machine::new();
+    let mounted = machine.mount("mnt", &[]);
+    let mnt = machine.path("mnt");
     let synced = pattern(300_000, 1);
     write_synced(&mnt.join("synced"), &synced, false, false);
     // Staged, never closed: a writer in the middle of its work.
@@ -224,17 +230,10 @@ fn a_power_cut_with_writes_staged_still_mounts_and_keeps_what_was_fsynced() {
         file.flush().unwrap();
         open.push(file);
     }
-    let cut = dir.path().join("cut.img");
-    fs::copy(&image, &cut).unwrap();
-    drop(open);
-    drop(mounted);
-    drop(disk);
 
-    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
-    let base = after.at.join("base");
-    reboot(&base);
-    let mnt = dir.path().join("mnt-after");
-    let _mounted = mount(&base, &mnt);
+    let machine = machine.cut((open, mounted));
+    let _mounted = machine.mount("mnt-after", &[]);
+    let mnt = machine.path("mnt-after");
     assert!(fs::read(mnt.join("synced")).unwrap() == synced);
     for i in 0..20u8 {
         let path = mnt.join(format!("open-{i}"));
@@ -248,16 +247,9 @@ fn a_power_cut_with_writes_staged_still_mounts_and_keeps_what_was_fsynced() {
 
 #[test]
 fn a_power_cut_during_unsynced_overwrites_keeps_the_fsynced_content() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
-    let base = disk.at.join("base");
-    run(Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--base-dir"])
-        .arg(&base));
-    let mnt = dir.path().join("mnt");
-    let mounted = mount(&base, &mnt);
+    let machine = Machine::new();
+    let mounted = machine.mount("mnt", &[]);
+    let mnt = machine.path("mnt");
     let old = pattern(3 << 20, 1);
     write_synced(&mnt.join("c"), &old, false, false);
     // An overwrite of 4 KiB, staged and not fsynced.
@@ -279,18 +271,10 @@ fn a_power_cut_during_unsynced_overwrites_keeps_the_fsynced_content() {
     // Another file's fsync: the metadata log and whatever the disk's
     // journal commits with it reach the disk.
     write_synced(&mnt.join("other"), &pattern(10_000, 2), false, false);
-    let cut = dir.path().join("cut.img");
-    fs::copy(&image, &cut).unwrap();
-    drop(file);
-    drop(mounted);
-    drop(disk);
 
-    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
-    let base = after.at.join("base");
-    reboot(&base);
-    let mnt = dir.path().join("mnt-after");
-    let _mounted = mount(&base, &mnt);
-    let got = fs::read(mnt.join("c")).unwrap();
+    let machine = machine.cut((file, mounted));
+    let _mounted = machine.mount("mnt-after", &[]);
+    let got = fs::read(machine.path("mnt-after").join("c")).unwrap();
     assert_eq!(got.len(), old.len(), "length of c after the power cut");
     assert!(
         got == old,
@@ -298,7 +282,7 @@ fn a_power_cut_during_unsynced_overwrites_keeps_the_fsynced_content() {
         got.iter().zip(&old).position(|(a, b)| a != b)
     );
     // The unsynced overwrite is set aside, not applied and not deleted.
-    let aside: Vec<_> = fs::read_dir(base.join("vol/staging"))
+    let aside: Vec<_> = fs::read_dir(machine.base().join("vol/staging"))
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("unsynced-"))
@@ -308,19 +292,12 @@ fn a_power_cut_during_unsynced_overwrites_keeps_the_fsynced_content() {
 
 #[test]
 fn writes_left_staged_by_a_clean_unmount_are_applied_after_a_reboot() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
-    let base = disk.at.join("base");
-    run(Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--base-dir"])
-        .arg(&base));
-    let mnt = dir.path().join("mnt");
-    let mounted = mount(&base, &mnt);
+    let machine = Machine::new();
+    let (mut child, guard) = machine.mount("mnt", &[]);
+    let mnt = machine.path("mnt");
     // The object store refuses every upload (an immutable directory, even
     // for root): the writes stay staged, and the close says so.
-    let data = base.join("vol/data");
+    let data = machine.base().join("vol/data");
     run(Command::new("chattr").args(["-R", "+i"]).arg(&data));
     let content = pattern(500_000, 3);
     let mut file = File::create(mnt.join("kept")).unwrap();
@@ -328,32 +305,27 @@ fn writes_left_staged_by_a_clean_unmount_are_applied_after_a_reboot() {
     drop(file);
     // The unmount's last flush fails too: fsclient syncs what stays staged.
     run(Command::new("umount").arg(&mnt));
-    let (mut child, guard) = mounted;
     child
         .wait_timeout(Duration::from_secs(30))
         .expect("fsclient exits");
     drop(guard);
-    let mark = fs::read_to_string(base.join("vol/staging/BOOT")).unwrap();
+    let mark = fs::read_to_string(machine.base().join("vol/staging/BOOT")).unwrap();
     assert_eq!(
         mark, "synced\n",
         "the staging area's mark after the unmount"
     );
-    // A power cut now (after the unmount) and a reboot: the synced writes
-    // are applied.
-    let cut = dir.path().join("cut.img");
-    fs::copy(&image, &cut).unwrap();
-    drop(disk);
-    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
-    let base = after.at.join("base");
+
+    // A power cut after the unmount, and a reboot: the synced writes are
+    // applied.
+    let machine = machine.cut(());
     // The store is writable again (here, not before the cut: that change
     // would not have reached the image).
     run(Command::new("chattr")
         .args(["-R", "-i"])
-        .arg(base.join("vol/data")));
-    let mnt = dir.path().join("mnt-after");
-    let _mounted = mount(&base, &mnt);
+        .arg(machine.base().join("vol/data")));
+    let _mounted = machine.mount("mnt-after", &[]);
     assert!(
-        fs::read(mnt.join("kept")).unwrap() == content,
+        fs::read(machine.path("mnt-after").join("kept")).unwrap() == content,
         "the writes the unmount left staged and synced"
     );
 }
@@ -363,40 +335,25 @@ fn writes_left_staged_by_a_clean_unmount_are_applied_after_a_reboot() {
 /// wrong data; the cache reads a whole range or refetches.
 #[test]
 fn block_cache_files_a_power_cut_tore_are_not_served() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = dir.path().join("disk.img");
-    File::create(&image).unwrap().set_len(256 << 20).unwrap();
-    let disk = LoopDisk::mount(&image, &dir.path().join("disk"), true);
-    let base = disk.at.join("base");
-    run(Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--base-dir"])
-        .arg(&base));
+    let machine = Machine::new();
     let content = pattern(5 << 20, 4);
     {
-        let mnt = dir.path().join("mnt");
-        let _mounted = mount(&base, &mnt);
-        write_synced(&mnt.join("cached"), &content, false, false);
+        let _mounted = machine.mount("mnt", &[]);
+        write_synced(&machine.path("mnt").join("cached"), &content, false, false);
     }
     // With a block cache (a remote store's setup; here forced): reading
     // the file fills the cache, unsynced.
     let cache = ["--cache-size", "64M"];
-    let mnt = dir.path().join("mnt-cached");
-    let mounted = mount_with(&base, &mnt, &cache);
+    let mounted = machine.mount("mnt-cached", &cache);
+    let mnt = machine.path("mnt-cached");
     assert!(fs::read(mnt.join("cached")).unwrap() == content);
     // Another file's fsync: the disk's journal commits the cache files'
     // names with it.
     write_synced(&mnt.join("other"), &pattern(10_000, 5), false, false);
-    let cut = dir.path().join("cut.img");
-    fs::copy(&image, &cut).unwrap();
-    drop(mounted);
-    drop(disk);
 
-    let after = LoopDisk::mount(&cut, &dir.path().join("disk"), false);
-    let base = after.at.join("base");
-    reboot(&base);
-    let mnt = dir.path().join("mnt-after");
-    let _mounted = mount_with(&base, &mnt, &cache);
-    let got = fs::read(mnt.join("cached")).unwrap();
+    let machine = machine.cut(mounted);
+    let _mounted = machine.mount("mnt-after", &cache);
+    let got = fs::read(machine.path("mnt-after").join("cached")).unwrap();
     assert!(
         got == content,
         "a file read through a block cache a power cut tore: first difference at byte {:?} of {}",

@@ -8,11 +8,11 @@
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use chaos_tests::mount_guard::{
-    wait_for_mount, wait_until, workspace_binary, ChildGuard, MountGuard,
+    mount_fsclient, wait_until, workspace_binary, ChildGuard, MountGuard,
 };
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -27,20 +27,7 @@ fn objects(data: &Path) -> usize {
 }
 
 fn mount(base: &Path, mnt: &Path) -> (ChildGuard, MountGuard) {
-    let child = ChildGuard(
-        Command::new(workspace_binary("fsclient"))
-            .args(["mount", "vol"])
-            .arg(mnt)
-            .arg("--base-dir")
-            .arg(base)
-            .args(["--session-expiry-ms", "1000"])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn fsclient (build the workspace first)"),
-    );
-    assert!(wait_for_mount(mnt, DEADLINE), "fsclient did not mount");
-    (child, MountGuard::new(mnt))
+    mount_fsclient(base, mnt, &["--session-expiry-ms", "1000"], DEADLINE)
 }
 
 #[test]

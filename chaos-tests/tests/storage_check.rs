@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use chaos_tests::mount_guard::{wait_for_mount, workspace_binary, ChildGuard, MountGuard};
+use chaos_tests::mount_guard::{mount_fsclient, workspace_binary, ChildGuard, MountGuard};
 
 fn fsctl(args: &[&str], base: &Path) -> Output {
     Command::new(workspace_binary("fsctl"))
@@ -33,21 +33,7 @@ fn text(out: &Output) -> String {
 }
 
 fn mount(base: &Path, mnt: &Path) -> (ChildGuard, MountGuard) {
-    let child = ChildGuard(
-        Command::new(workspace_binary("fsclient"))
-            .args(["mount", "vol"])
-            .arg(mnt)
-            .arg("--base-dir")
-            .arg(base)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn fsclient"),
-    );
-    assert!(
-        wait_for_mount(mnt, Duration::from_secs(20)),
-        "fsclient did not mount"
-    );
-    (child, MountGuard::new(mnt))
+    mount_fsclient(base, mnt, &[], Duration::from_secs(20))
 }
 
 fn unmount(mnt: &Path, (mut child, guard): (ChildGuard, MountGuard)) {
