@@ -370,7 +370,25 @@ pub(crate) fn validate(path: &Path, conn: &Connection) -> Result<VolumeRecord> {
     Ok(volume)
 }
 
+/// How long a database file shorter than its header says may take to
+/// grow: a checkpoint in another process (the serving generation, while a
+/// standby or an upgrade's new generation opens the volume) writes page 1,
+/// with the new page count, first and the pages that extend the file last.
+const CHECKPOINT_GROWTH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn check_header(path: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + CHECKPOINT_GROWTH_WAIT;
+    loop {
+        match check_header_once(path) {
+            Err(MetaError::Corrupt { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn check_header_once(path: &Path) -> Result<()> {
     let io = |source| MetaError::Io {
         path: path.to_owned(),
         source,
@@ -391,7 +409,8 @@ fn check_header(path: &Path) -> Result<()> {
     if let Some(expected) = header_file_bytes(&head) {
         // The header's page count is the file's size at the last checkpoint
         // (later pages live in the WAL): a shorter file lost pages, and
-        // SQLite would only find out when a query touched them (EIO on rm).
+        // SQLite would only find out when a query touched them (EIO on rm),
+        // unless a checkpoint is under way (`check_header` waits for it).
         if file_bytes < expected {
             return Err(MetaError::corrupt(format!(
                 "{} is truncated: {file_bytes} bytes where its header says {expected}",
@@ -450,4 +469,58 @@ fn read_volume(conn: &Connection) -> Result<VolumeRecord> {
         format_version,
         created: Timespec { sec, nsec },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A database file of `file_pages` pages of 4 KiB whose header says it
+    /// has `header_pages`.
+    fn database_file(path: &Path, header_pages: u32, file_pages: u64) {
+        let mut head = vec![0u8; HEADER_BYTES];
+        head[..16].copy_from_slice(SQLITE_HEADER);
+        head[16..18].copy_from_slice(&4096u16.to_be_bytes());
+        head[24..28].copy_from_slice(&7u32.to_be_bytes());
+        head[28..32].copy_from_slice(&header_pages.to_be_bytes());
+        head[92..96].copy_from_slice(&7u32.to_be_bytes());
+        std::fs::write(path, &head).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(file_pages * 4096)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_file_a_checkpoint_is_still_growing_passes_and_a_truncated_one_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        database_file(&path, 3, 3);
+        check_header(&path).unwrap();
+
+        // Another process's checkpoint: page 1 (the new count) written,
+        // the last page not yet.
+        database_file(&path, 3, 2);
+        let growing = path.clone();
+        let checkpoint = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::fs::File::options()
+                .write(true)
+                .open(&growing)
+                .unwrap()
+                .set_len(3 * 4096)
+                .unwrap();
+        });
+        check_header(&path).unwrap();
+        checkpoint.join().unwrap();
+
+        database_file(&path, 3, 2);
+        let started = std::time::Instant::now();
+        let err = check_header(&path).unwrap_err();
+        assert!(err.to_string().contains("is truncated"), "{err}");
+        assert!(started.elapsed() >= CHECKPOINT_GROWTH_WAIT);
+    }
 }
