@@ -5,9 +5,12 @@
 //! Written here rather than through `object_store`'s `LocalFileSystem`,
 //! whose ranged GET opens the file anew for every request: a new open file
 //! starts with no readahead state, so each 128 KiB FUSE read of a cold
-//! sequential scan became one synchronous disk read. Keeping the last
-//! [`OPEN_OBJECT_FILES_MAX`] object files open lets the kernel see the
-//! scan and read ahead, and saves an open and a close per request.
+//! sequential scan became one synchronous disk read. Keeping the most
+//! recently read object files open (up to [`OPEN_OBJECT_FILES_MAX`], and a
+//! quarter of the process's open-file limit) lets the kernel see the scan
+//! and read ahead, and saves an open and a close per request: at 64 files,
+//! cold random reads of a 1 GiB file (256 objects) opened and closed a
+//! file for 3 READs in 4.
 //!
 //! An object's file is `DIR/{key}`, the path `LocalFileSystem` writes it
 //! to (keys are `[0-9a-f/-]`, which it stores without escaping; the tests
@@ -20,7 +23,6 @@
 //! [`InPlaceReader::prefetch`] has a thread ask the kernel for the next
 //! blocks' files before the scan reaches them.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
@@ -36,8 +38,8 @@ use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use crate::error::{BlocksError, Result};
 use crate::key::ObjectKey;
 
-/// Object files kept open between reads at most.
-pub const OPEN_OBJECT_FILES_MAX: usize = 64;
+/// Object files kept open between reads at most (4 GiB of 4 MiB blocks).
+pub const OPEN_OBJECT_FILES_MAX: usize = 1024;
 /// Readahead hints waiting for the readahead thread at most; more are
 /// dropped (the scan is then further ahead than the disk).
 const READAHEAD_QUEUE_MAX: usize = 16;
@@ -61,36 +63,32 @@ struct ObjectFiles {
 }
 
 /// The most recently used object files, by key.
-#[derive(Debug, Default)]
-struct OpenFiles {
-    files: HashMap<ObjectKey, (Arc<File>, u64)>,
-    tick: u64,
+#[derive(Debug)]
+struct OpenFiles(hashlink::LruCache<ObjectKey, Arc<File>>);
+
+impl Default for OpenFiles {
+    fn default() -> Self {
+        OpenFiles(hashlink::LruCache::new(open_files_max()))
+    }
 }
 
 impl OpenFiles {
     fn get(&mut self, key: &ObjectKey) -> Option<Arc<File>> {
-        self.tick += 1;
-        let tick = self.tick;
-        self.files.get_mut(key).map(|(file, used)| {
-            *used = tick;
-            Arc::clone(file)
-        })
+        self.0.get(key).map(Arc::clone)
     }
 
     fn insert(&mut self, key: ObjectKey, file: Arc<File>) {
-        if self.files.len() >= OPEN_OBJECT_FILES_MAX {
-            let oldest = self
-                .files
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(key, _)| key.clone());
-            if let Some(oldest) = oldest {
-                self.files.remove(&oldest);
-            }
-        }
-        self.tick += 1;
-        self.files.insert(key, (file, self.tick));
+        self.0.insert(key, file);
     }
+}
+
+/// [`OPEN_OBJECT_FILES_MAX`], or a quarter of the soft open-file limit if
+/// that is less (`fsclient mount` run by hand keeps the usual 1024).
+fn open_files_max() -> usize {
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1024, |(soft, _)| soft);
+    let quarter = usize::try_from(limit / 4).unwrap_or(usize::MAX);
+    quarter.clamp(16, OPEN_OBJECT_FILES_MAX)
 }
 
 impl InPlaceReader {

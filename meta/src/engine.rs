@@ -393,6 +393,13 @@ impl<E: Engine> MetaStore for E {
         self.read("blocks", |c| blockmap::blocks(c, ino, first_index, count))
     }
 
+    fn read_plan(&self, ino: u64, first_index: u64, count: u32) -> Result<(Attr, Vec<BlockRef>)> {
+        self.read("read plan", |c| {
+            let attr = inode::attr(c, ino)?;
+            Ok((attr, blockmap::blocks(c, ino, first_index, count)?))
+        })
+    }
+
     fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
         self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
     }

@@ -212,6 +212,10 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// first_index + count`, ascending; a missing index is a hole.
     fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>>;
 
+    /// What a READ needs: the inode's attributes and its [`MetaStore::blocks`]
+    /// rows, from one snapshot (one read transaction, not two).
+    fn read_plan(&self, ino: u64, first_index: u64, count: u32) -> Result<(Attr, Vec<BlockRef>)>;
+
     /// Block-map rows of the whole volume strictly after `(ino, index)`
     /// (from the start for `None`), ordered by `(ino, index)`, at most
     /// `limit` (capped at `BLOCKS_QUERY_COUNT_MAX`): every object the

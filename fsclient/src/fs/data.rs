@@ -18,7 +18,7 @@ use std::ffi::OsStr;
 
 use baton_blocks::{BlocksError, ObjectKey, FILE_SIZE_BYTES_MAX};
 use baton_meta::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX};
-use baton_meta::{CreateArgs, FileKind, MetaError, Recorded};
+use baton_meta::{BlockRef, CreateArgs, FileKind, MetaError, Recorded};
 use bytes::Bytes;
 use fuse_wire::{
     CreateIn, EntryOut, Errno, FallocateFlags, FallocateIn, LseekIn, OpenInFlags, ReadIn, Request,
@@ -284,7 +284,13 @@ impl BatonFs {
     /// staged bytes over them.
     fn read_range(&self, ino: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
         let overlay = self.staging.read_overlay(ino, offset, len)?;
-        let attr = self.meta.getattr(ino)?;
+        // The size and the rows of the range, from one snapshot: rows past
+        // the committed size are clipped below.
+        let bs = self.block_size;
+        let first = offset / bs;
+        let last = offset.saturating_add(len.max(1)) - 1;
+        let count = (last / bs - first + 1).min(u64::from(u32::MAX)) as u32;
+        let (attr, rows) = self.meta.read_plan(ino, first, count)?;
         if attr.kind != FileKind::Regular {
             return Err(Error::refused(
                 ino,
@@ -300,17 +306,23 @@ impl BatonFs {
         let mut buf = vec![0u8; (end - offset) as usize];
         let committed_end = end.min(attr.size);
         if offset < committed_end {
-            self.read_committed(ino, offset, committed_end, &mut buf)?;
+            self.read_committed(&rows, offset, committed_end, &mut buf)?;
         }
         overlay.apply(offset, &mut buf);
         Ok(buf)
     }
 
-    fn read_committed(&self, ino: u64, offset: u64, end: u64, buf: &mut [u8]) -> Result<()> {
+    /// Fills `buf` (bytes `offset..end`) from the committed `rows` that
+    /// cover it.
+    fn read_committed(
+        &self,
+        rows: &[BlockRef],
+        offset: u64,
+        end: u64,
+        buf: &mut [u8],
+    ) -> Result<()> {
         let bs = self.block_size;
-        let first = offset / bs;
-        let count = ((end - 1) / bs - first + 1).min(u64::from(u32::MAX)) as u32;
-        for row in self.meta.blocks(ino, first, count)? {
+        for row in rows {
             let block_start = row.index * bs;
             let lo = offset.max(block_start);
             let hi = end.min(block_start + u64::from(row.len));
