@@ -396,7 +396,8 @@ impl<E: Engine> MetaStore for E {
     fn read_plan(&self, ino: u64, first_index: u64, count: u32) -> Result<(Attr, Vec<BlockRef>)> {
         self.read("read plan", |c| {
             let attr = inode::attr(c, ino)?;
-            Ok((attr, blockmap::blocks(c, ino, first_index, count)?))
+            // The caller checks the kind (a non-regular file has no rows).
+            Ok((attr, blockmap::rows(c, ino, first_index, count)?))
         })
     }
 

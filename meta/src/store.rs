@@ -213,7 +213,8 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn blocks(&self, ino: u64, first_index: u64, count: u32) -> Result<Vec<BlockRef>>;
 
     /// What a READ needs: the inode's attributes and its [`MetaStore::blocks`]
-    /// rows, from one snapshot (one read transaction, not two).
+    /// rows, from one snapshot (one read transaction, not two). Any kind
+    /// of inode: one that is not a regular file has no rows.
     fn read_plan(&self, ino: u64, first_index: u64, count: u32) -> Result<(Attr, Vec<BlockRef>)>;
 
     /// Block-map rows of the whole volume strictly after `(ino, index)`

@@ -359,3 +359,22 @@ fn lookup_and_getattr_plus_count_the_committed_bytes_below_the_size() {
     );
     assert_eq!(m.getattr_plus(999_999).unwrap_err().errno(), libc::ENOENT);
 }
+
+/// READ's one-snapshot read: the attributes and the rows `blocks` gives;
+/// a directory has its attributes and no rows.
+#[test]
+fn read_plan_gives_attributes_and_the_rows_of_the_range() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let f = file(m, ROOT_INO, "f");
+    write(m, f.ino, 2 * B + 7, vec![blk(0, "a", BS), blk(2, "c", 7)]);
+    let (attr, rows) = m.read_plan(f.ino, 0, 3).unwrap();
+    assert_eq!(attr.size, 2 * B + 7);
+    assert_eq!(rows, m.blocks(f.ino, 0, 3).unwrap());
+    assert_eq!(rows, vec![blk(0, "a", BS), blk(2, "c", 7)]);
+    let (_, tail) = m.read_plan(f.ino, 1, 2).unwrap();
+    assert_eq!(tail, vec![blk(2, "c", 7)]);
+    let (root, none) = m.read_plan(ROOT_INO, 0, 1).unwrap();
+    assert_eq!(root.kind, baton_meta::FileKind::Directory);
+    assert!(none.is_empty());
+}
