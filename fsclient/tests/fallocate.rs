@@ -24,17 +24,6 @@ const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
 const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
 const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
 
-fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open fd.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(())
-    }
-}
-
 fn open_rw(path: &Path) -> File {
     OpenOptions::new()
         .read(true)

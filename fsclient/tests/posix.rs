@@ -368,17 +368,6 @@ fn lseek(f: &File, offset: u64, whence: i32) -> Result<u64, i32> {
     }
 }
 
-fn fallocate(f: &File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open fd.
-    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(())
-    }
-}
-
 #[test]
 fn seek_data_and_seek_hole_follow_the_block_map() {
     let vol = Volume::new();

@@ -246,6 +246,18 @@ pub fn cstr(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).unwrap()
 }
 
+/// fallocate(2) on `f`; the errno on failure.
+pub fn fallocate(f: &std::fs::File, mode: i32, offset: u64, len: u64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open fd.
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
 /// The errno of the last failed libc call.
 pub fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
