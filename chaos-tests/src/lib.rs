@@ -3,6 +3,9 @@
 //!
 //! - [`browser`]: headless Chromium over the DevTools protocol (a pipe),
 //!   for tests that check a page's layout.
+//! - [`kube`]: a real one-node Kubernetes cluster (etcd, kube-apiserver,
+//!   kubelet, containerd) running deploy/kubernetes, for the CSI driver's
+//!   tier-2 test and `baton-bench kube`.
 //! - [`memfs`]: an in-memory test filesystem for exercising fuse-wire.
 //! - [`mount_guard`]: unmount-on-every-path guards and deadlines for tests
 //!   and benches that mount real FUSE filesystems.
@@ -22,6 +25,7 @@ pub mod bench;
 pub mod browser;
 pub mod chaos;
 pub mod fsx;
+pub mod kube;
 pub mod memfs;
 pub mod mount_guard;
 pub mod rw_workload;

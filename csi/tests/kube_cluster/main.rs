@@ -4,14 +4,9 @@
 //! StorageClass) from the Baton image, and pods consume PVCs through
 //! kubelet's CSI calls.
 //!
-//! The cluster: Debian's etcd, kube-apiserver, kube-controller-manager
-//! and kubelet 1.20.2 (`.ci/build-kubernetes`), a private containerd 1.6
-//! and runc from Debian (root, state, sockets, runc root all in the test's
-//! temp dir), the Baton image from `deploy/image/build --binaries
-//! target/debug` and a pause image made here from a static C program, both
-//! imported with `ctr`. Every pod is host-network (no pod network, no
-//! kube-proxy). What the cluster lacks, the test plays, as the component
-//! would: kube-scheduler (binding pending pods to the node) and
+//! The cluster is `chaos_tests::kube::OneNode` (Debian's etcd, kubelet
+//! 1.20.2 and friends, a private containerd, the Baton image; what the
+//! cluster lacks, kube-scheduler, the harness plays). The test also plays
 //! external-provisioner (CreateVolume on baton-csi's controller socket,
 //! then the PV pre-bound to the PVC).
 //!
@@ -47,10 +42,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[allow(dead_code)]
-#[path = "../../../supervisor/tests/kubernetes_apiserver/cluster.rs"]
-mod apiserver;
-mod node;
 mod objects;
 
 use std::path::{Path, PathBuf};
@@ -58,20 +49,17 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node as KubeNode, PersistentVolumeClaim, Pod};
-use kube::api::{DeleteParams, DynamicObject, GroupVersionKind};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::DeleteParams;
 use kube::{Api, Client};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use serde_json::Value;
 
-use apiserver::{free_port, s};
-use node::{mounts_under, Node, NODE};
+use chaos_tests::kube::apiserver::{free_port, s};
+use chaos_tests::kube::node::{self, mounts_under};
+use chaos_tests::kube::{device_of, eventually, OneNode, START_DEADLINE};
 use objects::{APPS, SYSTEM};
 
-/// Starting etcd, the API server, containerd and kubelet, and pods (image
-/// unpacking included), on a loaded 2-core machine.
-const START_DEADLINE: Duration = Duration::from_secs(240);
 /// A pod's life step (published, running, finished) or a recovery.
 const DEADLINE: Duration = Duration::from_secs(180);
 /// How long deleting a pod over a dead mount may take (the issue's bound).
@@ -85,140 +73,16 @@ fn required() -> bool {
     std::env::var("BATON_REQUIRE_KUBE_CLUSTER").as_deref() == Ok("1")
 }
 
-struct Binaries {
-    apiserver: PathBuf,
-    controller_manager: PathBuf,
-    kubelet: PathBuf,
-    etcd: PathBuf,
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-fn workspace_binary(name: &str) -> PathBuf {
-    chaos_tests::mount_guard::workspace_binary(name)
-}
-
-/// What fs-supervisor built without `--features kubernetes` says (as
-/// deploy/image/build checks).
-const KUBERNETES_MISSING: &[u8] = b"built without the `kubernetes` feature";
-
-/// `None` (and a printed reason) when this machine cannot run the test.
-fn prerequisites() -> Option<Binaries> {
-    let cached = |component: &str, env: &str| {
-        std::env::var_os(env).map(PathBuf::from).or_else(|| {
-            Some(PathBuf::from(format!(
-                "/var/cache/baton-ci/{component}-1.20.2"
-            )))
-            .filter(|p| p.is_file())
-        })
-    };
-    let apiserver = cached("kube-apiserver", "BATON_KUBE_APISERVER");
-    let controller_manager = cached("kube-controller-manager", "BATON_KUBE_CONTROLLER_MANAGER");
-    let kubelet = cached("kubelet", "BATON_KUBELET");
-    let tools = [
-        "etcd",
-        "openssl",
-        "containerd",
-        "ctr",
-        "runc",
-        "umoci",
-        "skopeo",
-        "mmdebstrap",
-        "gcc",
-    ];
-    let missing_tool = tools.iter().find(|t| on_path(t).is_none());
-    let missing_binary = ["fs-supervisor", "fsclient", "fsctl", "baton-csi"]
-        .into_iter()
-        .find(|b| !workspace_binary(b).is_file());
-    let reason = if apiserver.is_none() || controller_manager.is_none() || kubelet.is_none() {
-        Some("no kube-apiserver, kube-controller-manager or kubelet 1.20.2 (run `.ci/build-kubernetes kube-apiserver kube-controller-manager kubelet`)".to_string())
-    } else if let Some(tool) = missing_tool {
-        Some(format!("no {tool} on PATH (apt-get install etcd-server openssl containerd runc umoci skopeo mmdebstrap containernetworking-plugins gcc)"))
-    } else if let Some(binary) = missing_binary {
-        Some(format!("no target/debug/{binary} (cargo build -p supervisor --features kubernetes -p fsclient -p fsctl -p baton-csi)"))
-    } else if std::fs::read(workspace_binary("fs-supervisor"))
-        .unwrap_or_default()
-        .windows(KUBERNETES_MISSING.len())
-        .any(|w| w == KUBERNETES_MISSING)
-    {
-        Some("target/debug/fs-supervisor is built without the kubernetes feature (cargo build -p supervisor --features kubernetes)".to_string())
-    } else if !Path::new("/usr/lib/cni/loopback").is_file() {
-        Some("no /usr/lib/cni/loopback (apt-get install containernetworking-plugins)".to_string())
-    } else if !nix::unistd::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
-        Some("not root with /dev/fuse".to_string())
-    } else {
-        None
-    };
-    if let Some(reason) = reason {
-        assert!(!required(), "BATON_REQUIRE_KUBE_CLUSTER=1 but {reason}");
-        eprintln!("skipping the one-node cluster test: {reason}");
-        return None;
-    }
-    Some(Binaries {
-        apiserver: apiserver?,
-        controller_manager: controller_manager?,
-        kubelet: kubelet?,
-        etcd: on_path("etcd")?,
-    })
-}
-
-/// Polls `f` until it returns `Some`, or panics with `what` and `context()`.
-async fn eventually<T, F, Fut>(
-    what: &str,
-    deadline: Duration,
-    context: impl Fn() -> String,
-    mut f: F,
-) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(value) = f().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < end,
-            "{what}: not within {deadline:?}\n{}",
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn baton_image(dir: &Path) -> PathBuf {
-    let archive = dir.join("baton.tar");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/image/build");
-    let binaries = workspace_binary("fs-supervisor");
-    let out = Command::new(script)
-        .args(["--binaries", s(binaries.parent().unwrap())])
-        .args(["--output", s(&dir.join("baton-oci"))])
-        .args(["--docker-archive", s(&archive)])
-        .output()
-        .expect("run deploy/image/build");
-    assert!(
-        out.status.success(),
-        "deploy/image/build failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::remove_dir_all(dir.join("baton-oci"));
-    archive
-}
-
 #[test]
 fn pvcs_of_the_csi_driver_serve_pods_on_a_real_kubelet_through_crashes() {
-    let Some(binaries) = prerequisites() else {
-        return;
+    let binaries = match chaos_tests::kube::prerequisites() {
+        Ok(binaries) => binaries,
+        Err(reason) => {
+            assert!(!required(), "BATON_REQUIRE_KUBE_CLUSTER=1 but {reason}");
+            eprintln!("skipping the one-node cluster test: {reason}");
+            return;
+        }
     };
-    node::sweep_stale_runs();
     let mut tmp = tempfile::Builder::new()
         .prefix(&node::run_prefix())
         .tempdir()
@@ -227,130 +91,21 @@ fn pvcs_of_the_csi_driver_serve_pods_on_a_real_kubelet_through_crashes() {
         tmp.disable_cleanup(true);
         eprintln!("keeping {}", tmp.path().display());
     }
-    let dir = tmp.path().to_path_buf();
     let began = Instant::now();
-    let images = [node::pause_image(&dir), baton_image(&dir)];
-    eprintln!("images built in {:?}", began.elapsed());
-    let credentials = dir.join("apiserver");
-    std::fs::create_dir_all(&credentials).unwrap();
-    let cluster = apiserver::start_cluster(&credentials, &binaries.apiserver, &binaries.etcd);
-    let mut node = Node::start_runtime(&dir, &images);
-    for image in &images {
-        let _ = std::fs::remove_file(image);
-    }
-    let kubeconfig = dir.join("admin.kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, &cluster.admin_token);
-    node.start_kubernetes(
-        &binaries.controller_manager,
-        &binaries.kubelet,
-        &kubeconfig,
-        &credentials,
-    );
+    let env = OneNode::start(&binaries, tmp.path());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let env = Env {
-        dir: dir.clone(),
-        node: &node,
-        cluster: &cluster,
-    };
     runtime.block_on(async {
-        let client = cluster.client(&kubeconfig).await;
-        scenario(&env, client, began).await;
+        let client = env.cluster.client(&env.kubeconfig).await;
+        env.deploy(&client, began).await;
+        scenario(&env, client).await;
     });
     runtime.shutdown_timeout(Duration::from_secs(5));
-    drop(node);
-    drop(cluster);
+    drop(env);
     eprintln!("tier 2 took {:?} in all", began.elapsed());
-}
-
-struct Env<'a> {
-    dir: PathBuf,
-    node: &'a Node,
-    cluster: &'a apiserver::Cluster,
-}
-
-impl Env<'_> {
-    fn logs(&self) -> String {
-        format!(
-            "{}\n{}\n{}",
-            self.node.logs(),
-            self.cluster.logs(),
-            self.pod_logs_of_system()
-        )
-    }
-
-    /// The last lines of every container log of the node's system pods.
-    fn pod_logs_of_system(&self) -> String {
-        let mut out = String::new();
-        for entry in std::fs::read_dir("/var/log/pods")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let name = entry.file_name().to_string_lossy().to_string();
-            if !name.starts_with(&format!("{SYSTEM}_")) {
-                continue;
-            }
-            for container in std::fs::read_dir(entry.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                for log in std::fs::read_dir(container.path())
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                {
-                    out += &format!(
-                        "--- {name}/{}/{} ---\n{}\n",
-                        container.file_name().to_string_lossy(),
-                        log.file_name().to_string_lossy(),
-                        node::tail(&log.path(), 15)
-                    );
-                }
-            }
-        }
-        out
-    }
-
-    fn supervisor_socket(&self) -> PathBuf {
-        PathBuf::from(objects::host_path(&self.dir, "/run/baton/supervisor.sock"))
-    }
-
-    /// `fsctl status --json` of the node's fs-supervisor, from the host.
-    fn status(&self) -> Option<Value> {
-        let out = Command::new(workspace_binary("fsctl"))
-            .args(["status", "--json", "--socket", s(&self.supervisor_socket())])
-            .output()
-            .ok()?;
-        out.status.success().then_some(())?;
-        serde_json::from_slice(&out.stdout).ok()
-    }
-
-    fn shared_mounts(&self, volume: &str) -> Vec<Value> {
-        self.status()
-            .and_then(|s| s["mounts"].as_array().cloned())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|m| m["volume"] == volume)
-            .collect()
-    }
-
-    /// The host pid of the process whose pid in the node pod's namespace
-    /// is `pid` and whose program is `program`.
-    fn host_pid(&self, program: &str, pid: u64) -> Option<i32> {
-        self.node.pod_processes(program).into_iter().find(|host| {
-            std::fs::read_to_string(format!("/proc/{host}/status"))
-                .unwrap_or_default()
-                .lines()
-                .find(|l| l.starts_with("NSpid:"))
-                .and_then(|l| l.split_whitespace().last().map(str::to_string))
-                .is_some_and(|inner| inner == pid.to_string())
-        })
-    }
 }
 
 /// The log kubelet keeps of a pod's container `app` (CRI format, the
@@ -382,7 +137,7 @@ fn slowest_so_far(log: &str) -> u64 {
 }
 
 /// The supervisor's takeover time of the volume's last recovery (µs).
-fn takeover_us(env: &Env<'_>, volume: &str) -> u64 {
+fn takeover_us(env: &OneNode, volume: &str) -> u64 {
     env.shared_mounts(volume)
         .first()
         .and_then(|m| m["last_recovery"]["takeover_us"].as_u64())
@@ -460,7 +215,7 @@ cmp /tmp/src "/data/$POD_NAME"
 echo "written and read back"
 "#;
 
-async fn wait_finished(env: &Env<'_>, client: &Client, name: &str) -> (i32, String) {
+async fn wait_finished(env: &OneNode, client: &Client, name: &str) -> (i32, String) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), APPS);
     let pod = eventually(
         &format!("pod {name} finished"),
@@ -490,30 +245,9 @@ async fn wait_finished(env: &Env<'_>, client: &Client, name: &str) -> (i32, Stri
     (code, pod_log(&pod))
 }
 
-/// The pod's publication: the device (major:minor) of the mount under
-/// its kubelet volume directory, once there is one.
-fn published(env: &Env<'_>, uid: &str) -> Option<String> {
-    let dir = env
-        .node
-        .kubelet_dir
-        .join("pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~csi");
-    device_of(mounts_under(&dir).first()?)
-}
-
-/// The device (major:minor) of the mount at the host path `path`.
-fn device_of(path: &Path) -> Option<String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    table.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        (fields.get(4) == Some(&s(path))).then(|| fields[2].to_string())
-    })
-}
-
 /// Creates a pod and returns it with the time to its volume's publication.
 async fn pod_published(
-    env: &Env<'_>,
+    env: &OneNode,
     client: &Client,
     name: &str,
     claim: &str,
@@ -525,7 +259,7 @@ async fn pod_published(
 
 /// [`pod_published`], and the device of the mount it was given.
 async fn pod_published_on(
-    env: &Env<'_>,
+    env: &OneNode,
     client: &Client,
     name: &str,
     claim: &str,
@@ -543,13 +277,13 @@ async fn pod_published_on(
         &format!("pod {name}'s volume published"),
         DEADLINE,
         || env.logs(),
-        || async { published(env, &uid) },
+        || async { env.published(&uid) },
     )
     .await;
     (pod, start.elapsed(), device)
 }
 
-async fn wait_progress(env: &Env<'_>, client: &Client, name: &str, ops: u64) -> u64 {
+async fn wait_progress(env: &OneNode, client: &Client, name: &str, ops: u64) -> u64 {
     let pods: Api<Pod> = Api::namespaced(client.clone(), APPS);
     let pod = pods.get(name).await.expect("pod");
     eventually(
@@ -568,7 +302,7 @@ async fn wait_progress(env: &Env<'_>, client: &Client, name: &str, ops: u64) -> 
 
 /// Stops a CHECKED_IO pod and asserts it ended with no error; returns the
 /// slowest iteration it saw (ms).
-async fn finish_checked(env: &Env<'_>, client: &Client, name: &str) -> u64 {
+async fn finish_checked(env: &OneNode, client: &Client, name: &str) -> u64 {
     std::fs::write(env.dir.join("ctl").join(name).join("stop"), "").unwrap();
     let (code, log) = wait_finished(env, client, name).await;
     assert!(
@@ -585,7 +319,7 @@ async fn finish_checked(env: &Env<'_>, client: &Client, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn provision_pvc(env: &Env<'_>, client: &Client, name: &str, bytes: u64) {
+async fn provision_pvc(env: &OneNode, client: &Client, name: &str, bytes: u64) {
     let pvc = objects::create_pvc(client, name, bytes).await;
     let socket = env.dir.join("csi-controller/csi.sock");
     let channel = objects::csi_channel(&socket).await;
@@ -604,7 +338,7 @@ async fn provision_pvc(env: &Env<'_>, client: &Client, name: &str, bytes: u64) {
 }
 
 /// The serving generation of the volume's mount: (host pid, generation).
-async fn serving(env: &Env<'_>, volume: &str, after: u64) -> (i32, u64) {
+async fn serving(env: &OneNode, volume: &str, after: u64) -> (i32, u64) {
     eventually(
         &format!("a generation after {after} serving {volume}"),
         DEADLINE,
@@ -624,7 +358,7 @@ async fn serving(env: &Env<'_>, volume: &str, after: u64) -> (i32, u64) {
 
 /// deploy/README.md's blue/green DaemonSet update under a pod's checked
 /// I/O: zero errors, a new supervisor and generation serving after it.
-async fn blue_green_update(env: &Env<'_>, client: &Client, apiserver_port: u16) {
+async fn blue_green_update(env: &OneNode, client: &Client, apiserver_port: u16) {
     let logs = || env.logs();
     let client = client.clone();
     // An image update on 1.20 (no maxSurge for DaemonSets): blue/green.
@@ -705,71 +439,10 @@ async fn blue_green_update(env: &Env<'_>, client: &Client, apiserver_port: u16) 
     );
 }
 
-async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
+async fn scenario(env: &OneNode, client: Client) {
     let logs = || env.logs();
-    let nodes: Api<KubeNode> = Api::all(client.clone());
-    eventually("node Ready", START_DEADLINE, logs, || async {
-        let node = nodes.get(NODE).await.ok()?;
-        node.status?
-            .conditions?
-            .iter()
-            .find(|c| c.type_ == "Ready" && c.status == "True")
-            .map(|_| ())
-    })
-    .await;
-    eprintln!("node {NODE} ready after {:?}", began.elapsed());
-    let _binder = objects::spawn_binder(client.clone());
-    let apiserver_port: u16 = env.cluster_port();
-    for object in objects::node_objects(&env.dir, apiserver_port, free_port()) {
-        objects::apply(&client, &object).await;
-    }
-    objects::apply(
-        &client,
-        &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": APPS}}),
-    )
-    .await;
-
-    // 1. The node plugin registered itself with kubelet (no registrar).
-    let csinodes: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::discovery::ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "storage.k8s.io",
-            "v1",
-            "CSINode",
-        )),
-    );
-    eventually(
-        "csi.baton.dev registered in the node's CSINode",
-        START_DEADLINE,
-        logs,
-        || async {
-            let csinode = serde_json::to_value(csinodes.get(NODE).await.ok()?).ok()?;
-            csinode["spec"]["drivers"]
-                .as_array()?
-                .iter()
-                .find(|d| d["name"] == "csi.baton.dev")
-                .map(|_| ())
-        },
-    )
-    .await;
-    eventually("the controller's socket", START_DEADLINE, logs, || async {
-        env.dir
-            .join("csi-controller/csi.sock")
-            .exists()
-            .then_some(())
-    })
-    .await;
-    eventually(
-        "the volume `shared` mounted by the DaemonSet",
-        START_DEADLINE,
-        logs,
-        || async { (env.shared_mounts("shared").first()?["state"] == "serving").then_some(()) },
-    )
-    .await;
-    eprintln!(
-        "driver registered and volume served after {:?}",
-        began.elapsed()
-    );
+    // 1. The node plugin registered itself with kubelet (no registrar):
+    //    OneNode::deploy waited for csi.baton.dev in the node's CSINode.
 
     // 2. PVCs, one shared mount, two isolated directories, each its quota.
     const A_BYTES: u64 = 64 << 20;
@@ -927,7 +600,7 @@ async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
 
     // 6. An image update on 1.20 (no maxSurge for DaemonSets): blue/green,
     // deploy/README.md.
-    blue_green_update(env, &client, apiserver_port).await;
+    blue_green_update(env, &client, env.cluster.port()).await;
 
     // 7. Everything of the node pod killed: the mount under the pod is dead.
     pod_published(
@@ -985,10 +658,4 @@ async fn scenario(env: &Env<'_>, client: Client, began: Instant) {
     let (code, log) = wait_finished(env, &client, "after-all").await;
     assert_eq!(code, 0, "a new pod after the node pod's crash:\n{log}");
     eprintln!("all killed: pod over the dead mount deleted in {deleted:?}; a new pod published {back:?} after its creation");
-}
-
-impl Env<'_> {
-    fn cluster_port(&self) -> u16 {
-        self.cluster.port()
-    }
 }

@@ -30,7 +30,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod cluster;
+use chaos_tests::kube::apiserver as cluster;
 mod node;
 mod objects;
 

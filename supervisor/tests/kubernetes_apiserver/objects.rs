@@ -1,67 +1,18 @@
-//! The API objects of the test: the manifests of deploy/kubernetes
-//! (server-side applied), and the Pods and ServiceAccounts a cluster's
+//! The API objects of the test: the Pods and ServiceAccounts a cluster's
 //! controllers or users would have made.
 
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::cluster::s;
 use crate::APPS;
-
-/// Every object of the manifests kustomization.yaml lists.
-pub fn manifest_objects() -> Vec<Value> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
-    let read = |name: &str| -> Vec<Value> {
-        let text = std::fs::read_to_string(dir.join(name)).expect("manifest");
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|doc| serde::Deserialize::deserialize(doc).expect("YAML"))
-            .filter(|v: &Value| !v.is_null())
-            .collect()
-    };
-    let kustomization = read("kustomization.yaml").remove(0);
-    kustomization["resources"]
-        .as_array()
-        .expect("resources")
-        .iter()
-        .flat_map(|r| read(r.as_str().expect("resource name")))
-        .collect()
-}
-
-/// Server-side apply of `object` (any kind), as `kubectl apply
-/// --server-side` does.
-pub async fn apply(client: &Client, object: &Value) -> Value {
-    let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
-        Some((g, v)) => (g.to_string(), v.to_string()),
-        None => (
-            String::new(),
-            object["apiVersion"].as_str().unwrap().to_string(),
-        ),
-    };
-    let gvk = GroupVersionKind::gvk(&group, &version, object["kind"].as_str().unwrap());
-    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
-        .await
-        .unwrap_or_else(|e| panic!("the server has no {gvk:?}: {e}"));
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) if caps.scope == kube::discovery::Scope::Namespaced => {
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    let name = object["metadata"]["name"].as_str().unwrap();
-    let applied = api
-        .patch(
-            name,
-            &PatchParams::apply("baton-test").force(),
-            &Patch::Apply(object),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("server-side apply of {} {name} refused: {e}", gvk.kind));
-    serde_json::to_value(applied).unwrap()
-}
+// deploy/kubernetes's objects and their server-side apply: the cluster
+// harness's (the CSI driver's one-node cluster test uses them too).
+pub use chaos_tests::kube::objects::{apply, manifest_objects};
 
 /// What kube-apiserver's admission needs before Pods can be created:
 /// the `default` ServiceAccount of the namespace (made by

@@ -32,6 +32,9 @@
 //! upgrades (`fsctl upgrade`) and supervisor handovers to a successor.
 //! `baton-bench backends`: the Baton workload on each storage/metadata
 //! backend (embedded, S3, PostgreSQL).
+//! `baton-bench kube`: on a real one-node Kubernetes cluster, the time
+//! from a pod's creation to its Baton volume's publication (first pod of a
+//! volume, then a second), beside an emptyDir pod.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -161,6 +164,22 @@ enum Bench {
         /// Where to put the data (a directory on the disk under test).
         #[arg(long, default_value = "/var/tmp")]
         dir: std::path::PathBuf,
+    },
+    /// On a real one-node Kubernetes cluster: pod creation to its Baton
+    /// volume published, first pod of a volume and a second one, beside an
+    /// emptyDir pod (needs root, kubelet 1.20.2 from `.ci/build-kubernetes`
+    /// and the binaries beside this one, fs-supervisor with `--features
+    /// kubernetes`).
+    Kube {
+        /// Rounds (each: a floor pod, a new volume's first and second pod).
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+        /// Keep the cluster's directory (its logs) after the run.
+        #[arg(long)]
+        keep: bool,
     },
     /// Throughput, metadata rates and memory: plain directory, bindfs,
     /// rclone mount and Baton (through fs-supervisor), in one run.
@@ -400,6 +419,7 @@ fn run() -> anyhow::Result<()> {
             files,
             dir,
         } => warmup::run(&dir, size_mib, files),
+        Bench::Kube { rounds, json, keep } => kube::run(rounds, json.as_deref(), keep),
         Bench::Application { mnt, write } => application::run(&mnt, write),
         Bench::HoldMemory { mib } => stall::hold_memory(mib),
     }
@@ -409,6 +429,7 @@ mod after_burst;
 mod application;
 mod backends;
 mod compare;
+mod kube;
 mod stall;
 mod supervised;
 mod upgrade_stall;

@@ -100,6 +100,9 @@ impl Cluster {
     }
 
     pub async fn client(&self, kubeconfig: &Path) -> Client {
+        // kube's provider (see Cargo.toml); a second install is refused,
+        // harmlessly.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let config = Config::from_custom_kubeconfig(
             Kubeconfig::read_from(kubeconfig).expect("read kubeconfig"),
             &KubeConfigOptions::default(),

@@ -16,7 +16,7 @@ use nix::mount::{umount2, MntFlags};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
-use crate::apiserver::{free_port, run, s};
+use super::apiserver::{free_port, run, s};
 
 /// The node's name (kubelet's --hostname-override).
 pub const NODE: &str = "baton-e2e-node";
