@@ -81,6 +81,7 @@
 
 #![deny(missing_docs)]
 
+pub mod acl;
 mod answered;
 mod engine;
 mod error;
