@@ -106,10 +106,18 @@ impl Acl {
         }
         let entries = body
             .chunks_exact(ENTRY_LEN)
-            .map(|e| AclEntry {
-                tag: u16::from_le_bytes([e[0], e[1]]),
-                perm: u16::from_le_bytes([e[2], e[3]]),
-                id: u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+            .map(|e| {
+                let tag = u16::from_le_bytes([e[0], e[1]]);
+                // The kernel ignores the id of an entry that names nobody.
+                let id = match tag {
+                    TAG_USER | TAG_GROUP => u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+                    _ => ID_UNDEFINED,
+                };
+                AclEntry {
+                    tag,
+                    perm: u16::from_le_bytes([e[2], e[3]]),
+                    id,
+                }
             })
             .collect();
         let acl = Acl { entries };
@@ -379,6 +387,40 @@ mod tests {
                 let mut b = a.clone();
                 b[n] ^= 1 << bit;
                 let _ = Acl::parse(&b);
+            }
+        }
+    }
+
+    #[test]
+    fn random_bytes_never_panic_and_what_parses_encodes_back() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..20_000 {
+            let entry_count = (next() % 8) as usize;
+            let mut b = ACL_XATTR_VERSION.to_le_bytes().to_vec();
+            for _ in 0..entry_count {
+                // Tags from the valid set most of the time, ids small.
+                let tag = [1u16, 2, 4, 8, 0x10, 0x20, 0x40][(next() % 7) as usize];
+                b.extend_from_slice(&tag.to_le_bytes());
+                b.extend_from_slice(&((next() % 9) as u16).to_le_bytes());
+                b.extend_from_slice(&((next() % 3) as u32).to_le_bytes());
+            }
+            let cut = if next() % 5 == 0 {
+                (next() as usize) % (b.len() + 1)
+            } else {
+                b.len()
+            };
+            if let Ok(acl) = Acl::parse(&b[..cut]) {
+                assert_eq!(Acl::parse(&acl.to_bytes()).as_ref(), Ok(&acl));
+                let mut masq = acl.clone();
+                let (mode, _) = masq.create_masq(0o777);
+                assert_eq!(mode & !0o777, 0);
+                assert!(Acl::parse(&masq.to_bytes()).is_ok());
             }
         }
     }
