@@ -726,3 +726,69 @@ fn locks_exclude_each_other_across_mounts_and_a_dead_mounts_locks_expire() {
     holder.kill();
     b.stop();
 }
+
+/// `sh -c SCRIPT` as `uid` (and gid) without supplementary groups (uid 0:
+/// root): whether it succeeded, and its stdout then stderr.
+fn sh_as(uid: u32, script: &str) -> (bool, String) {
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .args(["sh", "-c", script]);
+    let out = cmd.stdin(Stdio::null()).output().unwrap();
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// An ACL set, changed by chmod and removed on one mount is enforced on
+/// another of the same PostgreSQL volume once its attributes expire (1 s
+/// here): the kernel forgets its cached ACLs whenever it fetches
+/// attributes again, so no notification is needed.
+#[test]
+fn an_acl_changed_on_one_mount_is_enforced_on_the_other_within_the_attribute_ttl() {
+    let Some(admin) = server("postgres ACLs across mounts") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let expiry = ["--session-expiry-ms", TEST_SESSION_EXPIRY_MS];
+    let a = vol.mount_with_ttl("a", "1000", &expiry);
+    let b = vol.mount_with_ttl("b", "1000", &expiry);
+    let (on_a, on_b) = (a.p("f"), b.p("f"));
+    let (on_a, on_b) = (on_a.to_str().unwrap(), on_b.to_str().unwrap());
+    let (ok, out) = sh_as(0, &format!("echo s > {on_a} && chmod 600 {on_a}"));
+    assert!(ok, "{out}");
+    let read_on_b = || sh_as(65533, &format!("cat {on_b}"));
+    let (ok, out) = read_on_b();
+    assert!(!ok && out.contains("Permission denied"), "{out}");
+
+    let (ok, out) = sh_as(0, &format!("setfacl -m u:65533:r {on_a}"));
+    assert!(ok, "{out}");
+    assert!(
+        wait_until(DEADLINE, || read_on_b().0),
+        "mount b never granted what a's ACL grants"
+    );
+    let (ok, out) = sh_as(0, &format!("getfacl -n --omit-header {on_b} 2>/dev/null"));
+    assert!(ok && out.contains("user:65533:r--\n"), "{out}");
+
+    // chmod on a sets the mask to ---: refused on b again.
+    let (ok, out) = sh_as(0, &format!("chmod 600 {on_a}"));
+    assert!(ok, "{out}");
+    assert!(
+        wait_until(DEADLINE, || !read_on_b().0),
+        "mount b still grants after a's chmod emptied the mask"
+    );
+    // `setfacl -b` keeps the owning group's entry (---), not the mask.
+    let (ok, out) = sh_as(0, &format!("chmod 640 {on_a} && setfacl -b {on_a}"));
+    assert!(ok, "{out}");
+    assert!(
+        wait_until(DEADLINE, || {
+            let (_, out) = sh_as(0, &format!("getfacl -n --omit-header {on_b} 2>/dev/null"));
+            out == "user::rw-\ngroup::---\nother::---\n\n"
+        }),
+        "mount b still shows the removed ACL"
+    );
+    assert!(!read_on_b().0);
+    a.stop();
+    b.stop();
+}

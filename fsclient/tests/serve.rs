@@ -2,7 +2,8 @@
 //! from this test (which plays the supervisor: it mounts, answers INIT and
 //! keeps /dev/fuse), stopping on SIGTERM without unmounting, a handle opened
 //! under one generation used under the next, and a successor recovering a
-//! killed generation's staged data after RESEND. Needs root and /dev/fuse.
+//! killed generation's staged data (and POSIX ACLs set under it) after
+//! RESEND. Needs root, /dev/fuse and setfacl (`acl`).
 //!
 //! This is the only test of its binary, and every generation is spawned
 //! before any file on the mount is opened: a process spawned while this
@@ -117,6 +118,13 @@ impl Holder {
     }
 }
 
+/// Runs `sh -c SCRIPT` as root; its stdout, or a panic with its stderr.
+fn shell_ok(script: &str) -> String {
+    let (ok, out, err) = sh(script);
+    assert!(ok, "{script}: {err}");
+    out
+}
+
 fn sigterm(child: &mut ChildGuard) {
     nix::sys::signal::kill(child.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
     let status = child
@@ -163,6 +171,15 @@ fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
         .open(mnt.join("two"))
         .unwrap();
     direct.write_all_at(b"staged by generation 2", 0).unwrap();
+    // POSIX ACLs (negotiated at INIT, carried in NegotiatedInit) set under
+    // generation 2 ...
+    let team = mnt.join("team");
+    fs::create_dir(&team).unwrap();
+    shell_ok(&format!(
+        "setfacl -m u:65533:r {one} && setfacl -d -m u:65533:rwx,g::r-x,o::- {team}",
+        one = s(&mnt.join("one")),
+        team = s(&team)
+    ));
     gen2.0.kill().unwrap();
     gen2.0.wait().unwrap();
 
@@ -175,6 +192,14 @@ fn serve_adopts_a_connection_and_hands_it_on_without_unmounting() {
     );
     drop(direct);
     assert_eq!(staged_inodes(&vol), 0);
+    // ... outlive its kill -9: generation 3 reads the default ACL from the
+    // metadata for a new file (an inode the kernel never cached).
+    shell_ok(&format!("umask 077 && touch {}", s(&team.join("new"))));
+    assert_eq!(
+        shell_ok(&format!("getfacl -n --omit-header {}", s(&team.join("new")))),
+        "user::rw-\nuser:65533:rwx\t#effective:rw-\ngroup::r-x\t#effective:r--\nmask::rw-\nother::---\n\n"
+    );
+    assert!(shell_ok(&format!("getfacl -n {}", s(&mnt.join("one")))).contains("user:65533:r--"));
     sigterm(&mut gen3);
     drop(holder);
 }

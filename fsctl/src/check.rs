@@ -64,8 +64,8 @@ fn show(command: &'static str, counts: &Arc<Counts>) -> Progress {
     )
 }
 
-/// `fsctl fsck`: exit 1 if blocks are lost or quota usage differs (and is
-/// not repaired).
+/// `fsctl fsck`: exit 1 if blocks are lost, an ACL does not parse, or quota
+/// usage differs (and is not repaired).
 pub fn fsck(
     volume: &str,
     base_dir: &Path,
@@ -113,9 +113,17 @@ pub fn fsck(
                 })
             })
             .collect();
+        value["bad_acls"] = report
+            .bad_acls
+            .iter()
+            .map(|bad| json!({"ino": bad.ino, "name": bad.name, "reason": bad.reason}))
+            .collect();
         value["quotas_repaired"] = json!(repaired);
-        value["consistent"] =
-            json!(report.is_consistent() && (!quotas_differ || repaired.is_some()));
+        value["consistent"] = json!(
+            report.is_consistent()
+                && report.bad_acls.is_empty()
+                && (!quotas_differ || repaired.is_some())
+        );
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print_summary(volume, &report);
@@ -139,6 +147,12 @@ pub fn fsck(
                 drift.counted.inodes
             );
         }
+        for bad in report.bad_acls.iter().take(REPORT_PROBLEMS_LISTED_MAX) {
+            println!(
+                "  inode {}: {} does not parse: {}",
+                bad.ino, bad.name, bad.reason
+            );
+        }
         if let Some(count) = repaired {
             println!("stored the recounted usage of {count} quota(s)");
         }
@@ -147,6 +161,12 @@ pub fn fsck(
         eprintln!(
             "fsctl: volume {volume}: {} block(s) lost: the files above read as errors; restore the objects from a backup of the storage, or delete the files",
             report.bad_blocks.len()
+        );
+        Ok(ExitCode::from(1))
+    } else if !report.bad_acls.is_empty() {
+        eprintln!(
+            "fsctl: volume {volume}: {} POSIX ACL(s) do not parse: the kernel refuses them, so access to those inodes fails; remove each (`setfattr -x NAME FILE` on a mount) and set it again",
+            report.bad_acls.len()
         );
         Ok(ExitCode::from(1))
     } else if quotas_differ && !repair_quotas {

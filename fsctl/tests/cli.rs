@@ -318,3 +318,38 @@ fn fsck_reports_a_quota_usage_that_drifted_and_repairs_it_on_request() {
     assert!(again.status.success(), "{}", text(&again.stdout));
     assert!(text(&again.stdout).contains("volume vol1: consistent"));
 }
+
+#[test]
+fn fsck_reports_an_acl_that_does_not_parse() {
+    let base = tempfile::tempdir().unwrap();
+    let base_dir = s(base.path());
+    assert!(fsctl(&["format", "vol1", "--base-dir", base_dir])
+        .status
+        .success());
+    let db = rusqlite::Connection::open(base.path().join("vol1/meta.db")).unwrap();
+    // Version 2, one owner entry only: no owning group, no other.
+    let value: &[u8] = &[2, 0, 0, 0, 1, 0, 7, 0, 0xff, 0xff, 0xff, 0xff];
+    db.execute(
+        "INSERT INTO xattrs (ino, name, value) VALUES (1, ?1, ?2)",
+        rusqlite::params![&b"system.posix_acl_access"[..], value],
+    )
+    .unwrap();
+    drop(db);
+
+    let check = fsctl(&["fsck", "vol1", "--base-dir", base_dir]);
+    assert_eq!(check.status.code(), Some(1), "{}", text(&check.stdout));
+    assert!(
+        text(&check.stdout).contains("inode 1: system.posix_acl_access does not parse"),
+        "{}",
+        text(&check.stdout)
+    );
+    assert!(
+        text(&check.stderr).contains("1 POSIX ACL(s) do not parse"),
+        "{}",
+        text(&check.stderr)
+    );
+    let json = fsctl(&["fsck", "vol1", "--json", "--base-dir", base_dir]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(value["bad_acls"][0]["ino"], 1);
+    assert_eq!(value["consistent"], false);
+}

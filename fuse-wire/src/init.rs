@@ -40,7 +40,10 @@ impl InitConfig {
     /// asks for `security.capability` (a GETXATTR round trip) on every
     /// `write(2)`, even one the writeback cache absorbs; with it the
     /// superblock is `SB_NOSEC` and it asks once per inode until the
-    /// attributes are next refreshed.
+    /// attributes are next refreshed. POSIX ACLs are enforced by the
+    /// kernel and kept by the filesystem (`POSIX_ACL`), which also applies
+    /// the umask and inherits default ACLs at creation (`DONT_MASK`: the
+    /// kernel passes the umask instead of applying it).
     pub fn baton() -> Self {
         InitConfig {
             flags: f::ASYNC_READ
@@ -62,7 +65,9 @@ impl InitConfig {
                 | f::HAS_EXPIRE_ONLY
                 | f::DIRECT_IO_ALLOW_MMAP
                 | f::HAS_RESEND
-                | f::HANDLE_KILLPRIV_V2,
+                | f::HANDLE_KILLPRIV_V2
+                | f::POSIX_ACL
+                | f::DONT_MASK,
             max_write: 1 << 20,
             max_pages: 256,
             max_background: 64,
@@ -71,8 +76,8 @@ impl InitConfig {
         }
     }
 
-    /// Like [`InitConfig::baton`] but with locks and set-user-ID clearing
-    /// left to the kernel, no writeback cache and no AUTO_INVAL_DATA (which
+    /// Like [`InitConfig::baton`] but with locks, set-user-ID clearing and
+    /// the umask left to the kernel, no ACLs, no writeback cache and no AUTO_INVAL_DATA (which
     /// costs a GETATTR per read once attributes expire): for simple
     /// filesystems that keep no lock table and whose data changes only
     /// through the mount.
@@ -82,7 +87,9 @@ impl InitConfig {
             | f::FLOCK_LOCKS
             | f::WRITEBACK_CACHE
             | f::AUTO_INVAL_DATA
-            | f::HANDLE_KILLPRIV_V2);
+            | f::HANDLE_KILLPRIV_V2
+            | f::POSIX_ACL
+            | f::DONT_MASK);
         config
     }
 }

@@ -16,8 +16,8 @@ use std::time::SystemTime;
 
 use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
+use crate::ops::{acl, locks, quota, sessions, setattr, xattr};
 use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
-use crate::ops::{locks, quota, sessions, setattr, xattr};
 use crate::record::Recorded;
 use crate::sql::Db;
 use crate::store::MetaStore;
@@ -403,6 +403,15 @@ impl<E: Engine> MetaStore for E {
 
     fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>> {
         self.read("scan blocks", |c| scan::scan_blocks(c, after, limit))
+    }
+
+    fn scan_acls(
+        &self,
+        after: Option<(u64, OsString)>,
+        limit: u32,
+    ) -> Result<Vec<(u64, OsString, Vec<u8>)>> {
+        let limit = limit.min(crate::limits::BLOCKS_QUERY_COUNT_MAX);
+        self.read("scan acls", |c| acl::scan(c, after.clone(), limit))
     }
 
     fn commit_blocks(

@@ -122,6 +122,23 @@ pub enum MetaError {
         /// Why.
         reason: String,
     },
+    /// The inode's type does not support the operation (`EOPNOTSUPP`): an
+    /// ACL on a symlink.
+    #[error("inode {ino}: not supported: {reason}")]
+    NotSupported {
+        /// The inode concerned.
+        ino: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Refused as ext4 refuses it (`EACCES`): a default ACL on a file.
+    #[error("inode {ino}: access denied: {reason}")]
+    AccessDenied {
+        /// The inode concerned.
+        ino: u64,
+        /// Why.
+        reason: String,
+    },
     /// A name longer than [`crate::limits::NAME_LEN_MAX`] (`ENAMETOOLONG`).
     #[error("name of {len_bytes} bytes in directory {parent} is longer than {max} bytes: use a shorter name")]
     NameTooLong {
@@ -298,6 +315,8 @@ impl MetaError {
             | MetaError::InvalidConfig { .. }
             | MetaError::UnsupportedUrl { .. } => libc::EINVAL,
             MetaError::NotPermitted { .. } => libc::EPERM,
+            MetaError::NotSupported { .. } => libc::EOPNOTSUPP,
+            MetaError::AccessDenied { .. } => libc::EACCES,
             MetaError::NameTooLong { .. } => libc::ENAMETOOLONG,
             MetaError::NoXattr { .. } => libc::ENODATA,
             MetaError::XattrTooLarge { what: "name", .. } => libc::ERANGE,

@@ -21,6 +21,9 @@
 //!   the transaction of every change it counts ([`MetaStore::set_quota`]).
 //! - [`Attr`], [`CreateArgs`], [`SetAttr`], [`CommitBlocks`], ...: values in
 //!   and out, in [`types`]. [`MetaError`] with [`MetaError::errno`].
+//! - [`acl`]: POSIX ACLs in their xattr form, parsed and validated, and
+//!   the kernel's rules that tie them to the mode (kept by `setxattr`,
+//!   `setattr` and `create` in the same transaction).
 //! - [`record::Recorded`]: the byte encoding of mutation results kept for
 //!   exactly-once execution ([`MetaStore::completed_request`]).
 //!
@@ -81,6 +84,7 @@
 
 #![deny(missing_docs)]
 
+pub mod acl;
 mod answered;
 mod engine;
 mod error;

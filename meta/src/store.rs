@@ -223,6 +223,16 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// metadata refers to, page by page (storage checks and gc).
     fn scan_blocks(&self, after: Option<(u64, u64)>, limit: u32) -> Result<Vec<(u64, BlockRef)>>;
 
+    /// The POSIX ACL xattrs of the whole volume (`system.posix_acl_access`
+    /// and `_default`, raw bytes) strictly after `(ino, name)` (from the
+    /// start for `None`), ordered by `(ino, name)`, at most `limit` (capped
+    /// at `BLOCKS_QUERY_COUNT_MAX`): `fsctl fsck` parses each.
+    fn scan_acls(
+        &self,
+        after: Option<(u64, OsString)>,
+        limit: u32,
+    ) -> Result<Vec<(u64, OsString, Vec<u8>)>>;
+
     /// THE DURABILITY POINT OF A WRITE. Once this returns `Ok`, the written
     /// blocks are part of the file and survive the death of the process;
     /// after a later [`MetaStore::sync`] they survive a power loss too (as

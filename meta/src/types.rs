@@ -226,6 +226,9 @@ pub struct CreateArgs {
     pub rdev: u32,
     /// Target bytes; required for [`FileKind::Symlink`], refused otherwise.
     pub symlink_target: Option<OsString>,
+    /// The mount enforces POSIX ACLs: a default ACL on the parent is
+    /// inherited (and `umask` then not applied), as `posix_acl_create`.
+    pub inherit_acl: bool,
 }
 
 impl CreateArgs {
@@ -239,6 +242,7 @@ impl CreateArgs {
             gid: 0,
             rdev: 0,
             symlink_target: None,
+            inherit_acl: false,
         }
     }
 }
@@ -259,6 +263,10 @@ pub struct XattrFlags {
     pub create: bool,
     /// Fail with `NoXattr` if the attribute does not exist.
     pub replace: bool,
+    /// Setting an access ACL also clears set-group-ID: the caller is not
+    /// in the file's group and lacks CAP_FSETID (the kernel's
+    /// `FUSE_SETXATTR_ACL_KILL_SGID`, as `posix_acl_update_mode`).
+    pub acl_kill_sgid: bool,
 }
 
 /// Result of `unlink`/`rmdir`, and of a target replaced by `rename`.

@@ -13,10 +13,12 @@ use common::*;
 const CREATE: XattrFlags = XattrFlags {
     create: true,
     replace: false,
+    acl_kill_sgid: false,
 };
 const REPLACE: XattrFlags = XattrFlags {
     create: false,
     replace: true,
+    acl_kill_sgid: false,
 };
 
 #[test]
@@ -169,6 +171,7 @@ fn xattr_create_and_replace_flags() {
     let both = XattrFlags {
         create: true,
         replace: true,
+        acl_kill_sgid: false,
     };
     assert_eq!(
         m.setxattr(f.ino, n("user.k"), b"x", both, None)

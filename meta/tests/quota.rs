@@ -209,6 +209,7 @@ fn args(kind: FileKind) -> baton_meta::CreateArgs {
         gid: 0,
         rdev: 0,
         symlink_target: None,
+        inherit_acl: false,
     }
 }
 

@@ -47,6 +47,18 @@ pub struct BadBlock {
     pub stored_bytes: Option<u64>,
 }
 
+/// A stored POSIX ACL xattr that does not parse: the kernel refuses it, so
+/// access checks on the inode fail until it is removed or set again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadAcl {
+    /// The inode.
+    pub ino: u64,
+    /// `system.posix_acl_access` or `system.posix_acl_default`.
+    pub name: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
 /// What fsck found.
 #[derive(Clone, Debug, Default)]
 pub struct CheckReport {
@@ -65,6 +77,8 @@ pub struct CheckReport {
     /// Directory quotas whose stored usage differs from a recount of
     /// their trees, with their paths.
     pub quota_drifts: Vec<(std::path::PathBuf, baton_meta::QuotaDrift)>,
+    /// ACL xattrs that do not parse.
+    pub bad_acls: Vec<BadAcl>,
 }
 
 /// How far a check (and a gc's deletes) got, counted as it goes; another
@@ -183,9 +197,41 @@ impl CheckedVolume {
             .into_iter()
             .filter(|o| !referenced.contains(&o.key.to_string()))
             .collect();
+        report.bad_acls = self.bad_acls()?;
         progress.recounting_quotas.store(true, Ordering::Relaxed);
         report.quota_drifts = self.recount_quotas(false)?;
         Ok(report)
+    }
+
+    /// Every ACL xattr of the volume that `baton_meta::acl::Acl::parse`
+    /// refuses (a default ACL on a non-directory is also named).
+    pub fn bad_acls(&self) -> Result<Vec<BadAcl>, VolumeError> {
+        let meta_err = |source| VolumeError::Meta {
+            volume: self.paths.display.clone(),
+            cause: Box::new(source),
+        };
+        let mut bad = Vec::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .meta
+                .scan_acls(after.clone(), SCAN_PAGE_ROWS_MAX)
+                .map_err(meta_err)?;
+            let Some((ino, name, _)) = page.last() else {
+                break;
+            };
+            after = Some((*ino, name.clone()));
+            for (ino, name, value) in page {
+                if let Err(e) = baton_meta::acl::Acl::parse(&value) {
+                    bad.push(BadAcl {
+                        ino,
+                        name: name.to_string_lossy().into_owned(),
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(bad)
     }
 
     /// Recounts every directory quota's usage from its tree; with

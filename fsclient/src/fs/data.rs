@@ -173,7 +173,7 @@ impl BatonFs {
         arg: &CreateIn,
     ) -> Result<(EntryOut, u64)> {
         let (uid, gid, _) = req.caller();
-        let args = CreateArgs {
+        let mut args = CreateArgs {
             kind: FileKind::Regular,
             mode: arg.mode & 0o7777,
             umask: 0,
@@ -181,7 +181,9 @@ impl BatonFs {
             gid,
             rdev: 0,
             symlink_target: None,
+            inherit_acl: false,
         };
+        self.creation_rules(&mut args, arg.umask);
         let created = self.once(
             req,
             |recorded| match recorded {
@@ -223,7 +225,7 @@ impl BatonFs {
         arg: &CreateIn,
     ) -> Result<(EntryOut, u64)> {
         let (uid, gid, _) = req.caller();
-        let args = CreateArgs {
+        let mut args = CreateArgs {
             kind: FileKind::Regular,
             mode: arg.mode & 0o7777,
             umask: 0,
@@ -231,7 +233,9 @@ impl BatonFs {
             gid,
             rdev: 0,
             symlink_target: None,
+            inherit_acl: false,
         };
+        self.creation_rules(&mut args, arg.umask);
         let linkable = arg.flags as i32 & libc::O_EXCL == 0;
         crate::fault::delay(fuse_wire::abi::opcode::TMPFILE);
         // Until the handle is registered, the session tick does not look

@@ -341,7 +341,7 @@ impl Filesystem for BatonFs {
     ) {
         let _timer = self.counters.timer(req.opcode());
         let nodeid = nodeid.get();
-        let r = self.do_setxattr(req, nodeid, name, value, arg.flags);
+        let r = self.do_setxattr(req, nodeid, name, value, arg.flags, arg.setxattr_flags);
         answer_once!(self, req, "setxattr", nodeid, r, reply, |()| reply.ok());
     }
 

@@ -31,6 +31,7 @@ pub(super) fn fs_with_a_file(
         gid: 0,
         rdev: 0,
         symlink_target: None,
+        inherit_acl: false,
     };
     let ino = fs.meta.create(1, OsStr::new("f"), &args, None).unwrap().ino;
     (fs, lock, ino)

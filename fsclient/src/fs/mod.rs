@@ -114,6 +114,12 @@ pub struct BatonFs {
     config: FsConfig,
     /// WRITEBACK_CACHE was negotiated: the kernel owns mtime on writes.
     writeback: AtomicBool,
+    /// POSIX_ACL was negotiated: the kernel enforces ACLs, this mount keeps
+    /// them (`xattr.rs`) and creations inherit default ACLs.
+    posix_acl: AtomicBool,
+    /// DONT_MASK was negotiated: creations carry the umask unapplied, and
+    /// baton-meta applies it (unless a default ACL is inherited).
+    dont_mask: AtomicBool,
     handles: Handles,
     locks: Mutex<LockTable<lock::ParkedLock>>,
     /// Where the held locks are kept for a successor after a crash, and
@@ -201,6 +207,8 @@ impl BatonFs {
             block_size,
             config,
             writeback: AtomicBool::new(true),
+            posix_acl: AtomicBool::new(false),
+            dont_mask: AtomicBool::new(false),
             handles: Handles::default(),
             locks: Mutex::new(LockTable::default()),
             held_locks_file: held_locks::HeldLocksFile::from_env(),
@@ -268,12 +276,34 @@ impl BatonFs {
         (fs, volume.lock)
     }
 
+    /// Sets what a creation carries from INIT's choices: the request's
+    /// `umask` when the kernel did not apply it (DONT_MASK; applying it
+    /// again would change nothing, but a default ACL replaces it), and
+    /// whether a default ACL of the parent is inherited (POSIX_ACL).
+    pub(super) fn creation_rules(&self, args: &mut baton_meta::CreateArgs, umask: u32) {
+        args.umask = if self.dont_mask.load(Ordering::Relaxed) {
+            umask & 0o777
+        } else {
+            0
+        };
+        args.inherit_acl = self.posix_acl.load(Ordering::Relaxed);
+    }
+
+    /// POSIX_ACL was negotiated: ACL xattrs are kept, not refused.
+    pub(super) fn acls_enforced(&self) -> bool {
+        self.posix_acl.load(Ordering::Relaxed)
+    }
+
     /// Records what INIT negotiated (before serving).
     pub fn set_init(&self, params: &InitParams) {
         self.writeback.store(
             params.has(abi::init_flags::WRITEBACK_CACHE),
             Ordering::Relaxed,
         );
+        self.posix_acl
+            .store(params.has(abi::init_flags::POSIX_ACL), Ordering::Relaxed);
+        self.dont_mask
+            .store(params.has(abi::init_flags::DONT_MASK), Ordering::Relaxed);
     }
 
     /// Records which connection is served and which generation serves it

@@ -2,9 +2,13 @@
 //! the staging floor), mknod, mkdir, symlink, link, unlink, rmdir, rename,
 //! readlink (orphans: `orphans.rs`).
 //!
-//! Permission checks are the kernel's (`default_permissions`); the kernel
-//! has also applied the umask to every mode (DONT_MASK is not negotiated),
-//! so creations pass umask 0. Set-group-ID inheritance is baton-meta's.
+//! Permission checks are the kernel's (`default_permissions`, and POSIX
+//! ACLs with POSIX_ACL). With DONT_MASK the kernel leaves the umask to the
+//! filesystem: creations pass it on, and baton-meta applies it or, under a
+//! directory with a default ACL, inherits the ACL instead (`creation_rules`).
+//! Set-group-ID inheritance is baton-meta's. A chmod rewrites the access
+//! ACL in its transaction; the kernel forgets its cached ACLs after a
+//! SETATTR by itself.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStringExt;
@@ -193,16 +197,18 @@ impl BatonFs {
         Ok(self.meta.readlink(ino)?.into_vec())
     }
 
-    /// Creates a node owned by the caller (mode already umasked by the kernel).
+    /// Creates a node owned by the caller; `umask` as the request gave it.
     fn create_node(
         &self,
         req: &Request<'_>,
         parent: u64,
         name: &OsStr,
         mut args: CreateArgs,
+        umask: u32,
     ) -> Result<EntryOut> {
         let (uid, gid, _) = req.caller();
         args.mode &= 0o7777;
+        self.creation_rules(&mut args, umask);
         args.uid = uid;
         args.gid = gid;
         self.once(
@@ -235,7 +241,7 @@ impl BatonFs {
     ) -> Result<EntryOut> {
         let mut args = CreateArgs::new(FileKind::Symlink, 0o777);
         args.symlink_target = Some(target.to_owned());
-        self.create_node(req, parent, name, args)
+        self.create_node(req, parent, name, args, 0)
     }
 
     pub(super) fn do_mknod(
@@ -265,7 +271,7 @@ impl BatonFs {
         };
         let mut args = CreateArgs::new(kind, arg.mode);
         args.rdev = rdev;
-        self.create_node(req, parent, name, args)
+        self.create_node(req, parent, name, args, arg.umask)
     }
 
     pub(super) fn do_mkdir(
@@ -280,6 +286,7 @@ impl BatonFs {
             parent,
             name,
             CreateArgs::new(FileKind::Directory, arg.mode),
+            arg.umask,
         )
     }
 

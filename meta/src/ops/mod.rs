@@ -36,6 +36,7 @@
 //!   always through a closure (`|c| locks::list(c)`: a bare generic `fn`
 //!   item cannot take PostgreSQL's transaction of any lifetime).
 
+pub(crate) mod acl;
 pub(crate) mod blockmap;
 pub(crate) mod inode;
 pub(crate) mod locks;

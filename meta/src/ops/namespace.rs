@@ -8,6 +8,7 @@ use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::inode::{self, check_name, is_dot};
 use super::quota;
+use crate::acl::Acl;
 use crate::error::{MetaError, Result};
 use crate::limits::{NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
 use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSION_MASK, S_ISGID};
@@ -71,9 +72,20 @@ pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs)
     }
     let target = check_target(parent, args)?;
     let now = Timespec::now();
-    let new = new_attr(&dir, args, target.map_or(0, <[u8]>::len), now);
+    let default_acl = inherited_acl(c, parent, args)?;
+    let (new, access_acl) = new_attr_with_acl(
+        &dir,
+        args,
+        target.map_or(0, <[u8]>::len),
+        now,
+        default_acl.as_ref(),
+    );
     let is_dir = args.kind == FileKind::Directory;
     let ino = inode::insert(c, &new, is_dir.then_some(parent))?;
+    if let Some(default) = &default_acl {
+        let new = Attr { ino, ..new };
+        super::acl::give(c, &new, default, access_acl.as_ref())?;
+    }
     inode::insert_entry(c, parent, b, ino)?;
     if let Some(t) = target {
         c.prepare_cached("INSERT INTO symlinks (ino, target) VALUES (?1, ?2)")?
@@ -107,9 +119,14 @@ pub(crate) fn tmpfile<C: Db>(
     }
     let dir = inode::live_dir(c, parent)?;
     let now = Timespec::now();
-    let mut new = new_attr(&dir, args, 0, now);
+    let default_acl = inherited_acl(c, parent, args)?;
+    let (mut new, access_acl) = new_attr_with_acl(&dir, args, 0, now, default_acl.as_ref());
     new.nlink = 0;
     let ino = inode::insert(c, &new, linkable.then_some(parent))?;
+    if let Some(default) = &default_acl {
+        let new = Attr { ino, ..new };
+        super::acl::give(c, &new, default, access_acl.as_ref())?;
+    }
     inode::insert_orphan_row(c, ino, now)?;
     super::sessions::hold(c, session, ino)?;
     let attr = inode::attr(c, ino)?;
@@ -142,9 +159,39 @@ fn check_target(parent: u64, args: &CreateArgs) -> Result<Option<&[u8]>> {
     }
 }
 
+/// The parent's default ACL when the new inode inherits it
+/// (`args.inherit_acl`: the mount enforces ACLs).
+fn inherited_acl<C: Db>(c: &C, parent: u64, args: &CreateArgs) -> Result<Option<Acl>> {
+    if !args.inherit_acl {
+        return Ok(None);
+    }
+    super::acl::inherited(c, parent, args.kind)
+}
+
+/// [`new_attr`] under the kernel's `posix_acl_create`: with the parent's
+/// `default` ACL, the umask is not applied; the create mode and a copy of
+/// the ACL limit each other, and the copy is the new inode's access ACL
+/// unless the mode says all of it (`None`). Without one, the umask applies.
+fn new_attr_with_acl(
+    dir: &Attr,
+    args: &CreateArgs,
+    target_len: usize,
+    now: Timespec,
+    default: Option<&Acl>,
+) -> (Attr, Option<Acl>) {
+    let Some(default) = default else {
+        return (new_attr(dir, args, args.umask, target_len, now), None);
+    };
+    let mut new = new_attr(dir, args, 0, target_len, now);
+    let mut access = default.clone();
+    let (mode, equivalent) = access.create_masq(new.mode);
+    new.mode = mode;
+    (new, (!equivalent).then_some(access))
+}
+
 /// Attributes of a new inode created in `dir` (ino is assigned on insert).
-fn new_attr(dir: &Attr, args: &CreateArgs, target_len: usize, now: Timespec) -> Attr {
-    let mut mode = args.mode & !args.umask & MODE_PERMISSION_MASK;
+fn new_attr(dir: &Attr, args: &CreateArgs, umask: u32, target_len: usize, now: Timespec) -> Attr {
+    let mut mode = args.mode & !umask & MODE_PERMISSION_MASK;
     let mut gid = args.gid;
     if dir.mode & S_ISGID != 0 {
         gid = dir.gid;

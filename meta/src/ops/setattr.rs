@@ -29,6 +29,7 @@ pub(crate) fn setattr<C: Db>(
     apply_owner(&mut a, set.uid, set.gid);
     if let Some(mode) = set.mode {
         a.mode = mode & MODE_PERMISSION_MASK;
+        super::acl::chmod(c, &a)?;
     }
     if let Some(t) = set.atime {
         a.atime = t.resolve(now);

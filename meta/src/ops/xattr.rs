@@ -6,6 +6,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use crate::sql::{params, Db, OptionalExtension, Stmt};
 
 use super::inode;
+use crate::acl::AclKind;
 use crate::error::{MetaError, Result};
 use crate::limits::{XATTR_COUNT_PER_INODE_MAX, XATTR_NAME_LEN_MAX, XATTR_VALUE_LEN_MAX};
 use crate::types::{Timespec, XattrFlags};
@@ -19,6 +20,9 @@ pub(crate) fn set<C: Db>(
     flags: XattrFlags,
 ) -> Result<()> {
     let b = check_name(ino, name)?;
+    if let Some(kind) = AclKind::of_name(b) {
+        return super::acl::set(c, ino, kind, value, flags);
+    }
     if value.len() > XATTR_VALUE_LEN_MAX {
         return Err(MetaError::XattrTooLarge {
             ino,
@@ -72,21 +76,22 @@ pub(crate) fn list<C: Db>(c: &C, ino: u64) -> Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// Removes `name` from `ino`; sets ctime.
+/// Removes `name` from `ino`; sets ctime. Removing an ACL that is not
+/// there succeeds, as on ext4 (the mode is left as it is).
 pub(crate) fn remove<C: Db>(c: &C, ino: u64, name: &OsStr) -> Result<()> {
     let b = check_name(ino, name)?;
     let mut a = inode::attr(c, ino)?;
     let n = c
         .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
         .execute(params![ino, b])?;
-    if n == 0 {
+    if n == 0 && AclKind::of_name(b).is_none() {
         return Err(no_xattr(ino, name));
     }
     a.ctime = Timespec::now();
     inode::save(c, &a)
 }
 
-fn value_of<C: Db>(c: &C, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
+pub(super) fn value_of<C: Db>(c: &C, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     Ok(
         c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
             .query_row(params![ino, name], |r| r.get(0))
@@ -94,14 +99,14 @@ fn value_of<C: Db>(c: &C, ino: u64, name: &[u8]) -> Result<Option<Vec<u8>>> {
     )
 }
 
-fn count<C: Db>(c: &C, ino: u64) -> Result<u64> {
+pub(super) fn count<C: Db>(c: &C, ino: u64) -> Result<u64> {
     Ok(
         c.prepare_cached("SELECT COUNT(*) FROM xattrs WHERE ino = ?1")?
             .query_row(params![ino], |r| r.get(0))?,
     )
 }
 
-fn no_xattr(ino: u64, name: &OsStr) -> MetaError {
+pub(super) fn no_xattr(ino: u64, name: &OsStr) -> MetaError {
     MetaError::NoXattr {
         ino,
         name: name.to_owned(),
