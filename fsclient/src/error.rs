@@ -41,6 +41,14 @@ pub enum Error {
         /// What was wrong.
         reason: &'static str,
     },
+    /// The connection was negotiated with INIT flags this build does not
+    /// serve (a newer build made the mount): serving it would silently
+    /// drop what those flags promise the kernel.
+    #[error("the FUSE connection was negotiated with INIT flags {unknown:#x} this fsclient does not know (a newer build made the mount); serve it with that build or newer, or unmount and mount again with this one")]
+    UnknownInitFlags {
+        /// The granted flags outside this build's.
+        unknown: u64,
+    },
     /// A planned handover cannot be made now; this generation serves on.
     #[error("handover refused: {0}")]
     HandoverRefused(String),

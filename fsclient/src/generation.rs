@@ -122,6 +122,15 @@ pub struct Generation {
     journaled: Mutex<Vec<Vec<u8>>>,
 }
 
+/// Refuses granted INIT flags outside those this build asks for.
+fn check_init_flags(granted: u64) -> Result<()> {
+    let unknown = granted & !fuse_wire::InitConfig::baton().flags;
+    if unknown != 0 {
+        return Err(Error::UnknownInitFlags { unknown });
+    }
+    Ok(())
+}
+
 impl Generation {
     /// Prepares to serve: loads a handover state, or recovers after a death.
     pub fn adopt(
@@ -133,6 +142,12 @@ impl Generation {
         idle: IdleWorkers<BatonFs>,
     ) -> Result<(Arc<Generation>, InflightJournal)> {
         fault::arm_from_env(adoption.generation).map_err(|e| Error::Fault(e.to_string()))?;
+        // A flag asks the server for a duty (DONT_MASK: apply the umask;
+        // POSIX_ACL: keep ACLs in step with the mode). A connection a newer
+        // build negotiated may carry one this build does not know of, as in
+        // a rollback; serving it would drop that duty silently.
+        let params = fuse_wire::InitParams::from(&adoption.init);
+        check_init_flags(params.flags)?;
         // Generation 1 serves a fresh connection; a later one that got no
         // handover state cannot know the handles the kernel holds.
         let inherited = adoption.generation > 1 && adoption.handover.is_none();
@@ -192,7 +207,6 @@ impl Generation {
             fs.restore_held_locks();
         }
         let channel = Arc::new(Channel::new(fd));
-        let params = fuse_wire::InitParams::from(&adoption.init);
         fs.set_init(&params);
         fs.set_kernel_channel(channel.clone());
         let session = Session::new(Arc::clone(&channel), params, Arc::clone(&fs));
@@ -567,4 +581,27 @@ fn spawn_waiter(stopper: Stopper) {
         }
         std::thread::sleep(CHECK_INTERVAL);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use fuse_wire::abi::init_flags as f;
+
+    use super::check_init_flags;
+    use crate::error::Error;
+
+    #[test]
+    fn a_connection_with_a_flag_this_build_does_not_ask_for_is_refused() {
+        let ours = fuse_wire::InitConfig::baton().flags;
+        assert!(check_init_flags(ours).is_ok());
+        // What a supervisor without ACL support negotiated: a subset.
+        assert!(check_init_flags(ours & !(f::POSIX_ACL | f::DONT_MASK)).is_ok());
+        // PASSTHROUGH asks the server to open backing files; no Baton
+        // build asks for it yet.
+        assert_eq!(ours & f::PASSTHROUGH, 0);
+        match check_init_flags(ours | f::PASSTHROUGH) {
+            Err(Error::UnknownInitFlags { unknown }) => assert_eq!(unknown, f::PASSTHROUGH),
+            other => panic!("expected UnknownInitFlags, got {other:?}"),
+        }
+    }
 }
