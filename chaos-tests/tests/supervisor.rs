@@ -532,6 +532,10 @@ impl App {
         }
     }
 
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, std::process::Child::id)
+    }
+
     fn running(&mut self) -> bool {
         self.child
             .as_mut()
@@ -2229,6 +2233,57 @@ fn a_request_running_at_handover_is_journaled_and_answered_once_by_the_successor
         ok && out == "d\n",
         "the tree after the journaled mkdir: {out}"
     );
+}
+
+#[test]
+fn an_lseek_parked_at_handover_is_journaled_and_answered_by_the_successor() {
+    // Generation 1's timer thread holds every parked LSEEK (SEEK_DATA
+    // waits there for the kernel's dirty pages) longer than an upgrade may
+    // take; the upgrade starts once the application waits in lseek(2).
+    let delay = held_delay("lseek");
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[("BATON_DELAY", &delay), ("BATON_FAULT_GENERATION", "1")],
+    );
+    fx.mount();
+    let new = fsclient_copy(&fx, "fsclient-new");
+    // 4 KiB written at 32 MiB of a 64 MiB sparse file, left dirty in the
+    // kernel's page cache, then SEEK_DATA from 0.
+    let script = format!(
+        "import os\n\
+         fd = os.open('{}/sparse', os.O_RDWR | os.O_CREAT, 0o644)\n\
+         os.ftruncate(fd, 64 << 20)\n\
+         os.pwrite(fd, b'x' * 4096, 32 << 20)\n\
+         print(os.lseek(fd, 0, os.SEEK_DATA))\n",
+        s(&fx.mnt)
+    );
+    let app = App::spawn(&fx.mnt, Command::new("python3").arg("-c").arg(script));
+    let pid = app.pid();
+    assert!(
+        wait_until(DEADLINE, || in_syscall(pid, LSEEK_SYSCALL)),
+        "the application never waited in lseek\n{}",
+        fx.logs()
+    );
+    let (code, report) = upgrade(&fx, &new, &format!("{HELD_UPGRADE_TIMEOUT_S}s"));
+    assert_eq!(code, Some(0), "{report}\n{}", fx.logs());
+    assert_eq!(report["journaled"], 1, "{report}");
+    let (ok, out, err) = app.finish_or(|| fx.logs());
+    assert!(
+        ok && out.trim() == (32u64 << 20).to_string(),
+        "SEEK_DATA across the handover: {out}{err}"
+    );
+}
+
+/// lseek(2)'s number on x86-64 (/proc/PID/syscall's first field).
+const LSEEK_SYSCALL: &str = "8";
+
+/// Whether process `pid` waits in system call `number`.
+fn in_syscall(pid: u32, number: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        == Some(number)
 }
 
 #[test]

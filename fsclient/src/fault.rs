@@ -9,6 +9,7 @@
 //! ```text
 //! BATON_FAULT=<point>[@<opcode>][#<n>]    e.g. after-commit@mkdir#3
 //! BATON_DELAY=<opcode>:<ms>               sleep that long after reading such a request
+//!                                         (lseek: before answering a parked one)
 //! BATON_FAULT_GENERATION=<g>              both only in generation g (default: any)
 //! BATON_DELAY_GENERATION=<g>              the delay only in generation g (default: as above)
 //! ```
@@ -188,6 +189,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "removexattr" => opcode::REMOVEXATTR,
         "readdir" => opcode::READDIRPLUS,
         "lookup" => opcode::LOOKUP,
+        "lseek" => opcode::LSEEK,
         _ => return None,
     })
 }

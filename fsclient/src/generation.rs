@@ -25,7 +25,7 @@
 //!
 //! Locks cross a handover: held locks in the state, parked SETLKW requests
 //! (raw, from the lock table) in the journal, where the successor parks
-//! them again. They do not survive a crash: a dead generation's lock table
+//! them again (parked LSEEKs too, `fs/seek.rs`). They do not survive a crash: a dead generation's lock table
 //! is gone.
 
 use std::io::Write;
@@ -400,10 +400,12 @@ impl Generation {
         self.channel.seal();
         self.fs.fence();
         let (held, parked) = self.fs.export_locks();
-        // Requests being handled first, then parked lock requests: both go
-        // to the successor; only the first kind still runs here.
+        // Requests being handled first, then parked lock requests and
+        // LSEEKs: all go to the successor; only the first kind still runs
+        // here.
         let mut journal = inflight.clone();
         journal.extend(parked);
+        journal.extend(self.fs.parked_seeks());
         let written = self.write_state(dir, &journal, held, stopped_reading_ns);
         match written {
             Ok(state) => {

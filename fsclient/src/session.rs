@@ -5,8 +5,8 @@
 //! The same thread retries lock requests parked behind another mount's
 //! lock (`fs/lock.rs`), every `LOCK_RETRY_INTERVAL` while any wait, and
 //! lets go of the inodes requests unlinked (`fs/orphans.rs`), in batches,
-//! and retires the staging directories flushes emptied
-//! (`fs/staging_dirs.rs`).
+//! retires the staging directories flushes emptied
+//! (`fs/staging_dirs.rs`), and answers parked LSEEKs (`fs/seek.rs`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -75,6 +75,7 @@ impl SessionTimer {
             fs.set_timer_thread(Some(std::thread::current()));
             let mut next_tick = Instant::now();
             while !flag.load(Ordering::Relaxed) {
+                fs.answer_parked_seeks();
                 let orphans_due = fs.settle_queued_orphans(false);
                 if Instant::now() >= next_tick {
                     if let Err(err) = fs.session_tick(expiry) {
@@ -96,8 +97,10 @@ impl SessionTimer {
                 }
                 std::thread::park_timeout(sleep);
             }
-            // From here on requests settle their orphans themselves.
+            // From here on requests settle their orphans themselves, and
+            // LSEEKs are answered where they arrive.
             fs.set_timer_thread(None);
+            fs.stop_parking_seeks();
             fs.settle_orphans_at_exit();
         });
         SessionTimer {

@@ -396,6 +396,62 @@ fn seek_data_and_seek_hole_follow_the_block_map() {
     m.stop();
 }
 
+/// Data still dirty in the kernel's page cache (written, neither flushed
+/// nor closed) is data to SEEK_DATA and SEEK_HOLE, through this file and
+/// another one; and LSEEKs racing writes on more files than there are
+/// workers never wedge the mount (each waits for its pages' WRITEs).
+#[test]
+fn seek_data_sees_writes_still_in_the_kernels_page_cache() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    let _watchdog = Watchdog::start(&mnt, std::time::Duration::from_secs(120));
+    let bs = u64::from(BLOCK_SIZE);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("dirty"))
+        .unwrap();
+    f.set_len(8 * bs).unwrap();
+    // One page, left dirty in the kernel (the writeback cache).
+    f.write_all_at(&pattern(4096, 5), 3 * bs + 8192).unwrap();
+    assert_eq!(lseek(&f, 0, libc::SEEK_DATA), Ok(3 * bs));
+    let other = File::open(m.p("dirty")).unwrap();
+    assert_eq!(lseek(&other, 0, libc::SEEK_DATA), Ok(3 * bs));
+    assert_eq!(lseek(&other, 3 * bs, libc::SEEK_HOLE), Ok(4 * bs));
+    // Past the server's size, within the kernel's: an extending write.
+    f.write_all_at(&pattern(100, 6), 10 * bs).unwrap();
+    assert_eq!(lseek(&f, 4 * bs, libc::SEEK_DATA), Ok(10 * bs));
+    assert_eq!(lseek(&f, 10 * bs, libc::SEEK_HOLE), Ok(10 * bs + 100));
+
+    let writers: Vec<_> = (0..8u64)
+        .map(|i| {
+            let path = m.p(&format!("race-{i}"));
+            std::thread::spawn(move || {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(path)
+                    .unwrap();
+                for round in 0..40u64 {
+                    let at = (round * 7 + i) % 64 * 4096;
+                    f.write_all_at(&pattern(4096, round), at).unwrap();
+                    let data = lseek(&f, 0, libc::SEEK_DATA).unwrap();
+                    assert!(data <= at, "SEEK_DATA {data} skips the write at {at}");
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    m.stop();
+}
+
 #[test]
 fn fallocate_extends_and_punches_holes() {
     let vol = Volume::new();

@@ -31,10 +31,7 @@ use crate::handles::Handle;
 
 /// Attempts of a read that raced with a flush deleting a replaced object.
 pub const READ_ATTEMPTS_MAX: u32 = 3;
-/// `SEEK_DATA`.
-const SEEK_DATA: u32 = 3;
-/// `SEEK_HOLE`.
-const SEEK_HOLE: u32 = 4;
+use super::seek::{SEEK_DATA, SEEK_HOLE};
 /// Partial blocks a punch rewrites with zeros: the one at each edge.
 pub const PUNCH_EDGE_BLOCK_COUNT_MAX: usize = 2;
 /// Block rows one commit of a punch removes: with the edges, a commit

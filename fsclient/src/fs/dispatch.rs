@@ -526,16 +526,7 @@ impl Filesystem for BatonFs {
 
     fn lseek(&self, req: &Request<'_>, nodeid: NodeId, arg: &LseekIn, reply: ReplyLseek) {
         let _timer = self.counters.timer(req.opcode());
-        let nodeid = nodeid.get();
-        answer!(
-            self,
-            req,
-            "lseek",
-            nodeid,
-            self.do_lseek(nodeid, arg),
-            reply,
-            |o| reply.offset(o)
-        );
+        self.seek(req, nodeid.get(), arg, reply);
     }
 
     fn copy_file_range(

@@ -31,6 +31,7 @@ mod namespace;
 mod once;
 mod orphans;
 pub mod quota_free;
+mod seek;
 mod staging_dirs;
 mod write_through;
 mod xattr;
@@ -130,6 +131,8 @@ pub struct BatonFs {
     /// [`BatonFs::settle_queued_orphans`]: woken when a request parks or an
     /// inode loses its last name.
     timer_thread: Mutex<Option<std::thread::Thread>>,
+    /// LSEEKs waiting for the timer thread (`seek.rs`).
+    parked_seeks: Mutex<seek::ParkedSeeks>,
     /// Inodes that lost their last name, for the timer thread to settle.
     orphans_to_settle: Mutex<orphans::OrphanQueue>,
     /// Held shared by a TMPFILE from its metadata transaction until its
@@ -214,6 +217,7 @@ impl BatonFs {
             held_locks_file: held_locks::HeldLocksFile::from_env(),
             held_locks_saved: AtomicU64::new(0),
             timer_thread: Mutex::new(None),
+            parked_seeks: Mutex::new(seek::ParkedSeeks::default()),
             orphans_to_settle: Mutex::new(orphans::OrphanQueue::default()),
             tmpfile_births: RwLock::new(()),
             kernel_held_orphans: Mutex::new(std::collections::HashSet::new()),
@@ -724,8 +728,13 @@ impl BatonFs {
 
     /// Logs a failed operation and returns the errno to reply with.
     fn fail(&self, op: &'static str, req: &Request<'_>, nodeid: u64, err: &Error) -> Errno {
+        self.fail_unique(op, req.unique(), nodeid, err)
+    }
+
+    /// [`BatonFs::fail`] of the request `unique`, answered after its
+    /// handler returned (a parked request).
+    fn fail_unique(&self, op: &'static str, unique: u64, nodeid: u64, err: &Error) -> Errno {
         let errno = err.errno();
-        let unique = req.unique();
         match errno {
             Errno::EIO | Errno::ENOSPC => {
                 tracing::warn!(op, unique, nodeid, %errno, error = %err, "operation failed")
