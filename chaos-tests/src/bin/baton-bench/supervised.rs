@@ -1,7 +1,10 @@
 //! A supervised Baton mount for the stall benches: its own fs-supervisor
 //! (own socket, state dir and cgroup parent), a freshly formatted volume on
 //! the embedded default, mounted through `fsctl mount`. Dropping it
-//! unmounts (MNT_DETACH) and then stops the supervisor.
+//! unmounts (MNT_DETACH) and then stops the supervisor. The socket and the
+//! state dir (which holds more sockets) live in a short temporary
+//! directory, not under the bench's `--dir`: a unix socket's path holds at
+//! most 107 bytes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +28,8 @@ pub struct SupervisedMount {
     more_mounts: Vec<MountGuard>,
     _guard: MountGuard,
     supervisor: ChildGuard,
+    /// Holds the socket and the state dir; removed last.
+    _sockets: tempfile::TempDir,
 }
 
 /// Starts fs-supervisor on `socket` and `state` with `args`.
@@ -48,8 +53,12 @@ impl SupervisedMount {
     /// Starts fs-supervisor in `dir` with `supervisor_args`, formats
     /// `volume` and mounts it at `dir/mnt`.
     pub fn start(dir: &Path, volume: &str, supervisor_args: &[&str]) -> anyhow::Result<Self> {
-        let socket = dir.join("sup.sock");
-        let state = dir.join("state");
+        let sockets = tempfile::Builder::new()
+            .prefix("baton-bench-")
+            .tempdir()
+            .context("creating a directory for fs-supervisor's sockets")?;
+        let socket = sockets.path().join("sup.sock");
+        let state = sockets.path().join("state");
         let supervisor_args: Vec<String> = supervisor_args.iter().map(|a| a.to_string()).collect();
         let supervisor = spawn_supervisor(&socket, &state, &supervisor_args)?;
         if !wait_until(Duration::from_secs(20), || socket.exists()) {
@@ -73,6 +82,7 @@ impl SupervisedMount {
             base,
             supervisor_args,
             supervisor,
+            _sockets: sockets,
         })
     }
 
