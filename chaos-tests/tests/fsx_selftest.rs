@@ -44,3 +44,39 @@ fn a_corrupted_file_is_reported_with_its_seed() {
     assert!(failure.to_string().contains("rerun with seed 11"));
     assert!(failure.log.iter().any(|line| line.contains("remount")));
 }
+
+#[test]
+fn a_mode_changed_behind_its_back_is_caught() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let test_dir = a.path().to_path_buf();
+    let mut chmod = || {
+        use std::os::unix::fs::PermissionsExt;
+        let path = test_dir.join("fsx-2");
+        let mode = std::fs::metadata(&path)
+            .map_err(|e| e.to_string())?
+            .permissions()
+            .mode();
+        std::fs::set_permissions(
+            &path,
+            std::fs::Permissions::from_mode((mode ^ 0o001) & 0o777),
+        )
+        .map_err(|e| e.to_string())
+    };
+    // Modes are compared with the ACLs: only where the reference has them.
+    match run(&config(13, 400), a.path(), b.path(), &mut chmod) {
+        Ok(stats) => assert!(stats.acl_skipped, "a changed mode must be caught"),
+        Err(failure) => assert!(failure.message.contains("fsx-2: mode"), "{failure}"),
+    }
+}
+
+#[test]
+fn a_shift_range_that_succeeds_where_a_refusal_is_expected_is_caught() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let config = FsxConfig {
+        shift_ranges: ShiftRanges::Refused(libc::EOPNOTSUPP),
+        ..config(17, 5000)
+    };
+    let failure = run(&config, a.path(), b.path(), &mut || Ok(()))
+        .expect_err("a local filesystem does COLLAPSE_RANGE or INSERT_RANGE");
+    assert!(failure.message.contains("expected errno"), "{failure}");
+}
