@@ -188,6 +188,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "removexattr" => opcode::REMOVEXATTR,
         "readdir" => opcode::READDIRPLUS,
         "lookup" => opcode::LOOKUP,
+        "fallocate" => opcode::FALLOCATE,
         _ => return None,
     })
 }
