@@ -1830,6 +1830,34 @@ fn a_rename_into_a_quota_killed_after_its_commit_is_counted_once() {
     assert!(ok && out.contains("consistent"), "fsck: {out}{err}");
 }
 
+/// A KEEP_SIZE fallocate in a directory quota, its generation killed after
+/// the commit and before the reply: `fallocate` succeeds once, the size
+/// stays 0, the request is answered from its record, a quota set on the
+/// directory then counts the 10 MiB reservation, and fsck's recount agrees.
+#[test]
+fn a_fallocate_killed_after_its_commit_reserves_once() {
+    let fsctl = s(&binary("fsctl")).to_string();
+    let fx = killed_after_commit_fixture(
+        "fallocate",
+        "mkdir q && touch q/f",
+        "fallocate -n -l 10M q/f",
+        "[ $(stat -c %s q/f) = 0 ]",
+    );
+    let m = s(&fx.mnt).to_string();
+    let base = s(&fx.base).to_string();
+    let quota = |args: &str| format!("{fsctl} quota {args} --base-dir {base}");
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &quota(&format!("set {m}/q --bytes 64M"))).finish_or(|| fx.logs());
+    assert!(ok, "quota set: {out}{err}");
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &quota(&format!("get {m}/q --json"))).finish_or(|| fx.logs());
+    assert!(ok, "quota get: {err}");
+    let got: Value = serde_json::from_str(&out).expect("quota JSON");
+    assert_eq!(got["bytes_used"], 10 << 20, "{got}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("{fsctl} fsck vol --base-dir {base}")).finish();
+    assert!(ok && out.contains("consistent"), "fsck: {out}{err}");
+}
+
 #[test]
 fn exactly_once_mkdir_rmdir_and_mknod() {
     killed_after_commit(

@@ -190,6 +190,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "readdir" => opcode::READDIRPLUS,
         "lookup" => opcode::LOOKUP,
         "lseek" => opcode::LSEEK,
+        "fallocate" => opcode::FALLOCATE,
         _ => return None,
     })
 }

@@ -550,3 +550,127 @@ fn a_limit_set_while_a_file_is_written_stops_its_growth() {
     assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
     m.stop();
 }
+
+/// Bytes `statvfs` reports used under `path`.
+fn df_used_bytes(path: &std::path::Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(path).unwrap();
+    (st.blocks() - st.blocks_free()) * st.fragment_size()
+}
+
+/// O_DIRECT (each write(2) is a WRITE, so a refusal reaches it).
+fn open_direct(path: &std::path::Path) -> fs::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap()
+}
+
+/// Waits (a bounded while) for an unlinked file's usage to be released.
+fn wait_for_usage(vol: &Volume, dir: &std::path::Path, bytes: u64) -> u64 {
+    let mut last = 0;
+    for _ in 0..100 {
+        last = usage(vol, dir).bytes;
+        if last == bytes {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    last
+}
+
+#[test]
+fn fallocated_space_is_reserved_in_the_quota_and_writes_into_it_never_fail() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    set_quota(&vol, &q, Some(12 * MIB), None);
+
+    // KEEP_SIZE: the size stays 0, yet the 10 MiB are reserved.
+    let f = open_direct(&q.join("reserved"));
+    nix_fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, 10 * MIB).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 0);
+    assert_eq!(usage(&vol, &q).bytes, 10 * MIB, "the quota counts it");
+    assert_eq!(df_used_bytes(&q), 10 * MIB, "df on the quota shows it");
+    assert!(
+        df_used_bytes(&m.mnt) >= 10 * MIB,
+        "df on the volume shows it"
+    );
+
+    // 3 MiB elsewhere do not fit in the 2 MiB left.
+    let other = open_direct(&q.join("other"));
+    let chunk = vec![5u8; MIB as usize];
+    let refused = (0..3).try_for_each(|i| other.write_all_at(&chunk, i * MIB));
+    assert_eq!(errno_of(refused), libc::EDQUOT);
+    drop(other);
+    fs::remove_file(q.join("other")).unwrap();
+    assert_eq!(wait_for_usage(&vol, &q, 10 * MIB), 10 * MIB);
+
+    // Writing into the reservation: never refused, and the blocks count
+    // instead of the reservation (no double count).
+    for i in 0..10 {
+        f.write_all_at(&chunk, i * MIB).unwrap();
+    }
+    f.sync_all().unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 10 * MIB);
+    assert_eq!(usage(&vol, &q).bytes, 10 * MIB);
+    assert_eq!(df_used_bytes(&q), 10 * MIB);
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    drop(f);
+    m.stop();
+}
+
+#[test]
+fn a_reservation_shows_in_df_until_punched_truncated_or_unlinked_and_survives_kill_9() {
+    let vol = Volume::new();
+    let mnt = vol.mountpoint("mnt");
+    let m = vol.mount(&mnt);
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    set_quota(&vol, &q, Some(64 * MIB), None);
+    let volume_used = df_used_bytes(&m.mnt);
+    let reserved = |m: &Mounted| df_used_bytes(&m.mnt) - volume_used;
+
+    // Mode 0: a 10 MiB hole, reserved in the volume's usage.
+    let f = open_direct(&q.join("f"));
+    nix_fallocate(&f, 0, 0, 10 * MIB).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 10 * MIB);
+    assert_eq!(
+        reserved(&m),
+        10 * MIB,
+        "df on the volume shows the reservation"
+    );
+    // A punch releases what it covers.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    nix_fallocate(&f, punch, 0, 4 * MIB).unwrap();
+    assert_eq!(reserved(&m), 6 * MIB);
+    // A truncate releases what is past the new size, KEEP_SIZE's too.
+    nix_fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 10 * MIB, 6 * MIB).unwrap();
+    assert_eq!(reserved(&m), 12 * MIB);
+    assert_eq!(usage(&vol, &q).bytes, 16 * MIB);
+    // (A truncate is staged like a write: its release commits with it.)
+    f.set_len(8 * MIB).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(reserved(&m), 4 * MIB);
+    assert_eq!(usage(&vol, &q).bytes, 8 * MIB);
+    drop(f);
+    // An unlink releases the rest once the file is reclaimed.
+    fs::remove_file(q.join("f")).unwrap();
+    assert_eq!(wait_for_usage(&vol, &q, 0), 0);
+    assert_eq!(reserved(&m), 0);
+
+    // Durable: reserved, then the generation is killed.
+    let g = open_direct(&q.join("g"));
+    nix_fallocate(&g, libc::FALLOC_FL_KEEP_SIZE, 0, 10 * MIB).unwrap();
+    m.kill9();
+    drop(g);
+    let m = vol.mount(&mnt);
+    assert_eq!(reserved(&m), 10 * MIB);
+    assert_eq!(usage(&vol, &m.p("q")).bytes, 10 * MIB);
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    m.stop();
+}

@@ -17,7 +17,7 @@ use std::time::SystemTime;
 use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
 use crate::ops::{acl, locks, quota, sessions, setattr, xattr};
-use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, scan};
+use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, reserve, scan};
 use crate::record::Recorded;
 use crate::sql::Db;
 use crate::store::MetaStore;
@@ -369,7 +369,7 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn quota_bytes_headroom(&self, ino: u64) -> Result<Option<i64>> {
-        self.read_one("quota headroom", |c| quota::bytes_headroom(c, ino))
+        self.read("quota headroom", |c| quota::bytes_headroom(c, ino))
     }
 
     fn recount_quotas(&self, repair: bool) -> Result<Vec<QuotaDrift>> {
@@ -412,6 +412,37 @@ impl<E: Engine> MetaStore for E {
     ) -> Result<Vec<(u64, OsString, Vec<u8>)>> {
         let limit = limit.min(crate::limits::BLOCKS_QUERY_COUNT_MAX);
         self.read("scan acls", |c| acl::scan(c, after.clone(), limit))
+    }
+
+    fn fallocate_reserve(
+        &self,
+        ino: u64,
+        range: std::ops::Range<u64>,
+        grow: bool,
+        req: Option<RequestKey>,
+    ) -> Result<Attr> {
+        let bs = self.volume_record().block_size_bytes;
+        self.write(
+            "fallocate_reserve",
+            req,
+            |c| reserve::reserve(c, ino, range.start, range.end, grow, bs),
+            |a| Recorded::Attr(a.clone()),
+        )
+    }
+
+    fn release_reserved(
+        &self,
+        ino: u64,
+        range: std::ops::Range<u64>,
+        req: Option<RequestKey>,
+    ) -> Result<()> {
+        let bs = self.volume_record().block_size_bytes;
+        self.write(
+            "release_reserved",
+            req,
+            |c| reserve::release_range(c, ino, range.start, range.end, bs),
+            |()| Recorded::Unit,
+        )
     }
 
     fn commit_blocks(

@@ -233,6 +233,32 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         limit: u32,
     ) -> Result<Vec<(u64, OsString, Vec<u8>)>>;
 
+    /// fallocate mode 0 (`grow`) and KEEP_SIZE: reserves the holes of
+    /// `range` (whole blocks from the first one the range touches) so that
+    /// a later write into them cannot be refused for lack of space, and
+    /// with `grow` sets the size to `range.end` if larger; one
+    /// transaction. Reserved bytes count in [`MetaStore::statfs`] and in
+    /// the quotas (a file counts `max(size, end of its last reservation)`;
+    /// EDQUOT past a limit, nothing applied). A reservation ends when its
+    /// block is committed, punched ([`MetaStore::release_reserved`]),
+    /// truncated away, or the inode is deleted. Idempotent.
+    fn fallocate_reserve(
+        &self,
+        ino: u64,
+        range: std::ops::Range<u64>,
+        grow: bool,
+        req: Option<RequestKey>,
+    ) -> Result<Attr>;
+
+    /// A hole punched over `range`: the reservations of the whole blocks
+    /// inside it end.
+    fn release_reserved(
+        &self,
+        ino: u64,
+        range: std::ops::Range<u64>,
+        req: Option<RequestKey>,
+    ) -> Result<()>;
+
     /// THE DURABILITY POINT OF A WRITE. Once this returns `Ok`, the written
     /// blocks are part of the file and survive the death of the process;
     /// after a later [`MetaStore::sync`] they survive a power loss too (as

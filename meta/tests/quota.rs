@@ -295,3 +295,72 @@ fn a_directory_moved_across_quotas_moves_its_tree_hard_links_and_inner_quotas_ri
     assert_eq!(used(m, q.ino), (100, 1));
     assert!(m.recount_quotas(false).unwrap().is_empty());
 }
+
+/// A block row at `index` (an object key the test never uploads).
+fn block(index: u64, len: u32) -> baton_meta::BlockRef {
+    baton_meta::BlockRef {
+        index,
+        object_key: format!("k{index}"),
+        len,
+    }
+}
+
+#[test]
+fn fallocated_holes_are_reserved_until_written_punched_truncated_or_reclaimed() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let bs = u64::from(BS);
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, Some(100 * bs), None).unwrap();
+    let f = file(m, q.ino, "f");
+    let statfs_used = || m.statfs().unwrap().bytes_used;
+    let base = statfs_used();
+
+    // Mode 0 over 10 blocks: the size grows, the holes are reserved.
+    let a = m.fallocate_reserve(f.ino, 0..10 * bs, true, None).unwrap();
+    assert_eq!(a.size, 10 * bs);
+    assert_eq!(used(m, q.ino), (10 * bs, 1));
+    assert_eq!(statfs_used() - base, 10 * bs);
+    // Idempotent: a repeat reserves nothing more.
+    m.fallocate_reserve(f.ino, 0..10 * bs, true, None).unwrap();
+    assert_eq!(statfs_used() - base, 10 * bs);
+    // KEEP_SIZE past the end: the quota counts up to its end.
+    m.fallocate_reserve(f.ino, 10 * bs..15 * bs, false, None)
+        .unwrap();
+    assert_eq!(used(m, q.ino), (15 * bs, 1));
+    assert_eq!(statfs_used() - base, 15 * bs);
+    // Past the limit: refused, nothing applied.
+    assert!(is_edquot(m.fallocate_reserve(
+        f.ino,
+        20 * bs..200 * bs,
+        false,
+        None
+    )));
+    assert_eq!(used(m, q.ino), (15 * bs, 1));
+
+    // A written block counts instead of its reservation.
+    let c = CommitBlocks {
+        new_size: Some(12 * bs),
+        mtime: None,
+        ctime: None,
+        blocks: vec![block(0, BS), block(11, BS)],
+        punched: Vec::new(),
+    };
+    m.commit_blocks(f.ino, &c, None).unwrap();
+    assert_eq!(used(m, q.ino), (15 * bs, 1));
+    assert_eq!(statfs_used() - base, 15 * bs);
+    // A punch releases the whole blocks it covers.
+    m.release_reserved(f.ino, bs..5 * bs, None).unwrap();
+    assert_eq!(statfs_used() - base, 11 * bs);
+    // A truncate releases what is past the new size.
+    resize(m, f.ino, 8 * bs).unwrap();
+    assert_eq!(used(m, q.ino), (8 * bs, 1));
+    assert_eq!(statfs_used() - base, bs + 3 * bs);
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    // The last of it goes with the inode.
+    m.unlink(q.ino, n("f"), None).unwrap();
+    m.reclaim(f.ino, None).unwrap();
+    assert_eq!(used(m, q.ino), (0, 0));
+    assert_eq!(statfs_used(), base);
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+}

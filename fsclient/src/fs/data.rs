@@ -464,14 +464,15 @@ impl BatonFs {
         Ok(data.len() as u32)
     }
 
-    /// FALLOCATE. Baton reserves no space: objects are written when data
-    /// is, so mode 0 and KEEP_SIZE promise nothing about later writes (a
-    /// write can still fail with ENOSPC or EDQUOT). Per mode:
-    /// - 0: the size grows to `offset + length` if that is larger
-    ///   (quota-checked); the new bytes are a hole.
-    /// - KEEP_SIZE: nothing to do (no blocks to preallocate), past the
-    ///   size included.
-    /// - PUNCH_HOLE | KEEP_SIZE: `punch_locked`.
+    /// FALLOCATE. Per mode:
+    /// - 0 and KEEP_SIZE: `reserve`: the holes of the range are reserved
+    ///   in the metadata (counted by statfs and the quotas, so a later
+    ///   write into them is not refused for lack of space; they stay holes
+    ///   until written: docs/design-notes.md#fallocate); mode 0 also grows
+    ///   the size to `offset + length` if that is larger, in the same
+    ///   transaction.
+    /// - PUNCH_HOLE | KEEP_SIZE: `punch_locked` (reservations in the range
+    ///   end too).
     /// - ZERO_RANGE (| KEEP_SIZE): the range within the size is punched, so
     ///   it reads as zeros; without KEEP_SIZE the size then grows as for 0.
     /// - COLLAPSE_RANGE, INSERT_RANGE: EOPNOTSUPP, deliberately. The block
@@ -482,7 +483,12 @@ impl BatonFs {
     ///   anyway (it answers EOPNOTSUPP itself); this arm is for a kernel
     ///   that would. Anything else (UNSHARE_RANGE, WRITE_ZEROES, unknown
     ///   bits, PUNCH_HOLE without KEEP_SIZE) is EOPNOTSUPP too.
-    pub(super) fn do_fallocate(&self, ino: u64, arg: &FallocateIn) -> Result<()> {
+    pub(super) fn do_fallocate(
+        &self,
+        req: &Request<'_>,
+        ino: u64,
+        arg: &FallocateIn,
+    ) -> Result<()> {
         let end = arg
             .offset
             .checked_add(arg.length)
@@ -492,15 +498,7 @@ impl BatonFs {
             })?;
         let keep_size = arg.mode.contains(FallocateFlags::KEEP_SIZE);
         match arg.mode.difference(FallocateFlags::KEEP_SIZE) {
-            mode if mode.is_empty() && keep_size => Ok(()),
-            mode if mode.is_empty() => {
-                if end > self.logical_size(ino)? {
-                    self.check_quota_growth(ino, end)?;
-                    let _guard = self.staging_lock(ino, "fallocate")?;
-                    self.grow_locked(ino, end)?;
-                }
-                Ok(())
-            }
+            mode if mode.is_empty() => self.reserve(req, ino, arg.offset, end, !keep_size),
             // fallocate(2) takes PUNCH_HOLE only together with KEEP_SIZE.
             FallocateFlags::PUNCH_HOLE if keep_size => {
                 let _guard = self.staging_lock(ino, "punch hole")?;
@@ -513,6 +511,37 @@ impl BatonFs {
                 Errno::EOPNOTSUPP,
             )),
         }
+    }
+
+    /// fallocate mode 0 (`grow`) or KEEP_SIZE: what is staged is committed
+    /// first (the metadata then holds the file's size and blocks), then
+    /// one metadata transaction reserves the holes of `offset..end` and
+    /// grows the size, exactly once (a resent request is answered from its
+    /// record). The inode lock is taken per attempt, not across `once`'s
+    /// retry after EDQUOT, which settles orphans under their locks.
+    fn reserve(
+        &self,
+        req: &Request<'_>,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        grow: bool,
+    ) -> Result<()> {
+        self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::Attr(_) => Ok(()),
+                _ => Err(super::once::mismatched(ino, "fallocate")),
+            },
+            |key| {
+                let _guard = self.staging_lock(ino, "fallocate")?;
+                self.flush_locked(ino, &[])?;
+                self.meta.fallocate_reserve(ino, offset..end, grow, key)?;
+                Ok(())
+            },
+        )?;
+        self.invalidate(ino);
+        Ok(())
     }
 
     /// ZERO_RANGE: `offset..end` reads as zeros afterwards (punched within
@@ -553,6 +582,9 @@ impl BatonFs {
     /// generation, which punches the rest.
     fn punch_locked(&self, ino: u64, offset: u64, end: u64) -> Result<()> {
         self.flush_locked(ino, &[])?;
+        // Reservations first, past the size too (KEEP_SIZE ones);
+        // idempotent, so a resent punch needs no record of it.
+        self.meta.release_reserved(ino, offset..end, None)?;
         let attr = self.meta.getattr(ino)?;
         let end = end.min(attr.size);
         if offset >= end {

@@ -518,7 +518,7 @@ impl Filesystem for BatonFs {
             req,
             "fallocate",
             nodeid,
-            self.do_fallocate(nodeid, arg),
+            self.do_fallocate(req, nodeid, arg),
             reply,
             |()| reply.ok()
         );

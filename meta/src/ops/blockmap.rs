@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
-use super::{inode, quota};
+use super::{inode, quota, reserve};
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
 use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, Timespec};
@@ -70,6 +70,7 @@ pub(crate) fn commit<C: Db>(
     regular(&a)?;
     check_commit(ino, commit, block_size)?;
     let mut removed = BTreeSet::new();
+    let quota_before = reserve::quota_bytes(c, &a)?;
     let size = commit.new_size.unwrap_or(a.size);
     if size < a.size {
         removed.extend(truncate(c, ino, size, block_size)?.0);
@@ -79,11 +80,16 @@ pub(crate) fn commit<C: Db>(
     }
     removed.extend(replace_rows(c, ino, &commit.blocks)?);
     check_rows_within(c, ino, size, block_size)?;
+    // Blocks written or punched are no longer reserved.
+    let indices: Vec<u64> = commit.blocks.iter().map(|b| b.index).collect();
+    reserve::release_indices(c, ino, &indices)?;
+    reserve::release_indices(c, ino, &commit.punched)?;
     let now = Timespec::now();
+    a.size = size;
     // Counted, never refused: WRITE checked the quota before it accepted
     // these bytes, and refusing them now would lose acknowledged data.
-    quota::add_bytes(c, ino, size as i64 - a.size as i64, false)?;
-    a.size = size;
+    let quota_after = reserve::quota_bytes(c, &a)?;
+    quota::add_bytes(c, ino, quota_after as i64 - quota_before as i64, false)?;
     if let Some(m) = commit.mtime {
         a.mtime = m.resolve(now);
     }
@@ -164,7 +170,8 @@ fn delete_row<C: Db>(c: &C, ino: u64, index: u64) -> Result<Option<String>> {
 }
 
 /// Drops the rows wholly at or past `new_size` and clamps the row that
-/// straddles it. Returns the dropped rows' keys and the straddling index.
+/// straddles it, and the reservations likewise (the caller counts the
+/// quota change). Returns the dropped rows' keys and the straddling index.
 pub(crate) fn truncate<C: Db>(
     c: &C,
     ino: u64,
@@ -180,6 +187,7 @@ pub(crate) fn truncate<C: Db>(
     let mut stmt =
         c.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2 RETURNING object_key")?;
     let keys: BTreeSet<String> = stmt.collect_rows(params![ino, first_dropped], |r| r.get(0))?;
+    reserve::truncate(c, ino, new_size, block_size)?;
     let within = new_size % bs;
     if within == 0 {
         return Ok((keys, None));

@@ -416,6 +416,8 @@ pub(crate) fn statfs<C: Db>(c: &C, block_size_bytes: u32) -> Result<StatFs> {
         params![],
         |r| r.get(0),
     )?;
+    // Space fallocate reserved is used space (reserve.rs).
+    let bytes_used = bytes_used.saturating_add(super::reserve::volume_reserved_bytes(c)?);
     Ok(StatFs {
         inodes_used,
         bytes_used,

@@ -46,6 +46,7 @@ pub(crate) mod quota;
 pub(crate) mod readdir;
 pub(crate) mod rename;
 pub(crate) mod requests;
+pub(crate) mod reserve;
 pub(crate) mod scan;
 pub(crate) mod sessions;
 pub(crate) mod setattr;

@@ -61,7 +61,28 @@ macro_rules! subtree_and_self_cte {
     };
 }
 
-/// What `a` adds to a quota that counts it.
+/// What the inode aliased `i` adds to a quota's bytes, in SQL: 0 for a
+/// directory, otherwise the larger of its size and the end of its last
+/// reservation (`reserve::quota_bytes`).
+macro_rules! quota_bytes_sql {
+    () => {
+        "(CASE WHEN i.kind = 2 THEN 0 ELSE COALESCE((
+             SELECT CASE WHEN MAX(r.idx * v.block_size_bytes + r.len) > i.size
+                         THEN MAX(r.idx * v.block_size_bytes + r.len) END
+             FROM reservations r, volume v WHERE r.ino = i.ino), i.size) END)"
+    };
+}
+
+/// What `a` adds to a quota that counts it, reservations included.
+fn usage_with_reserved<C: Db>(c: &C, a: &Attr) -> Result<QuotaUsage> {
+    Ok(QuotaUsage {
+        bytes: super::reserve::quota_bytes(c, a)?,
+        inodes: 1,
+    })
+}
+
+/// What `a` adds to a quota that counts it, if it has no reservation (a
+/// new inode).
 pub(crate) fn usage_of(a: &Attr) -> QuotaUsage {
     QuotaUsage {
         bytes: if a.kind == FileKind::Directory {
@@ -192,7 +213,7 @@ pub(crate) fn resync<C: Db>(c: &C, a: &Attr, check: bool) -> Result<()> {
 fn resync_one<C: Db>(c: &C, a: &Attr, check: bool) -> Result<()> {
     let now = holding(c, a.ino)?;
     let before = charged(c, a.ino)?;
-    let usage = usage_of(a);
+    let usage = usage_with_reserved(c, a)?;
     for &q in before.difference(&now) {
         c.prepare_cached("DELETE FROM quota_charges WHERE quota = ?1 AND ino = ?2")?
             .execute(params![q, a.ino])?;
@@ -234,7 +255,9 @@ pub(crate) fn after_move<C: Db>(
     let tree: Vec<(u64, FileKind, u64, u32)> = c
         .prepare_cached(concat!(
             subtree_and_self_cte!(),
-            "SELECT i.ino, i.kind, i.size, i.nlink FROM down JOIN inodes i ON i.ino = down.ino
+            "SELECT i.ino, i.kind, ",
+            quota_bytes_sql!(),
+            ", i.nlink FROM down JOIN inodes i ON i.ino = down.ino
              LIMIT ?2"
         ))?
         .collect_rows(params![moved.ino, QUOTA_MOVE_INODES_MAX + 2], |r| {
@@ -310,7 +333,7 @@ pub(crate) fn add_bytes<C: Db>(c: &C, ino: u64, delta: i64, check: bool) -> Resu
 
 /// Orphan `a` is being deleted: no quota counts it any more.
 pub(crate) fn uncharge_all<C: Db>(c: &C, a: &Attr) -> Result<()> {
-    let usage = usage_of(a);
+    let usage = usage_with_reserved(c, a)?;
     let changed = c
         .prepare_cached(
             "UPDATE quotas SET bytes_used = bytes_used - ?2, inodes_used = inodes_used - ?3
@@ -327,14 +350,22 @@ pub(crate) fn uncharge_all<C: Db>(c: &C, a: &Attr) -> Result<()> {
 /// Bytes the quotas counting `ino` still allow (the least of them;
 /// negative when one is past its limit); `None` if no quota with a byte
 /// limit counts it.
+/// The file's own reservation past its size counts as headroom: it is
+/// already in the usage, and a write into it must not be refused.
 pub(crate) fn bytes_headroom<C: Db>(c: &C, ino: u64) -> Result<Option<i64>> {
-    Ok(c.query_row(
+    let headroom: Option<i64> = c.query_row(
         "SELECT MIN(q.bytes_max - q.bytes_used) FROM quotas q
          JOIN quota_charges c ON c.quota = q.ino
          WHERE c.ino = ?1 AND q.bytes_max IS NOT NULL",
         params![ino],
         |r| r.get(0),
-    )?)
+    )?;
+    let Some(headroom) = headroom else {
+        return Ok(None);
+    };
+    let a = inode::attr(c, ino)?;
+    let reserved_past_size = super::reserve::quota_bytes(c, &a)?.saturating_sub(a.size);
+    Ok(Some(headroom.saturating_add(signed(reserved_past_size))))
 }
 
 fn read<C: Db>(c: &C, dir: u64) -> Result<Option<Quota>> {
@@ -434,7 +465,9 @@ fn count<C: Db>(c: &C, dir: u64) -> Result<QuotaUsage> {
     let (inodes, bytes): (u64, u64) = c.query_row(
         concat!(
             subtree_cte!(),
-            "SELECT COUNT(*), CAST(COALESCE(SUM(CASE WHEN i.kind = 2 THEN 0 ELSE i.size END), 0) AS BIGINT)
+            "SELECT COUNT(*), CAST(COALESCE(SUM(",
+            quota_bytes_sql!(),
+            "), 0) AS BIGINT)
              FROM inodes i WHERE i.ino IN (
                  SELECT ino FROM down
                  UNION SELECT q.ino FROM quota_charges q JOIN orphans o ON o.ino = q.ino

@@ -52,14 +52,16 @@ fn resize<C: Db>(c: &C, a: &mut Attr, size: u64, block_size: u32) -> Result<Trun
         });
     }
     let mut out = TruncatedBlocks::default();
+    let quota_before = super::reserve::quota_bytes(c, a)?;
     if size < a.size {
         let (keys, partial_block) = blockmap::truncate(c, a.ino, size, block_size)?;
         out.released = blockmap::unreferenced(c, keys)?;
         out.partial_block = partial_block;
     }
-    // A growth past a quota is refused here (EDQUOT, nothing applied).
-    quota::add_bytes(c, a.ino, size as i64 - a.size as i64, true)?;
     a.size = size;
+    // A growth past a quota is refused here (EDQUOT, nothing applied).
+    let quota_after = super::reserve::quota_bytes(c, a)?;
+    quota::add_bytes(c, a.ino, quota_after as i64 - quota_before as i64, true)?;
     Ok(out)
 }
 

@@ -153,6 +153,16 @@ CREATE TABLE quota_charges (
 );
 CREATE INDEX quota_charges_by_ino ON quota_charges(ino, quota);
 ",
+    // 7: space fallocate reserved over holes (`reserve.rs`), counted by
+    // statfs and the quotas.
+    "
+CREATE TABLE reservations (
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    idx BIGINT NOT NULL,
+    len BIGINT NOT NULL,
+    PRIMARY KEY (ino, idx)
+);
+",
 ];
 
 /// The schema version this build creates and understands.

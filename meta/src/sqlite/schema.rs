@@ -33,6 +33,8 @@
 //!        inodes_used)                          -- see ops/quota.rs
 //! quota_charges(quota -> quotas, ino -> inodes, PRIMARY KEY(quota, ino))
 //!        -- the inodes each quota counts; both added in place by `open`
+//! reservations(ino -> inodes, idx, len, PRIMARY KEY(ino, idx))
+//!        -- fallocate's reserved holes (ops/reserve.rs); added by `open`
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -163,6 +165,19 @@ CREATE TABLE IF NOT EXISTS locks (
 CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
 ";
 
+/// Space fallocate reserved over holes (`ops/reserve.rs`); `IF NOT
+/// EXISTS`, added at open (additive to format v1). A build from before it
+/// ignores it: its statfs and quotas then count only blocks and sizes
+/// (`fsctl fsck --repair-quotas` recounts).
+pub(crate) const RESERVATIONS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS reservations (
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    idx INTEGER NOT NULL,
+    len INTEGER NOT NULL,
+    PRIMARY KEY (ino, idx)
+) WITHOUT ROWID;
+";
+
 /// Directory quotas and the inodes each counts (`ops/quota.rs`). Additive:
 /// a volume without them has no quota, which empty tables say too.
 pub(crate) const QUOTAS_DDL: &str = "
@@ -199,6 +214,7 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(LOCKS_DDL)?;
     conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     conn.execute_batch(QUOTAS_DDL)?;
+    conn.execute_batch(RESERVATIONS_DDL)?;
     Ok(())
 }
 
@@ -213,6 +229,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(LOCKS_DDL)?;
     tx.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     tx.execute_batch(QUOTAS_DDL)?;
+    tx.execute_batch(RESERVATIONS_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)
