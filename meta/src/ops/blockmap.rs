@@ -70,7 +70,10 @@ pub(crate) fn commit<C: Db>(
     regular(&a)?;
     check_commit(ino, commit, block_size)?;
     let mut removed = BTreeSet::new();
-    let quota_before = reserve::quota_bytes(c, &a)?;
+    // 0 without a reservation, as for almost every file: then nothing
+    // below touches the reservations (a query per commit, not per row).
+    let reserved_end = reserve::reserved_end(c, ino)?;
+    let quota_before = a.size.max(reserved_end);
     let size = commit.new_size.unwrap_or(a.size);
     if size < a.size {
         removed.extend(truncate(c, ino, size, block_size)?.0);
@@ -80,15 +83,19 @@ pub(crate) fn commit<C: Db>(
     }
     removed.extend(replace_rows(c, ino, &commit.blocks)?);
     check_rows_within(c, ino, size, block_size)?;
-    // Blocks written or punched are no longer reserved.
-    let indices: Vec<u64> = commit.blocks.iter().map(|b| b.index).collect();
-    reserve::release_indices(c, ino, &indices)?;
-    reserve::release_indices(c, ino, &commit.punched)?;
     let now = Timespec::now();
     a.size = size;
+    let quota_after = if reserved_end > 0 {
+        // Blocks written or punched are no longer reserved.
+        let indices: Vec<u64> = commit.blocks.iter().map(|b| b.index).collect();
+        reserve::release_indices(c, ino, &indices)?;
+        reserve::release_indices(c, ino, &commit.punched)?;
+        reserve::quota_bytes(c, &a)?
+    } else {
+        size
+    };
     // Counted, never refused: WRITE checked the quota before it accepted
     // these bytes, and refusing them now would lose acknowledged data.
-    let quota_after = reserve::quota_bytes(c, &a)?;
     quota::add_bytes(c, ino, quota_after as i64 - quota_before as i64, false)?;
     if let Some(m) = commit.mtime {
         a.mtime = m.resolve(now);

@@ -17,7 +17,7 @@
 //! Invariant: no index of a file has both a block row and a reservation
 //! row (a commit deletes the reservation of every index it writes).
 
-use crate::sql::{params, Db, OptionalExtension, Stmt};
+use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
 use super::{blockmap, inode, quota};
 use crate::error::{MetaError, Result};
@@ -132,9 +132,29 @@ pub(crate) fn release_range<C: Db>(
 
 /// Blocks `indices` of `ino` got rows: their reservations end.
 pub(crate) fn release_indices<C: Db>(c: &C, ino: u64, indices: &[u64]) -> Result<()> {
-    let mut stmt = c.prepare_cached("DELETE FROM reservations WHERE ino = ?1 AND idx = ?2")?;
-    for &index in indices {
-        stmt.execute(params![ino, index])?;
+    if indices.is_empty() {
+        return Ok(());
+    }
+    match C::DIALECT {
+        // A statement costs no round trip: one per index.
+        Dialect::Sqlite => {
+            let mut stmt =
+                c.prepare_cached("DELETE FROM reservations WHERE ino = ?1 AND idx = ?2")?;
+            for &index in indices {
+                stmt.execute(params![ino, index])?;
+            }
+        }
+        // One statement (a round trip) whatever the number of indices.
+        Dialect::Postgres => {
+            let indices = indices
+                .iter()
+                .map(|&i| {
+                    i64::try_from(i).map_err(|_| MetaError::FileTooLarge { ino, size_bytes: i })
+                })
+                .collect::<Result<Vec<i64>>>()?;
+            c.prepare_cached("DELETE FROM reservations WHERE ino = ?1 AND idx = ANY(?2)")?
+                .execute(params![ino, indices])?;
+        }
     }
     Ok(())
 }
