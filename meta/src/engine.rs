@@ -24,7 +24,7 @@ use crate::store::MetaStore;
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
     QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
-    StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    ShareBlocks, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 use crate::ROOT_INO;
 
@@ -457,6 +457,22 @@ impl<E: Engine> MetaStore for E {
             req,
             |c| blockmap::commit(c, ino, commit, bs),
             |(a, v)| Recorded::Committed(a.clone(), v.clone()),
+        )
+    }
+
+    fn share_blocks(
+        &self,
+        ino: u64,
+        share: &ShareBlocks,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, Vec<ObjectRef>)> {
+        let bs = self.volume_record().block_size_bytes;
+        let copied = share.copied_bytes;
+        self.write(
+            "share_blocks",
+            req,
+            |c| blockmap::share(c, ino, share, bs),
+            |(a, v)| Recorded::Copied(a.clone(), copied, v.clone()),
         )
     }
 

@@ -48,6 +48,9 @@ pub enum Recorded {
     Released(Vec<ObjectRef>),
     /// `commit_blocks`.
     Committed(Attr, Vec<ObjectRef>),
+    /// `share_blocks` that ends a copy: the destination's attributes, the
+    /// bytes the whole copy reported, the objects released.
+    Copied(Attr, u64, Vec<ObjectRef>),
 }
 
 impl Recorded {
@@ -89,6 +92,12 @@ impl Recorded {
                 put_attr(&mut out, a);
                 put_released(&mut out, v);
             }
+            Recorded::Copied(a, bytes, v) => {
+                out.push(7);
+                put_attr(&mut out, a);
+                out.extend_from_slice(&bytes.to_le_bytes());
+                put_released(&mut out, v);
+            }
         }
         out
     }
@@ -127,6 +136,7 @@ impl Recorded {
             }),
             5 => Recorded::Released(r.released()?),
             6 => Recorded::Committed(r.attr()?, r.released()?),
+            7 => Recorded::Copied(r.attr()?, r.u64()?, r.released()?),
             tag => {
                 return Err(MetaError::corrupt(format!(
                     "completed-request record tag {tag} unknown"
@@ -319,7 +329,8 @@ mod tests {
             Recorded::Renamed(Renamed { replaced: Some(u) }),
             Recorded::Renamed(Renamed { replaced: None }),
             Recorded::Released(keys.clone()),
-            Recorded::Committed(attr(), keys),
+            Recorded::Committed(attr(), keys.clone()),
+            Recorded::Copied(attr(), 3 << 40, keys),
         ];
         for r in all {
             assert_eq!(Recorded::decode(&r.encode()).unwrap(), r);

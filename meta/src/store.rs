@@ -25,7 +25,7 @@ use crate::error::{MetaError, Result};
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
     QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
-    StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    ShareBlocks, StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -274,6 +274,23 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         &self,
         ino: u64,
         commit: &CommitBlocks,
+        req: Option<RequestKey>,
+    ) -> Result<(Attr, Vec<ObjectRef>)>;
+
+    /// Block sharing (copy_file_range inside a volume), in one transaction:
+    /// the rows of `share.source` in its range are copied to `ino`'s range,
+    /// naming the same objects (a hole punches the row it lands on); the
+    /// size grows to `share.size_min` if smaller (the growth is counted in
+    /// the quotas, never refused: the caller checked it), mtime and ctime
+    /// are set. `InvalidArgument` for a range past the source's size, over
+    /// the source range itself, or of more than `COMMIT_BLOCKS_ROWS_MAX`
+    /// blocks. Returns the attributes and the objects no row names any
+    /// more: delete them only AFTER it returns (a shared object is never
+    /// among them while a row names it). Recorded as `Recorded::Copied`.
+    fn share_blocks(
+        &self,
+        ino: u64,
+        share: &ShareBlocks,
         req: Option<RequestKey>,
     ) -> Result<(Attr, Vec<ObjectRef>)>;
 

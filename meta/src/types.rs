@@ -346,6 +346,33 @@ pub struct CommitBlocks {
     pub punched: Vec<u64>,
 }
 
+/// Whole blocks of one file to share with another (or another range of
+/// the same file), committed atomically by `share_blocks`: the rows of
+/// `source` at `source_first_index..+count` are copied, object keys and
+/// all, to `first_index..+count` of the destination, over its rows there
+/// (a hole in the source punches the destination). No byte is copied: both
+/// rows name the same immutable object, which is deleted only once no row
+/// names it (`docs/design-notes.md#block-sharing`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShareBlocks {
+    /// The inode whose rows are shared; its size must cover the whole
+    /// source range.
+    pub source: u64,
+    /// First source block index.
+    pub source_first_index: u64,
+    /// First destination block index.
+    pub first_index: u64,
+    /// Blocks shared, at most `COMMIT_BLOCKS_ROWS_MAX` (0: none, the
+    /// transaction only sets the size and times and records the request).
+    pub count: u64,
+    /// The destination's size grows to this if it is smaller (a copy's
+    /// end); never shrinks.
+    pub size_min: u64,
+    /// What a recorded request reports (`Recorded::Copied`): the bytes the
+    /// whole copy copied.
+    pub copied_bytes: u64,
+}
+
 /// What a directory quota counts: every inode under the directory (not
 /// the directory itself) once, hard links once per quota, orphans still
 /// open until reclaimed; bytes are the sizes of the non-directories.

@@ -6,7 +6,8 @@ mod common;
 
 use baton_meta::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
 use baton_meta::{
-    BlockRef, CommitBlocks, MetaError, MetaStore, ObjectRef, SetAttr, TimeOrNow, Timespec, ROOT_INO,
+    BlockRef, CommitBlocks, MetaError, MetaStore, ObjectRef, SetAttr, ShareBlocks, TimeOrNow,
+    Timespec, ROOT_INO,
 };
 use common::*;
 
@@ -377,4 +378,142 @@ fn read_plan_gives_attributes_and_the_rows_of_the_range() {
     let (root, none) = m.read_plan(ROOT_INO, 0, 1).unwrap();
     assert_eq!(root.kind, baton_meta::FileKind::Directory);
     assert!(none.is_empty());
+}
+
+fn share(src: u64, src_first: u64, first: u64, count: u64, size_min: u64) -> ShareBlocks {
+    ShareBlocks {
+        source: src,
+        source_first_index: src_first,
+        first_index: first,
+        count,
+        size_min,
+        copied_bytes: count * B,
+    }
+}
+
+/// A shared object stays while any row names it: overwriting either side,
+/// truncating the destination or reclaiming the source releases only what
+/// no row names any more, and the last row to go releases it.
+#[test]
+fn shared_objects_are_released_only_by_their_last_row() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let a = file(m, ROOT_INO, "a");
+    let b = file(m, ROOT_INO, "b");
+    write(
+        m,
+        a.ino,
+        3 * B,
+        vec![blk(0, "k0", BS), blk(1, "k1", BS), blk(2, "k2", BS)],
+    );
+    write(m, b.ino, B + 5, vec![blk(0, "old0", BS), blk(1, "old1", 5)]);
+    // a's blocks 0..3 to b's 1..4: b's old row 1 is released, row 0 kept.
+    let (attr, released) = m
+        .share_blocks(b.ino, &share(a.ino, 0, 1, 3, 4 * B), None)
+        .unwrap();
+    assert_eq!(released, keys(&["old1"]));
+    assert_eq!(attr.size, 4 * B);
+    let rows: Vec<String> = m
+        .blocks(b.ino, 0, 8)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.object_key)
+        .collect();
+    assert_eq!(rows, ["old0", "k0", "k1", "k2"]);
+    // Overwriting a source row: still named by b.
+    assert!(write(m, a.ino, 3 * B, vec![blk(0, "n0", BS)]).is_empty());
+    // Overwriting b's copy of it: the last row goes.
+    assert_eq!(
+        write(m, b.ino, 4 * B, vec![blk(1, "m1", BS)]),
+        keys(&["k0"])
+    );
+    // Truncating b releases k2? No: a still names it.
+    let set = SetAttr {
+        size: Some(3 * B),
+        ..Default::default()
+    };
+    let (_, t) = m.setattr(b.ino, &set, None).unwrap();
+    assert!(t.released.is_empty(), "{:?}", t.released);
+    // Reclaiming a releases what b does not name.
+    m.unlink(ROOT_INO, n("a"), None).unwrap();
+    let mut gone = m.reclaim(a.ino, None).unwrap();
+    gone.sort_by(|x, y| x.key.cmp(&y.key));
+    assert_eq!(gone, keys(&["k2", "n0"]));
+    let rows: Vec<String> = m
+        .blocks(b.ino, 0, 8)
+        .unwrap()
+        .into_iter()
+        .map(|r| r.object_key)
+        .collect();
+    assert_eq!(rows, ["old0", "m1", "k1"]);
+}
+
+/// A hole in the source punches the destination; sharing the same rows
+/// again releases nothing; a share within one file works off its own range.
+#[test]
+fn a_share_copies_holes_and_is_idempotent() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let a = file(m, ROOT_INO, "a");
+    let b = file(m, ROOT_INO, "b");
+    write(m, a.ino, 3 * B, vec![blk(0, "k0", BS), blk(2, "k2", 7)]);
+    write(
+        m,
+        b.ino,
+        3 * B,
+        vec![blk(0, "x0", BS), blk(1, "x1", BS), blk(2, "x2", BS)],
+    );
+    let s = share(a.ino, 0, 0, 3, 0);
+    let (attr, released) = m.share_blocks(b.ino, &s, None).unwrap();
+    assert_eq!(released, keys(&["x0", "x1", "x2"]));
+    assert_eq!(attr.size, 3 * B, "a share never shrinks");
+    let got = m.blocks(b.ino, 0, 8).unwrap();
+    assert_eq!(got, vec![blk(0, "k0", BS), blk(2, "k2", 7)]);
+    assert!(m.share_blocks(b.ino, &s, None).unwrap().1.is_empty());
+    // Within a: block 0 to block 5 (the file grows), never over itself.
+    let (attr, released) = m
+        .share_blocks(a.ino, &share(a.ino, 0, 5, 1, 6 * B), None)
+        .unwrap();
+    assert!(released.is_empty());
+    assert_eq!(attr.size, 6 * B);
+    assert_eq!(m.blocks(a.ino, 5, 1).unwrap(), vec![blk(5, "k0", BS)]);
+    let err = m
+        .share_blocks(a.ino, &share(a.ino, 0, 1, 2, 6 * B), None)
+        .unwrap_err();
+    assert!(matches!(err, MetaError::InvalidArgument { .. }), "{err}");
+}
+
+/// Refused: a source range past the source's size, a destination range
+/// past the size the share sets, more blocks than one commit takes.
+#[test]
+fn a_share_outside_the_files_is_refused() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let a = file(m, ROOT_INO, "a");
+    let b = file(m, ROOT_INO, "b");
+    write(
+        m,
+        a.ino,
+        2 * B - 1,
+        vec![blk(0, "k0", BS), blk(1, "k1", BS - 1)],
+    );
+    for s in [
+        share(a.ino, 0, 0, 2, 2 * B),
+        share(a.ino, 0, 0, 1, B - 1),
+        share(
+            a.ino,
+            0,
+            0,
+            COMMIT_BLOCKS_ROWS_MAX as u64 + 1,
+            FILE_SIZE_BYTES_MAX,
+        ),
+    ] {
+        let err = m.share_blocks(b.ino, &s, None).unwrap_err();
+        assert!(
+            matches!(err, MetaError::InvalidArgument { .. }),
+            "{s:?}: {err}"
+        );
+    }
+    assert_eq!(m.getattr(b.ino).unwrap().size, 0);
+    assert!(m.blocks(b.ino, 0, 4).unwrap().is_empty());
 }

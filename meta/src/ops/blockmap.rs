@@ -11,7 +11,7 @@ use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 use super::{inode, quota, reserve};
 use crate::error::{MetaError, Result};
 use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
-use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, Timespec};
+use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, ShareBlocks, Timespec};
 
 /// Rows of `ino` in `[first_index, first_index + count)`, ascending.
 pub(crate) fn blocks<C: Db>(
@@ -105,6 +105,112 @@ pub(crate) fn commit<C: Db>(
     }
     inode::save(c, &a)?;
     Ok((a, unreferenced(c, removed)?))
+}
+
+/// Points rows of `ino` at the objects of `share.source`'s rows (module
+/// docs of [`ShareBlocks`]); grows the size to `share.size_min`, counting
+/// the growth in the quotas (WRITE-like: checked before, by the caller),
+/// sets mtime and ctime. Returns the new attributes and the objects no row
+/// references any more (the destination's replaced rows, unless the
+/// source or another row still names them).
+pub(crate) fn share<C: Db>(
+    c: &C,
+    ino: u64,
+    share: &ShareBlocks,
+    block_size: u32,
+) -> Result<(Attr, Vec<ObjectRef>)> {
+    let mut a = inode::attr(c, ino)?;
+    regular(&a)?;
+    let source = inode::attr(c, share.source)?;
+    regular(&source)?;
+    let (first, end) = check_share(ino, share, &source, a.size, block_size)?;
+    let src_rows = rows(
+        c,
+        share.source,
+        share.source_first_index,
+        share.count as u32,
+    )?;
+    let shift = |index: u64| index - share.source_first_index + share.first_index;
+    let mapped: Vec<BlockRef> = src_rows
+        .into_iter()
+        .map(|r| BlockRef {
+            index: shift(r.index),
+            ..r
+        })
+        .collect();
+    let removed: BTreeSet<String> = c
+        .prepare_cached(
+            "DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2 AND idx < ?3 RETURNING object_key",
+        )?
+        .collect_rows(params![ino, first, end], |r| r.get(0))?;
+    replace_rows(c, ino, &mapped)?;
+    let size = a.size.max(share.size_min);
+    check_rows_within(c, ino, size, block_size)?;
+    quota::add_bytes(c, ino, size as i64 - a.size as i64, false)?;
+    a.size = size;
+    let now = Timespec::now();
+    a.mtime = now;
+    a.ctime = now;
+    inode::save(c, &a)?;
+    Ok((a, unreferenced(c, removed)?))
+}
+
+/// The destination's index range of a share, as SQL integers; refuses a
+/// share past the limits, outside the source's size or the destination's
+/// new size (`size`: its current one), or over itself.
+fn check_share(
+    ino: u64,
+    share: &ShareBlocks,
+    source: &Attr,
+    size: u64,
+    block_size: u32,
+) -> Result<(i64, i64)> {
+    if share.count > COMMIT_BLOCKS_ROWS_MAX as u64 {
+        return Err(MetaError::invalid(
+            ino,
+            format!("share of more than {COMMIT_BLOCKS_ROWS_MAX} blocks; split it"),
+        ));
+    }
+    if share.size_min > FILE_SIZE_BYTES_MAX {
+        return Err(MetaError::FileTooLarge {
+            ino,
+            size_bytes: share.size_min,
+        });
+    }
+    if share.count == 0 {
+        return Ok((0, 0));
+    }
+    let bs = u64::from(block_size);
+    let source_end = share
+        .source_first_index
+        .checked_add(share.count)
+        .and_then(|e| e.checked_mul(bs));
+    if source_end.is_none_or(|e| e > source.size) {
+        return Err(MetaError::invalid(
+            share.source,
+            "shared blocks reach past the source's size",
+        ));
+    }
+    let end_index = share.first_index.checked_add(share.count);
+    let end = end_index.and_then(|e| e.checked_mul(bs));
+    if end.is_none_or(|e| e > size.max(share.size_min)) {
+        return Err(MetaError::invalid(
+            ino,
+            "shared blocks reach past the destination's size; raise size_min",
+        ));
+    }
+    let overlaps = share.source == ino
+        && share.source_first_index < share.first_index + share.count
+        && share.first_index < share.source_first_index + share.count;
+    if overlaps {
+        return Err(MetaError::invalid(ino, "a share over its own source range"));
+    }
+    let to_i64 =
+        |v: u64| i64::try_from(v).map_err(|_| MetaError::FileTooLarge { ino, size_bytes: v });
+    Ok((
+        to_i64(share.first_index)?,
+        to_i64(share.first_index + share.count)?,
+    ))
 }
 
 fn check_commit(ino: u64, commit: &CommitBlocks, block_size: u32) -> Result<()> {
