@@ -191,6 +191,7 @@ fn opcode_named(name: &str) -> Option<u32> {
         "lookup" => opcode::LOOKUP,
         "lseek" => opcode::LSEEK,
         "fallocate" => opcode::FALLOCATE,
+        "copy_file_range" => opcode::COPY_FILE_RANGE_64,
         _ => return None,
     })
 }
@@ -209,9 +210,15 @@ pub fn delay(op: u32) {
 
 /// The hook: dies by SIGKILL here (after-read is hooked for lookup,
 /// read, write, fsync, flush, readdir and every exactly-once mutation) if the armed fault matches `point` and
-/// the request's `op` (RENAME and RENAME2, READDIR and READDIRPLUS count as
-/// one) for the n-th time.
+/// the request's `op` (RENAME and RENAME2, READDIR and READDIRPLUS,
+/// COPY_FILE_RANGE and its _64 form count as one; delays too) for the n-th time.
 pub fn hit(point: Point, op: u32) {
+    let op = match op {
+        opcode::RENAME => opcode::RENAME2,
+        opcode::READDIR => opcode::READDIRPLUS,
+        opcode::COPY_FILE_RANGE => opcode::COPY_FILE_RANGE_64,
+        other => other,
+    };
     if point == Point::AfterRead {
         delay(op);
     }
@@ -221,11 +228,6 @@ pub fn hit(point: Point, op: u32) {
     if fault.point != point {
         return;
     }
-    let op = match op {
-        opcode::RENAME => opcode::RENAME2,
-        opcode::READDIR => opcode::READDIRPLUS,
-        other => other,
-    };
     if fault.opcode.is_some_and(|want| want != op) {
         return;
     }

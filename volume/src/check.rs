@@ -11,7 +11,7 @@
 //! one runs), and lists the storage before it reads the metadata (an object
 //! committed in between is seen as referenced).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,6 +64,9 @@ pub struct BadAcl {
 pub struct CheckReport {
     /// Block-map rows in the metadata.
     pub referenced_count: u64,
+    /// Objects named by more than one row (copy_file_range shares whole
+    /// blocks): each stays until its last row goes.
+    pub shared_count: u64,
     /// Objects in the storage.
     pub stored_count: u64,
     /// Their total size.
@@ -150,7 +153,7 @@ impl CheckedVolume {
             volume: self.paths.display.clone(),
             cause: Box::new(source),
         };
-        let sizes: std::collections::HashMap<String, u64> = stored
+        let sizes: HashMap<String, u64> = stored
             .iter()
             .map(|o| (o.key.to_string(), o.size_bytes))
             .collect();
@@ -163,7 +166,8 @@ impl CheckedVolume {
         let encoded = !baton_blocks::CodecSpec::split_url(&self.meta.volume().storage_url)
             .map(|(_, spec)| spec.is_plain())
             .unwrap_or(true);
-        let mut referenced = HashSet::new();
+        // Rows naming each object: more than one is a shared block.
+        let mut referenced: HashMap<String, u32> = HashMap::new();
         let mut after = None;
         loop {
             let page = self
@@ -190,12 +194,13 @@ impl CheckedVolume {
                         stored_bytes,
                     });
                 }
-                referenced.insert(row.object_key);
+                *referenced.entry(row.object_key).or_default() += 1;
             }
         }
+        report.shared_count = referenced.values().filter(|n| **n > 1).count() as u64;
         report.unreferenced = stored
             .into_iter()
-            .filter(|o| !referenced.contains(&o.key.to_string()))
+            .filter(|o| !referenced.contains_key(&o.key.to_string()))
             .collect();
         report.bad_acls = self.bad_acls()?;
         progress.recounting_quotas.store(true, Ordering::Relaxed);

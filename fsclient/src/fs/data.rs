@@ -262,9 +262,17 @@ impl BatonFs {
     }
 
     pub(super) fn do_read(&self, ino: u64, arg: &ReadIn) -> Result<Vec<u8>> {
+        let buf = self.read_retrying(ino, arg.offset, u64::from(arg.size))?;
+        self.note_read(ino, arg.offset, buf.len() as u64);
+        Ok(buf)
+    }
+
+    /// [`BatonFs::read_range`], again while an object was replaced (and
+    /// deleted) between the rows' lookup and the object's read.
+    pub(super) fn read_retrying(&self, ino: u64, offset: u64, len: u64) -> Result<Vec<u8>> {
         let mut attempt = 1;
         loop {
-            match self.read_range(ino, arg.offset, u64::from(arg.size)) {
+            match self.read_range(ino, offset, len) {
                 Err(Error::Blocks(e)) if matches!(*e, BlocksError::ObjectMissing { .. }) => {
                     if attempt >= READ_ATTEMPTS_MAX {
                         return Err(Error::Blocks(e));
@@ -272,11 +280,7 @@ impl BatonFs {
                     tracing::debug!(nodeid = ino, err = %e, attempt, "object replaced during a read; retrying");
                     attempt += 1;
                 }
-                Ok(buf) => {
-                    self.note_read(ino, arg.offset, buf.len() as u64);
-                    return Ok(buf);
-                }
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
     }
@@ -421,16 +425,34 @@ impl BatonFs {
         if let Some(end) = end {
             self.check_quota_growth(ino, end)?;
         }
+        self.stage_bytes(ino, arg.offset, data)?;
+        if arg.write_flags.contains(WriteFlags::KILL_SUIDGID) {
+            self.kill_suidgid(ino)?;
+        }
+        tracing::trace!(
+            nodeid = ino,
+            fh = arg.fh.get(),
+            offset = arg.offset,
+            len = data.len(),
+            "staged"
+        );
+        Ok(data.len() as u32)
+    }
+
+    /// Stages `data` at `offset` of `ino` as a WRITE does (the caller
+    /// checked the size limit and the quota). Staging full: what is staged
+    /// is committed (this file, then every file) to make room, once.
+    pub(super) fn stage_bytes(&self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
         let mut flushed = false;
         loop {
             let written = {
                 // Handing over: the next generation writes it (journal).
                 let _guard = self.staging_lock(ino, "write")?;
-                if self.wrote_through(ino, arg.offset, data) {
+                if self.wrote_through(ino, offset, data) {
                     Ok(())
                 } else {
                     self.staging
-                        .write(ino, arg.offset, data, &|index| self.base_block(ino, index))
+                        .write(ino, offset, data, &|index| self.base_block(ino, index))
                 }
             };
             match written {
@@ -451,17 +473,7 @@ impl BatonFs {
                 Err(e) => return Err(e.into()),
             }
         }
-        if arg.write_flags.contains(WriteFlags::KILL_SUIDGID) {
-            self.kill_suidgid(ino)?;
-        }
-        tracing::trace!(
-            nodeid = ino,
-            fh = arg.fh.get(),
-            offset = arg.offset,
-            len = data.len(),
-            "staged"
-        );
-        Ok(data.len() as u32)
+        Ok(())
     }
 
     /// FALLOCATE. Per mode:

@@ -16,9 +16,9 @@ use fuse_wire::reply::{
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
 };
 use fuse_wire::{
-    CopyFileRangeIn, CreateIn, Errno, FallocateIn, FileHandle, Filesystem, FlushIn, FopenFlags,
-    FsyncIn, LkIn, LseekIn, MkdirIn, MknodIn, NodeId, OpenIn, ReadIn, ReleaseIn, RenameFlags,
-    Request, SetattrIn, SetxattrIn, WriteIn,
+    CopyFileRangeIn, CreateIn, FallocateIn, FileHandle, Filesystem, FlushIn, FopenFlags, FsyncIn,
+    LkIn, LseekIn, MkdirIn, MknodIn, NodeId, OpenIn, ReadIn, ReleaseIn, RenameFlags, Request,
+    SetattrIn, SetxattrIn, WriteIn,
 };
 
 use super::{xattr, BatonFs};
@@ -532,13 +532,21 @@ impl Filesystem for BatonFs {
     fn copy_file_range(
         &self,
         req: &Request<'_>,
-        _nodeid: NodeId,
-        _arg: &CopyFileRangeIn,
+        nodeid: NodeId,
+        arg: &CopyFileRangeIn,
         reply: ReplyCopy,
     ) {
         let _timer = self.counters.timer(req.opcode());
-        // The kernel falls back to read and write.
-        reply.error(Errno::EOPNOTSUPP);
+        let nodeid = nodeid.get();
+        answer_once!(
+            self,
+            req,
+            "copy_file_range",
+            nodeid,
+            self.do_copy_file_range(req, nodeid, arg),
+            reply,
+            |bytes| reply.copied(bytes)
+        );
     }
 
     fn syncfs(&self, req: &Request<'_>, reply: ReplyEmpty) {

@@ -10,6 +10,7 @@
 //!   lseek;
 //! - [`flush`]: flush, fsync, release and the durability protocol;
 //! - [`write_through`]: a WRITE of a whole small file, committed at once;
+//! - [`copy`]: copy_file_range, sharing whole blocks;
 //! - [`dir`]: opendir, readdir(plus), releasedir;
 //! - [`xattr`]: extended attributes;
 //! - [`lock`]: getlk, setlk, setlkw and interrupts.
@@ -19,6 +20,7 @@
 //! generation understands every nodeid the kernel holds.
 
 mod committed_bytes;
+mod copy;
 mod counters;
 mod data;
 mod dir;

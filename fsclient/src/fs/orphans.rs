@@ -404,7 +404,7 @@ impl BatonFs {
     /// The stripe mutexes of all of `inos`, taken in ascending stripe
     /// order: every other path holds at most one stripe at a time, so this
     /// cannot deadlock.
-    fn inode_locks_of(&self, inos: &[u64]) -> Vec<std::sync::MutexGuard<'_, ()>> {
+    pub(super) fn inode_locks_of(&self, inos: &[u64]) -> Vec<std::sync::MutexGuard<'_, ()>> {
         let mut stripes: Vec<usize> = inos.iter().map(|&ino| self.inode_stripe(ino)).collect();
         stripes.sort_unstable();
         stripes.dedup();

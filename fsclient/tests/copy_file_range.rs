@@ -1,0 +1,322 @@
+//! copy_file_range(2) on a mounted Baton volume: whole blocks aligned
+//! alike on both sides are shared (the destination's rows name the
+//! source's objects, no byte is copied), everything else is copied as
+//! bytes; a write to either side afterwards changes only that side; the
+//! source's unlink and reclaim, fsck and gc keep what the destination
+//! names; a copy between two volumes is a byte copy the kernel does itself.
+//! Each test mounts its own volume with the real `fsclient` binary and
+//! calls copy_file_range on it directly. Needs root and /dev/fuse.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use baton_volume::CheckedVolume;
+use common::*;
+
+const BS: usize = BLOCK_SIZE as usize;
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}
+
+/// One copy_file_range call: the bytes copied, or the errno.
+fn copy_range(src: &File, off_in: u64, dst: &File, off_out: u64, len: usize) -> Result<usize, i32> {
+    let mut off_in = off_in as i64;
+    let mut off_out = off_out as i64;
+    // SAFETY: both fds are open for the call; the offsets are ours.
+    let n = unsafe {
+        libc::copy_file_range(
+            src.as_raw_fd(),
+            &mut off_in,
+            dst.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    };
+    if n < 0 {
+        Err(errno())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// copy_file_range until `len` bytes are copied or it copies none.
+fn copy_all(src: &File, dst: &File, len: usize) -> usize {
+    let mut done = 0;
+    while done < len {
+        match copy_range(src, done as u64, dst, done as u64, len - done) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) => panic!("copy_file_range: errno {e}"),
+        }
+    }
+    done
+}
+
+/// Objects in the volume's store.
+fn stored_objects(vol: &Volume) -> usize {
+    let dirs = fs::read_dir(vol.data.join("blocks")).into_iter().flatten();
+    dirs.flatten()
+        .map(|d| fs::read_dir(d.path()).into_iter().flatten().count())
+        .sum()
+}
+
+/// fsck: nothing lost or short, nothing unreferenced; the shared count.
+fn assert_fsck_clean(vol: &Volume) -> baton_volume::CheckReport {
+    let checked = CheckedVolume::open(VOLUME, &vol.base).unwrap();
+    let report = checked.check().unwrap();
+    assert!(
+        report.is_consistent(),
+        "lost blocks: {:?}",
+        report.bad_blocks
+    );
+    assert!(
+        report.unreferenced.is_empty(),
+        "objects taken for garbage: {:?}",
+        report.unreferenced
+    );
+    report
+}
+
+/// gc with no minimum age, as `fsctl gc --min-age 0` (volume unmounted):
+/// the objects it deleted.
+fn gc(vol: &Volume) -> usize {
+    let checked = CheckedVolume::open(VOLUME, &vol.base).unwrap();
+    let report = checked.check().unwrap();
+    let doomed = baton_volume::collectable(&report.unreferenced, Duration::ZERO, SystemTime::now());
+    checked.store.delete(&doomed);
+    doomed.len()
+}
+
+/// Object keys of `ino`'s rows by block index (volume unmounted).
+fn rows(vol: &Volume, ino: u64) -> BTreeMap<u64, String> {
+    let meta = baton_meta::open(s(&vol.meta_path())).unwrap();
+    meta.blocks(ino, 0, 1 << 16)
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.index, r.object_key))
+        .collect()
+}
+
+#[test]
+fn a_copy_shares_whole_blocks_and_each_side_then_changes_alone() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let len = 8 * BS + 1000;
+    let data = pattern(len, 1);
+    fs::write(m.p("src"), &data).unwrap();
+    let before = stored_objects(&vol);
+    assert_eq!(before, 9);
+    let src = File::open(m.p("src")).unwrap();
+    let dst = open_rw(&m.p("dst"));
+    assert_eq!(copy_range(&src, 0, &dst, 0, len), Ok(len));
+    assert_eq!(dst.metadata().unwrap().len(), len as u64);
+    drop((src, dst));
+    assert_eq!(
+        stored_objects(&vol),
+        before + 1,
+        "the 8 whole blocks are shared, only the 1000-byte tail is copied"
+    );
+    assert!(fs::read(m.p("dst")).unwrap() == data, "the copy reads back");
+
+    // Copy-on-write: each side's write changes that side only.
+    let (mut want_src, mut want_dst) = (data.clone(), data.clone());
+    let f = open_rw(&m.p("src"));
+    f.write_all_at(&pattern(100, 2), (2 * BS + 10) as u64)
+        .unwrap();
+    f.sync_all().unwrap();
+    want_src[2 * BS + 10..2 * BS + 110].copy_from_slice(&pattern(100, 2));
+    let g = open_rw(&m.p("dst"));
+    g.write_all_at(&pattern(BS, 3), (5 * BS) as u64).unwrap();
+    g.sync_all().unwrap();
+    want_dst[5 * BS..6 * BS].copy_from_slice(&pattern(BS, 3));
+    drop((f, g));
+    assert!(
+        fs::read(m.p("src")).unwrap() == want_src,
+        "source after both writes"
+    );
+    assert!(
+        fs::read(m.p("dst")).unwrap() == want_dst,
+        "destination after both writes"
+    );
+    assert_eq!(stored_objects(&vol), before + 3);
+    let report = assert_fsck_clean(&vol);
+    assert_eq!(
+        report.shared_count, 6,
+        "blocks 0, 1, 3, 4, 6 and 7: {report:?}"
+    );
+
+    // The source goes: only what the destination does not name is deleted.
+    fs::remove_file(m.p("src")).unwrap();
+    let reclaimed = wait_until(DEADLINE, || stored_objects(&vol) == before);
+    assert!(reclaimed, "objects left: {}", stored_objects(&vol));
+    assert!(
+        fs::read(m.p("dst")).unwrap() == want_dst,
+        "destination after the unlink"
+    );
+    m.stop();
+    assert_eq!(assert_fsck_clean(&vol).shared_count, 0);
+    assert_eq!(gc(&vol), 0, "gc found garbage");
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    assert!(
+        fs::read(m.p("dst")).unwrap() == want_dst,
+        "destination after gc"
+    );
+    m.stop();
+}
+
+/// The destination's expected bytes and which of its blocks name which
+/// source block's object.
+struct Model {
+    bytes: Vec<u8>,
+    shared: BTreeMap<u64, u64>,
+}
+
+impl Model {
+    /// A copy of `len` bytes of `src` (clipped at its end) from `off_in`
+    /// to `off_out`: returns the bytes copied.
+    fn copy(&mut self, src: &[u8], off_in: usize, off_out: usize, len: usize) -> usize {
+        let len = len.min(src.len().saturating_sub(off_in));
+        if len == 0 {
+            return 0;
+        }
+        let end = off_out + len;
+        if self.bytes.len() < end {
+            self.bytes.resize(end, 0);
+        }
+        self.bytes[off_out..end].copy_from_slice(&src[off_in..off_in + len]);
+        let touched = (off_out / BS) as u64..end.div_ceil(BS) as u64;
+        self.shared.retain(|i, _| !touched.contains(i));
+        if off_in % BS == off_out % BS {
+            let first = off_out.div_ceil(BS);
+            for i in first..end / BS {
+                self.shared
+                    .insert(i as u64, (i * BS - off_out + off_in) as u64 / BS as u64);
+            }
+        }
+        len
+    }
+}
+
+/// Copies at offsets aligned alike and not, over existing data, past the
+/// destination's end (the file grows, with a hole), clipped at the
+/// source's end, at or past it (0 bytes), and between two ranges of one
+/// file, all match a model: the destination's bytes and exactly which of
+/// its blocks share the source's objects. Overlapping ranges of one file
+/// are refused (EINVAL) by the kernel before FUSE.
+#[test]
+fn copies_at_any_alignment_match_a_model_and_share_only_aligned_blocks() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let src_bytes = pattern(6 * BS + 300, 4);
+    fs::write(m.p("src"), &src_bytes).unwrap();
+    let mut model = Model {
+        bytes: pattern(3 * BS + 17, 5),
+        shared: BTreeMap::new(),
+    };
+    fs::write(m.p("dst"), &model.bytes).unwrap();
+    let src = File::open(m.p("src")).unwrap();
+    let dst = open_rw(&m.p("dst"));
+    for (off_in, off_out, len) in [
+        (BS + 100, BS + 100, 3 * BS),
+        (0, 7 * BS + 1, 2 * BS),
+        (2 * BS, 9 * BS, 5 * BS),
+        (6 * BS + 300, 0, 10),
+        (7 * BS, 0, 10),
+        (BS - 1, 3 * BS - 1, BS + 2),
+    ] {
+        let want = model.copy(&src_bytes, off_in, off_out, len);
+        let got = copy_range(&src, off_in as u64, &dst, off_out as u64, len);
+        assert_eq!(got, Ok(want), "copy of {len} from {off_in} to {off_out}");
+    }
+    assert_eq!(dst.metadata().unwrap().len(), model.bytes.len() as u64);
+    assert!(fs::read(m.p("dst")).unwrap() == model.bytes, "bytes");
+    // Within one file: block 0 to block 14, and overlapping (refused).
+    assert_eq!(copy_range(&dst, 0, &dst, 14 * BS as u64, BS), Ok(BS));
+    let (head, _) = model.bytes.split_at(BS);
+    let head = head.to_vec();
+    model.bytes.resize(15 * BS, 0);
+    model.bytes[14 * BS..].copy_from_slice(&head);
+    assert_eq!(copy_range(&dst, 0, &dst, 100, 1000), Err(libc::EINVAL));
+    assert_eq!(copy_range(&dst, 0, &dst, 0, BS), Err(libc::EINVAL));
+    assert!(
+        fs::read(m.p("dst")).unwrap() == model.bytes,
+        "bytes after the self-copy"
+    );
+    let (src_ino, dst_ino) = (src.metadata().unwrap().ino(), dst.metadata().unwrap().ino());
+    drop((src, dst));
+    m.stop();
+
+    let (src_rows, dst_rows) = (rows(&vol, src_ino), rows(&vol, dst_ino));
+    let shared: BTreeMap<u64, u64> = dst_rows
+        .iter()
+        .filter_map(|(i, key)| {
+            let from = src_rows.iter().find(|(_, k)| *k == key)?;
+            Some((*i, *from.0))
+        })
+        .collect();
+    assert_eq!(shared, model.shared, "blocks sharing the source's objects");
+    assert_eq!(
+        dst_rows.get(&14),
+        dst_rows.get(&0),
+        "the self-copy shares its block"
+    );
+    assert_fsck_clean(&vol);
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    assert!(
+        fs::read(m.p("dst")).unwrap() == model.bytes,
+        "bytes after a remount"
+    );
+    m.stop();
+}
+
+/// Between two volumes (two FUSE connections) the kernel never sends
+/// COPY_FILE_RANGE: copy_file_range(2) copies the bytes itself (or says
+/// EXDEV, and `cp` copies them), so the copy is whole and each volume
+/// keeps its own objects.
+#[test]
+fn a_copy_between_two_volumes_is_a_byte_copy() {
+    let (vol_a, vol_b) = (Volume::new(), Volume::new());
+    let a = vol_a.mount(&vol_a.mountpoint("mnt"));
+    let b = vol_b.mount(&vol_b.mountpoint("mnt"));
+    let data = pattern(4 * BS + 5, 6);
+    fs::write(a.p("src"), &data).unwrap();
+    let src = File::open(a.p("src")).unwrap();
+    let dst = open_rw(&b.p("dst"));
+    let first = copy_range(&src, 0, &dst, 0, data.len());
+    eprintln!("copy_file_range between two volumes: {first:?}");
+    match first {
+        Ok(_) => assert_eq!(copy_all(&src, &dst, data.len()), data.len()),
+        Err(e) => {
+            assert_eq!(e, libc::EXDEV, "cross-volume copy_file_range");
+            let (ok, _, err) = sh(&format!(
+                "cp --reflink=auto {} {}",
+                s(&a.p("src")),
+                s(&b.p("dst"))
+            ));
+            assert!(ok, "cp: {err}");
+        }
+    }
+    drop((src, dst));
+    assert!(fs::read(b.p("dst")).unwrap() == data);
+    assert_eq!(stored_objects(&vol_b), 5, "volume b stores its own copy");
+    a.stop();
+    b.stop();
+    assert_fsck_clean(&vol_a);
+    assert_fsck_clean(&vol_b);
+}
