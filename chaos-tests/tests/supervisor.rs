@@ -214,6 +214,21 @@ impl Fixture {
             .expect("run fsctl")
     }
 
+    /// `fsctl fsck vol --json` of the fixture's volume (while mounted).
+    fn fsctl_fsck_json(&self) -> Value {
+        let out = Command::new(binary("fsctl"))
+            .args(["fsck", "vol", "--json", "--base-dir", s(&self.base)])
+            .output()
+            .expect("run fsctl fsck");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "fsck JSON ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     fn mount(&mut self) {
         // An old guard would unmount the new mount at the same path.
         drop(self.guard.take());
@@ -1856,6 +1871,59 @@ fn a_fallocate_killed_after_its_commit_reserves_once() {
     assert_eq!(got["bytes_used"], 10 << 20, "{got}");
     let (ok, out, err) = App::sh(&fx.mnt, &format!("{fsctl} fsck vol --base-dir {base}")).finish();
     assert!(ok && out.contains("consistent"), "fsck: {out}{err}");
+}
+
+/// A copy_file_range(2) in Python of `a` (two 4 MiB blocks and a tail)
+/// to `b`: it must copy every byte, in one call.
+const COPY_A_TO_B: &str = "python3 -c 'import os; s=os.open(\"a\",os.O_RDONLY); d=os.open(\"b\",os.O_WRONLY|os.O_CREAT,0o644); n=os.copy_file_range(s,d,16<<20); assert n==(8<<20)+1000, n'";
+/// `a`: two whole blocks of the default block size (4 MiB) and a tail.
+const MAKE_A: &str = "head -c 8388608 /dev/urandom > a && head -c 1000 /dev/urandom >> a";
+
+/// A COPY_FILE_RANGE whose generation is killed after its last share
+/// transaction committed and before its reply: the application's call
+/// returns once, with the bytes the first run copied (the resent request
+/// is answered from its record), the copy reads back whole, and fsck finds
+/// the two shared blocks and nothing lost or unreferenced.
+#[test]
+fn exactly_once_copy_file_range() {
+    let fx = killed_after_commit_fixture("copy_file_range", MAKE_A, COPY_A_TO_B, "cmp a b");
+    let out = fx.fsctl_fsck_json();
+    assert_eq!(out["missing_or_short_blocks"], 0, "{out}");
+    assert_eq!(out["unreferenced_objects"], 0, "{out}");
+    assert_eq!(out["shared_objects"], 2, "{out}");
+}
+
+/// A COPY_FILE_RANGE whose generation is killed mid-copy (its bytes
+/// staged, no block shared yet): the next generation commits what was
+/// staged and redoes the resent request whole; the copy reads back byte
+/// for byte and fsck is clean.
+#[test]
+fn a_copy_file_range_killed_mid_copy_is_redone_whole() {
+    let mut fx = Fixture::start_with_env(
+        &[],
+        &[
+            ("BATON_FAULT", "during-upload@copy_file_range"),
+            ("BATON_FAULT_GENERATION", "1"),
+        ],
+    );
+    fx.mount();
+    let m = s(&fx.mnt).to_string();
+    let (ok, _, err) = App::sh(&fx.mnt, &format!("cd {m} && {MAKE_A}")).finish_or(|| fx.logs());
+    assert!(ok, "preparing failed: {err}");
+    let (ok, out, err) =
+        App::sh(&fx.mnt, &format!("cd {m} && {COPY_A_TO_B}")).finish_or(|| fx.logs());
+    assert!(
+        ok,
+        "the copy failed across a kill: {out}{err}\n{}",
+        fx.logs()
+    );
+    let status = fx.wait_serving(2);
+    assert_eq!(status["restarts"]["signal"], 1, "{status}");
+    let (ok, out, err) = App::sh(&fx.mnt, &format!("cd {m} && cmp a b")).finish();
+    assert!(ok, "the copy differs: {out}{err}");
+    let out = fx.fsctl_fsck_json();
+    assert_eq!(out["missing_or_short_blocks"], 0, "{out}");
+    assert_eq!(out["shared_objects"], 2, "{out}");
 }
 
 #[test]

@@ -44,7 +44,8 @@ pub enum Point {
     AfterRead,
     /// A request's metadata transaction committed; the reply is not sent.
     AfterCommit,
-    /// A block upload started; the block map is not committed.
+    /// A block upload started; the block map is not committed. For
+    /// copy_file_range: its bytes are staged, no block is shared yet.
     DuringUpload,
     /// Staged data committed; its staging is half cleared (the size record
     /// settled, the block files not removed yet).

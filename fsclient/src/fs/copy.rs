@@ -170,6 +170,11 @@ impl BatonFs {
         for (from, to, count) in plan.byte_ranges(bs) {
             self.copy_bytes(ino_in, ino_out, from, to, count)?;
         }
+        // Test hook: the bytes are staged, no block is shared yet.
+        crate::fault::hit(
+            crate::fault::Point::DuringUpload,
+            opcode::COPY_FILE_RANGE_64,
+        );
         let released = {
             let _guards = self.staging_locks(&[ino_in, ino_out])?;
             self.flush_locked(ino_out, &[])?;
