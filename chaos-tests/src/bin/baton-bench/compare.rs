@@ -67,10 +67,10 @@ fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 }
 
 /// The names the table and the JSON use.
-const PLAIN: &str = "plain dir";
-const BINDFS: &str = "bindfs";
+pub(crate) const PLAIN: &str = "plain dir";
+pub(crate) const BINDFS: &str = "bindfs";
 const RCLONE: &str = "rclone";
-const BATON: &str = "baton";
+pub(crate) const BATON: &str = "baton";
 
 /// One measured figure: which workload, in what unit, on how many threads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -323,9 +323,9 @@ fn mount_volume(socket: &Path, base: &Path, volume: &str, mnt: &Path) -> anyhow:
 }
 
 /// A mounted target and how to make its caches cold.
-struct Mounted {
+pub(crate) struct Mounted {
     name: &'static str,
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     _target: Option<Target>,
     baton: Option<Supervised>,
 }
@@ -366,7 +366,7 @@ fn ensure_installed(program: &str, package: &str) -> Result<PathBuf, String> {
 }
 
 /// Mounts target `name` under `dir`.
-fn mount(name: &'static str, dir: &Path) -> anyhow::Result<Result<Mounted, String>> {
+pub(crate) fn mount(name: &'static str, dir: &Path) -> anyhow::Result<Result<Mounted, String>> {
     std::fs::create_dir_all(dir)?;
     let (src, mnt) = (dir.join("src"), dir.join("mnt"));
     let fuse = |program: PathBuf, args: &[&str]| -> anyhow::Result<Mounted> {

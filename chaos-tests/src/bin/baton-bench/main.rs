@@ -35,6 +35,8 @@
 //! `baton-bench kube`: on a real one-node Kubernetes cluster, the time
 //! from a pod's creation to its Baton volume's publication (first pod of a
 //! volume, then a second), beside an emptyDir pod.
+//! `baton-bench copy`: `cp --reflink=auto` of a large file
+//! (copy_file_range) on a plain directory, bindfs and Baton.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -150,6 +152,19 @@ enum Bench {
         /// [default: $BATON_TEST_POSTGRES_URL; without it, no PostgreSQL row].
         #[arg(long)]
         postgres_url: Option<String>,
+    },
+    /// `cp --reflink=auto` of one large file (copy_file_range) on a plain
+    /// directory, bindfs and Baton (whole blocks shared, not copied).
+    Copy {
+        /// Size of the file, MiB.
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        /// Copies per target (the median is shown).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Where to put the data (a directory on the disk under test).
+        #[arg(long, default_value = "/var/tmp")]
+        dir: std::path::PathBuf,
     },
     /// A job's first read of a file set in S3 (local moto server), with no
     /// warmup and after `fsctl warmup`, beside the same read from local
@@ -414,6 +429,11 @@ fn run() -> anyhow::Result<()> {
                 .as_deref(),
         ),
         Bench::Fs(args) => compare::run(&args.options()?, args.json.as_deref()),
+        Bench::Copy {
+            size_mib,
+            runs,
+            dir,
+        } => copy::run(&dir, size_mib, runs),
         Bench::Warmup {
             size_mib,
             files,
@@ -429,6 +449,7 @@ mod after_burst;
 mod application;
 mod backends;
 mod compare;
+mod copy;
 mod kube;
 mod stall;
 mod supervised;
