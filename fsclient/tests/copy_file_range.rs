@@ -320,3 +320,30 @@ fn a_copy_between_two_volumes_is_a_byte_copy() {
     assert_fsck_clean(&vol_a);
     assert_fsck_clean(&vol_b);
 }
+
+/// A copy into a directory quota is checked for the growth it makes, as a
+/// write is: past the byte limit it is refused whole (EDQUOT, nothing
+/// copied); within it, the shared blocks count in the quota's usage like
+/// written ones.
+#[test]
+fn a_copy_into_a_quota_is_refused_past_its_limit_and_counted_within_it() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // The quota first: a mount trusts "no quota" for a second.
+    fs::create_dir(m.p("q")).unwrap();
+    let q_ino = fs::metadata(m.p("q")).unwrap().ino();
+    let meta = baton_meta::open(s(&vol.meta_path())).unwrap();
+    meta.set_quota(q_ino, Some(4 * BS as u64), None).unwrap();
+    fs::write(m.p("src"), pattern(6 * BS, 7)).unwrap();
+    let src = File::open(m.p("src")).unwrap();
+    let dst = open_rw(&m.p("q/dst"));
+    assert_eq!(copy_range(&src, 0, &dst, 0, 6 * BS), Err(libc::EDQUOT));
+    assert_eq!(dst.metadata().unwrap().len(), 0, "nothing copied");
+    assert_eq!(copy_range(&src, 0, &dst, 0, 3 * BS), Ok(3 * BS));
+    drop((src, dst));
+    let used = meta.quota(q_ino).unwrap().unwrap().used;
+    assert_eq!(used.bytes, 3 * BS as u64);
+    drop(meta);
+    m.stop();
+    assert_fsck_clean(&vol);
+}
