@@ -364,3 +364,53 @@ fn fallocated_holes_are_reserved_until_written_punched_truncated_or_reclaimed() 
     assert_eq!(statfs_used(), base);
     assert!(m.recount_quotas(false).unwrap().is_empty());
 }
+
+/// A share (copy_file_range) over reserved blocks ends their reservations,
+/// as a commit does, and the quota counts the size it grows to; a recount
+/// agrees.
+#[test]
+fn a_share_over_reserved_blocks_releases_them() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let bs = u64::from(BS);
+    let q = dir(m, ROOT_INO, "q");
+    m.set_quota(q.ino, Some(100 * bs), None).unwrap();
+    let src = file(m, ROOT_INO, "src");
+    let c = CommitBlocks {
+        new_size: Some(4 * bs),
+        blocks: (0..4).map(|i| block(i, BS)).collect(),
+        ..Default::default()
+    };
+    m.commit_blocks(src.ino, &c, None).unwrap();
+    let f = file(m, q.ino, "f");
+    let statfs_used = || m.statfs().unwrap().bytes_used;
+    // KEEP_SIZE over 6 blocks, then the 4 source blocks shared over 2..6.
+    m.fallocate_reserve(f.ino, 0..6 * bs, false, None).unwrap();
+    let base = statfs_used();
+    assert_eq!(used(m, q.ino), (6 * bs, 1));
+    let share = baton_meta::ShareBlocks {
+        source: src.ino,
+        source_first_index: 0,
+        first_index: 2,
+        count: 4,
+        size_min: 6 * bs,
+        copied_bytes: 4 * bs,
+    };
+    let (a, released) = m.share_blocks(f.ino, &share, None).unwrap();
+    assert!(released.is_empty());
+    assert_eq!(a.size, 6 * bs);
+    // The quota counts the size; blocks 0 and 1 stay reserved.
+    assert_eq!(used(m, q.ino), (6 * bs, 1));
+    assert_eq!(statfs_used(), base);
+    assert!(m.recount_quotas(false).unwrap().is_empty());
+    if v.db.is_none() {
+        let reserved: Vec<i64> = raw(&v)
+            .prepare("SELECT idx FROM reservations WHERE ino = ?1 ORDER BY idx")
+            .unwrap()
+            .query_map([f.ino as i64], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(reserved, [0, 1]);
+    }
+}

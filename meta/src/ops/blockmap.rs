@@ -146,8 +146,20 @@ pub(crate) fn share<C: Db>(
     replace_rows(c, ino, &mapped)?;
     let size = a.size.max(share.size_min);
     check_rows_within(c, ino, size, block_size)?;
-    quota::add_bytes(c, ino, size as i64 - a.size as i64, false)?;
+    // As a commit: 0 without a reservation (almost every file).
+    let reserved_end = reserve::reserved_end(c, ino)?;
+    let quota_before = a.size.max(reserved_end);
     a.size = size;
+    let quota_after = if reserved_end > 0 {
+        // Every block of the range now holds the source's data or a hole
+        // copied from it: none stays reserved.
+        let indices: Vec<u64> = (share.first_index..share.first_index + share.count).collect();
+        reserve::release_indices(c, ino, &indices)?;
+        reserve::quota_bytes(c, &a)?
+    } else {
+        size
+    };
+    quota::add_bytes(c, ino, quota_after as i64 - quota_before as i64, false)?;
     let now = Timespec::now();
     a.mtime = now;
     a.ctime = now;
