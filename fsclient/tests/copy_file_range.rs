@@ -12,26 +12,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use baton_volume::CheckedVolume;
 use common::*;
 
 const BS: usize = BLOCK_SIZE as usize;
-
-fn open_rw(path: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap()
-}
 
 /// One copy_file_range call: the bytes copied, or the errno.
 fn copy_range(src: &File, off_in: u64, dst: &File, off_out: u64, len: usize) -> Result<usize, i32> {

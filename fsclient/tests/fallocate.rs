@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::process::Command;
@@ -23,16 +23,6 @@ use common::*;
 const KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
 const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
 const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
-
-fn open_rw(path: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .unwrap()
-}
 
 fn read_all(f: &File) -> Vec<u8> {
     let mut back = vec![0u8; f.metadata().unwrap().len() as usize];

@@ -53,7 +53,8 @@ pub struct Binaries {
     pub etcd: PathBuf,
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+/// The file `name` in a directory of `$PATH`, if any.
+pub fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))

@@ -335,3 +335,14 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 5) as u8)
         .collect()
 }
+
+/// Opens `path` for reading and writing, creating it (never truncating).
+pub fn open_rw(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
+}

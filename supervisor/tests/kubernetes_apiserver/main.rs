@@ -31,6 +31,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use chaos_tests::kube::apiserver as cluster;
+use chaos_tests::kube::{eventually, on_path};
 mod node;
 mod objects;
 
@@ -65,13 +66,6 @@ fn required() -> bool {
 
 /// `None` (and a printed reason) when this machine cannot run the test.
 fn prerequisites() -> Option<(PathBuf, PathBuf)> {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|dir| dir.join(name))
-                .find(|p| p.is_file())
-        })
-    };
     let apiserver = std::env::var_os("BATON_KUBE_APISERVER")
         .map(PathBuf::from)
         .or_else(|| {
@@ -95,31 +89,6 @@ fn prerequisites() -> Option<(PathBuf, PathBuf)> {
         return None;
     }
     Some((apiserver?, on_path("etcd")?))
-}
-
-/// Polls `f` until it returns `Some`, or panics with `what` and `context()`.
-async fn eventually<T, F, Fut>(
-    what: &str,
-    deadline: Duration,
-    context: impl Fn() -> String,
-    mut f: F,
-) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(value) = f().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < end,
-            "{what}: not within {deadline:?}\n{}",
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[test]
