@@ -210,8 +210,7 @@ impl Process {
                 command.pre_exec(move || join_cgroup(&procs));
             }
         }
-        let mut child = command
-            .spawn()
+        let mut child = crate::preflight::retrying_busy(|| command.spawn())
             .map_err(Error::io("starting", launch.client_binary))?;
         let pid = child.id();
         // spawn() returned, so the child has exec'd and holds none of our

@@ -60,6 +60,30 @@ pub fn read_request_timeouts(dir: &Path) -> Result<RequestTimeouts, Error> {
 
 /// Checks that `binary` can be a generation's executable: an absolute path
 /// to an executable regular file. The message names the file and the fix.
+/// How long starting a binary retries while it is busy (ETXTBSY): a
+/// binary just copied into place stays open for writing in every process
+/// its writer forked meanwhile, until that child execs (a multi-threaded
+/// installer or test runner), and exec refuses a file open for writing.
+pub const TEXT_BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Runs `attempt` (a spawn or exec of a binary) again while it fails with
+/// ETXTBSY, for at most [`TEXT_BUSY_RETRY`]; any other outcome at once.
+pub fn retrying_busy<T>(mut attempt: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = std::time::Instant::now() + TEXT_BUSY_RETRY;
+    loop {
+        match attempt() {
+            Err(err)
+                if err.raw_os_error() == Some(libc::ETXTBSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(%err, "binary busy (open for writing); retrying");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 pub fn check_client_binary(binary: &Path) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
     if !binary.is_absolute() {
@@ -87,6 +111,34 @@ mod tests {
 
     fn timeouts(default_s: Option<u64>, max_s: Option<u64>) -> RequestTimeouts {
         RequestTimeouts { default_s, max_s }
+    }
+
+    #[test]
+    fn a_busy_binary_is_tried_again_until_it_is_free_or_the_time_is_up() {
+        let mut busy_left = 3;
+        let started = std::time::Instant::now();
+        let outcome = retrying_busy(|| {
+            if busy_left == 0 {
+                return Ok("ran");
+            }
+            busy_left -= 1;
+            Err(std::io::Error::from_raw_os_error(libc::ETXTBSY))
+        });
+        assert_eq!(outcome.ok(), Some("ran"));
+        let always_busy: std::io::Result<()> =
+            retrying_busy(|| Err(std::io::Error::from_raw_os_error(libc::ETXTBSY)));
+        assert_eq!(
+            always_busy.err().and_then(|e| e.raw_os_error()),
+            Some(libc::ETXTBSY)
+        );
+        assert!(started.elapsed() >= TEXT_BUSY_RETRY);
+        let mut calls = 0;
+        let other: std::io::Result<()> = retrying_busy(|| {
+            calls += 1;
+            Err(std::io::Error::from_raw_os_error(libc::ENOENT))
+        });
+        assert!(other.is_err());
+        assert_eq!(calls, 1, "only ETXTBSY is retried");
     }
 
     #[test]

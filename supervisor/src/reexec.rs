@@ -32,12 +32,13 @@ const PARK_FD_MIN: RawFd = 1000;
 /// Checks that `binary` runs (`--version` exits 0); returns its version line.
 pub fn preflight(binary: &Path) -> Result<String, String> {
     crate::preflight::check_client_binary(binary)?;
-    let mut child = Command::new(binary)
+    let mut command = Command::new(binary);
+    command
         .arg("--version")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
+        .stderr(Stdio::null());
+    let mut child = crate::preflight::retrying_busy(|| command.spawn())
         .map_err(|e| format!("cannot run {}: {e}", binary.display()))?;
     let deadline = Instant::now() + PREFLIGHT_TIMEOUT;
     loop {
@@ -134,9 +135,13 @@ pub fn exec(
     if let Some(first) = args.first_mut() {
         *first = path.clone();
     }
-    match nix::unistd::execv(&path, &args) {
+    let exec = crate::preflight::retrying_busy(|| match nix::unistd::execv(&path, &args) {
         Ok(never) => match never {},
-        Err(errno) => std::io::Error::from(errno),
+        Err(errno) => Err::<(), _>(std::io::Error::from(errno)),
+    });
+    match exec {
+        Ok(()) => std::io::Error::other("execv returned"),
+        Err(err) => err,
     }
 }
 
