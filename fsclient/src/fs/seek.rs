@@ -105,10 +105,10 @@ impl BatonFs {
     }
 
     /// The timer's thread is stopping (serving ended): LSEEKs are answered
-    /// where they arrive from now on, and those still parked here (after
-    /// a handover the successor has them too; its answer or this one
-    /// reaches the kernel, which drops the other) from what the server
-    /// has.
+    /// where they arrive from now on, and those still parked here from
+    /// what the server has. (After a handover the sealed channel drops
+    /// those answers: the successor, which got them in the journal,
+    /// answers.)
     pub(crate) fn stop_parking_seeks(&self) {
         let waiting = {
             let mut seeks = lock(&self.parked_seeks);
