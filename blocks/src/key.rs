@@ -35,6 +35,16 @@ pub enum KeyLayout {
     Fanned,
 }
 
+/// A fresh, never-used name for an inline block of (`ino`, `index`):
+/// one kept in its block-map row, not in the store. `prefix` is the
+/// metadata's mark of such keys; the rest is spelled as a fanned key's
+/// name, `{ino:016x}-{index:08x}-{unique:016x}`. The name is the block
+/// codec's associated data, as an object's key is.
+pub fn inline_key(prefix: &str, ino: u64, index: u64) -> String {
+    let unique = rand::random::<u64>();
+    format!("{prefix}{ino:016x}-{index:08x}-{unique:016x}")
+}
+
 /// The key of one immutable block object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {

@@ -94,7 +94,7 @@ pub use codec::{key_check, read_key_file, Codec, CodecSpec, CODEC_PARAMS, KEY_BY
 pub use error::{BlocksError, Result};
 pub use faulty_store::{FaultyStore, StorageFaults, FAULT_DELAY_MS_MAX, STORAGE_FAULT_ENV};
 pub use in_place::OPEN_OBJECT_FILES_MAX;
-pub use key::{KeyLayout, ObjectKey, KEY_PREFIX};
+pub use key::{inline_key, KeyLayout, ObjectKey, KEY_PREFIX};
 pub use op_stats::{StoreOp, StoreOpSnapshot, StoreStats, STORE_LATENCY_BOUNDS_US};
 pub use passphrase::{
     derive_key, key_for, new_salt, read_passphrase_file, KeySource, KDF_ARGON2ID,

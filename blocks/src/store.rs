@@ -7,6 +7,7 @@
 //! exponential backoff; uploads of many blocks run at most
 //! [`UPLOAD_PARALLEL_MAX`] at once.
 
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -379,6 +380,25 @@ impl BlockStore {
             None => put(data)?,
         }
         Ok(key)
+    }
+
+    /// The stored form of an inline block's `data` (kept in its block-map
+    /// row, never in the store) under its inline key `key`: encoded by
+    /// the volume's codec when it has one, as its object would have been,
+    /// so a small file is no less sealed for being inline.
+    pub fn seal_inline(&self, key: &str, data: &[u8]) -> Result<Vec<u8>> {
+        match &self.codec {
+            Some(codec) => codec.encode(key, data),
+            None => Ok(data.to_vec()),
+        }
+    }
+
+    /// The block bytes of an inline block kept as `stored` under `key`.
+    pub fn open_inline<'a>(&self, key: &str, stored: &'a [u8]) -> Result<Cow<'a, [u8]>> {
+        match &self.codec {
+            Some(codec) => Ok(Cow::Owned(codec.decode(key, stored)?)),
+            None => Ok(Cow::Borrowed(stored)),
+        }
     }
 
     /// Makes objects `keys` durable against power loss (an fsync's part

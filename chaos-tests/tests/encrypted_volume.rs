@@ -143,7 +143,21 @@ fn an_encrypted_compressed_volume_needs_its_key_and_keeps_data_intact() {
     let mounted = mount(base, &mnt, ("flag", &key));
     fs::write(mnt.join("text"), &compressible).unwrap();
     fs::write(mnt.join("random"), &random).unwrap();
+    // Small enough to be kept in the metadata (an inline block): sealed too.
+    let small = MARKER.repeat(100);
+    fs::write(mnt.join("small"), &small).unwrap();
     unmount(&mnt, mounted);
+    for entry in fs::read_dir(base.join("vol")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            let bytes = fs::read(&path).unwrap();
+            assert!(
+                !bytes.windows(MARKER.len()).any(|w| w == MARKER),
+                "plaintext found in {}",
+                path.display()
+            );
+        }
+    }
 
     let data = base.join("vol/data");
     let stored: Vec<Vec<u8>> = objects(&data)
@@ -174,6 +188,7 @@ fn an_encrypted_compressed_volume_needs_its_key_and_keeps_data_intact() {
     let mounted = mount(base, &mnt, ("env", &key));
     assert!(fs::read(mnt.join("text")).unwrap() == compressible);
     assert!(fs::read(mnt.join("random")).unwrap() == random);
+    assert!(fs::read(mnt.join("small")).unwrap() == small);
     unmount(&mnt, mounted);
 
     let base_arg = base.to_str().unwrap();

@@ -305,7 +305,8 @@ fn a_small_file_written_whole_is_committed_by_its_write() {
 }
 
 /// During an object store outage a whole small file's WRITE tries to
-/// upload once, then is staged; after that failure the next ones are
+/// upload once, then is staged (a file small enough to be inline is
+/// committed without the store); after that failure the next ones are
 /// staged without waiting for the store (which would take its retries'
 /// time each). Everything is committed once the store is back.
 #[test]
@@ -330,20 +331,33 @@ fn small_files_written_during_a_storage_outage_are_staged_and_kept() {
         f.write_all_at(data, 0).unwrap();
         (f, start.elapsed())
     };
-    let (first, tried) = write("first", b"one");
+    // Past the inline limit (16 KiB), within write-through's (64 KiB).
+    let (one, two) = (pattern(20_000, 1), pattern(20_000, 2));
+    let (first, tried) = write("first", &one);
     assert!(has_staging_dir(&vol, &m.p("first")), "not staged");
-    let (second, skipped) = write("second", b"two");
+    let (second, skipped) = write("second", &two);
     assert!(has_staging_dir(&vol, &m.p("second")), "not staged");
     assert!(
         skipped * 2 < tried,
         "the second write waited for the store again: {skipped:?} (the first, which tried, {tried:?})"
     );
+    // A file small enough to be inline needs no store at all.
+    let (tiny, inline_took) = write("tiny", b"tiny");
+    assert!(
+        !has_staging_dir(&vol, &m.p("tiny")),
+        "an inline file was staged"
+    );
+    assert!(
+        inline_took * 2 < tried,
+        "an inline file's write waited for the store: {inline_took:?}"
+    );
     fs::remove_file(&outage).unwrap();
-    drop((first, second));
+    drop((first, second, tiny));
     m.stop();
     let m = vol.mount(&mnt);
-    assert_eq!(fs::read(m.p("first")).unwrap(), b"one");
-    assert_eq!(fs::read(m.p("second")).unwrap(), b"two");
+    assert!(fs::read(m.p("first")).unwrap() == one);
+    assert!(fs::read(m.p("second")).unwrap() == two);
+    assert_eq!(fs::read(m.p("tiny")).unwrap(), b"tiny");
     assert_eq!(staged_inodes(&vol), 0);
     m.stop();
 }

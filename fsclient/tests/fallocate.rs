@@ -63,6 +63,7 @@ fn add_unstored_rows(vol: &Volume, ino: u64, indices: std::ops::Range<u64>, len:
                     index: *i,
                     object_key: ObjectKey::generate(ino, *i, layout).to_string(),
                     len,
+                    inline: None,
                 })
                 .collect(),
             punched: Vec::new(),

@@ -1039,8 +1039,10 @@ fn unlinked_files_free_their_objects_and_directories_in_batches() {
     let m = vol.mount(&vol.mountpoint("mnt"));
     // More than one release transaction's worth.
     let count = fsclient::fs::ORPHAN_RELEASE_BATCH_MAX + 44;
+    // Past the inline limit (16 KiB): one object per file.
+    let data = pattern(20_000, 1);
     for i in 0..count {
-        fs::write(m.p(&format!("f{i}")), b"x").unwrap();
+        fs::write(m.p(&format!("f{i}")), &data).unwrap();
     }
     assert_eq!(files_under(&vol.data), count, "one object per file");
     for i in 0..count {

@@ -17,7 +17,8 @@ use common::*;
 /// and returns the object files of the small one.
 fn write_and_read_back(vol: &Volume) -> Vec<std::path::PathBuf> {
     let mnt = vol.mountpoint("mnt");
-    let small = pattern(3_000, 1);
+    // Past the inline limit: small files of a new volume have no object.
+    let small = pattern(20_000, 1);
     let large = pattern(BLOCK_SIZE as usize + 5_000, 2);
     let m = vol.mount(&mnt);
     fs::write(m.p("small"), &small).unwrap();

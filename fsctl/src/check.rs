@@ -272,6 +272,7 @@ fn summary(volume: &str, report: &CheckReport) -> Value {
         "volume": volume,
         "referenced_blocks": report.referenced_count,
         "shared_objects": report.shared_count,
+        "inline_blocks": report.inline_count,
         "stored_objects": report.stored_count,
         "stored_bytes": report.stored_bytes,
         "unreferenced_objects": report.unreferenced.len(),
@@ -284,9 +285,10 @@ fn summary(volume: &str, report: &CheckReport) -> Value {
 fn print_summary(volume: &str, report: &CheckReport) {
     let garbage_bytes: u64 = report.unreferenced.iter().map(|o| o.size_bytes).sum();
     println!(
-        "volume {volume}: {} referenced block(s) ({} shared object(s)), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
+        "volume {volume}: {} referenced block(s) ({} shared object(s), {} inline), {} object(s) ({} bytes) in storage, {} unreferenced ({garbage_bytes} bytes), {} missing or short, {} orphan inode(s)",
         report.referenced_count,
         report.shared_count,
+        report.inline_count,
         report.stored_count,
         report.stored_bytes,
         report.unreferenced.len(),

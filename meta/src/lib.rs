@@ -115,7 +115,16 @@ pub use types::*;
 ///   fanned layout (`baton_blocks::KeyLayout::Fanned`, see
 ///   [`FANNED_KEYS_FORMAT_VERSION`]), which a format-1 build cannot parse:
 ///   such a build refuses the volume at open instead of failing its reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// - 3: the same tables; a small file's block may be inline, its bytes in
+///   its block-map row (`blocks.inline_data`, see
+///   [`INLINE_BLOCKS_FORMAT_VERSION`]), which a format-2 build would try
+///   to read as an object.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The first format version whose volumes keep a small file's bytes in
+/// its block-map row ([`BlockRef::inline`]). Older volumes get none, so
+/// the builds that made them read every block.
+pub const INLINE_BLOCKS_FORMAT_VERSION: u32 = 3;
 
 /// The first format version whose volumes give new block objects fanned
 /// keys. Volumes of an older version keep the per-inode layout, so that

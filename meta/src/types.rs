@@ -318,15 +318,49 @@ pub struct ObjectRef {
     pub key: String,
 }
 
+/// Start of the key of an inline block: one whose bytes are kept in its
+/// block-map row (`BlockRef::inline`) instead of an object. The rest of
+/// the key is unique per write, as an object key is; it names no object.
+pub const INLINE_KEY_PREFIX: &str = "inline/";
+
+/// Whether `key` is an inline block's (see [`INLINE_KEY_PREFIX`]).
+pub fn is_inline_key(key: &str) -> bool {
+    key.starts_with(INLINE_KEY_PREFIX)
+}
+
 /// One row of a file's block map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockRef {
     /// Block index: the block covers bytes `index * block_size ..`.
     pub index: u64,
-    /// Object holding the block's bytes.
+    /// Object holding the block's bytes, or an inline key
+    /// ([`INLINE_KEY_PREFIX`]).
     pub object_key: String,
     /// Valid bytes in the block, `1..=block_size`; bytes after it read as zero.
     pub len: u32,
+    /// An inline block's bytes as stored (the caller's encoding: Baton's
+    /// block codec, keyed by `object_key`); `None` for an object. Read
+    /// with the row, written by `commit_blocks`, copied by `share_blocks`.
+    /// Only volumes of [`crate::INLINE_BLOCKS_FORMAT_VERSION`] or later
+    /// hold them.
+    pub inline: Option<Vec<u8>>,
+}
+
+impl BlockRef {
+    /// A row naming an object.
+    pub fn object(index: u64, object_key: impl Into<String>, len: u32) -> Self {
+        BlockRef {
+            index,
+            object_key: object_key.into(),
+            len,
+            inline: None,
+        }
+    }
+
+    /// Whether the block's bytes are in the row.
+    pub fn is_inline(&self) -> bool {
+        is_inline_key(&self.object_key)
+    }
 }
 
 /// One write's metadata, committed atomically by `commit_blocks`.

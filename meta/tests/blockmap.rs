@@ -4,10 +4,12 @@
 
 mod common;
 
-use baton_meta::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
+use baton_meta::limits::{
+    BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX, INLINE_STORED_BYTES_MAX,
+};
 use baton_meta::{
     BlockRef, CommitBlocks, MetaError, MetaStore, ObjectRef, SetAttr, ShareBlocks, TimeOrNow,
-    Timespec, ROOT_INO,
+    Timespec, INLINE_KEY_PREFIX, ROOT_INO,
 };
 use common::*;
 
@@ -16,6 +18,7 @@ fn blk(index: u64, key: &str, len: u32) -> BlockRef {
         index,
         object_key: key.into(),
         len,
+        inline: None,
     }
 }
 
@@ -516,4 +519,97 @@ fn a_share_outside_the_files_is_refused() {
     }
     assert_eq!(m.getattr(b.ino).unwrap().size, 0);
     assert!(m.blocks(b.ino, 0, 4).unwrap().is_empty());
+}
+
+fn inline_blk(index: u64, name: &str, bytes: &[u8]) -> BlockRef {
+    BlockRef {
+        index,
+        object_key: format!("{INLINE_KEY_PREFIX}{name}"),
+        len: bytes.len() as u32,
+        inline: Some(bytes.to_vec()),
+    }
+}
+
+/// An inline block's bytes live in its row: read back with it, copied by a
+/// share, and gone with it. Its key names no object, so replacing,
+/// truncating or reclaiming one never releases anything to delete.
+#[test]
+fn inline_blocks_keep_their_bytes_in_the_row_and_release_no_object() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let a = file(m, ROOT_INO, "a");
+    assert!(write(m, a.ino, 5, vec![inline_blk(0, "x", b"hello")]).is_empty());
+    assert_eq!(
+        m.blocks(a.ino, 0, 4).unwrap(),
+        vec![inline_blk(0, "x", b"hello")]
+    );
+    let (attr, rows) = m.read_plan(a.ino, 0, 1).unwrap();
+    assert_eq!(attr.size, 5);
+    assert_eq!(rows[0].inline.as_deref(), Some(&b"hello"[..]));
+    // Replaced by an object: the inline key is not released.
+    assert!(write(m, a.ino, 10, vec![blk(0, "obj", 10)]).is_empty());
+    assert_eq!(m.blocks(a.ino, 0, 1).unwrap(), vec![blk(0, "obj", 10)]);
+    // Replaced by inline bytes again: the object is.
+    assert_eq!(
+        write(m, a.ino, 2 * B, vec![inline_blk(0, "y", b"abc")]),
+        keys(&["obj"])
+    );
+    // A share copies the row, bytes and all.
+    let b = file(m, ROOT_INO, "b");
+    let (_, released) = m
+        .share_blocks(b.ino, &share(a.ino, 0, 0, 1, B), None)
+        .unwrap();
+    assert!(released.is_empty());
+    assert_eq!(
+        m.blocks(b.ino, 0, 1).unwrap(),
+        vec![inline_blk(0, "y", b"abc")]
+    );
+    // Truncating clamps the row's length; the bytes past it are not read.
+    let set = SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    let (_, t) = m.setattr(a.ino, &set, None).unwrap();
+    assert!(t.released.is_empty(), "{:?}", t.released);
+    assert_eq!(m.blocks(a.ino, 0, 1).unwrap()[0].len, 1);
+    // Reclaiming either file releases nothing; the other keeps its copy.
+    m.unlink(ROOT_INO, n("a"), None).unwrap();
+    assert!(m.reclaim(a.ino, None).unwrap().is_empty());
+    assert_eq!(
+        m.blocks(b.ino, 0, 1).unwrap(),
+        vec![inline_blk(0, "y", b"abc")]
+    );
+    // The whole-volume scan (fsck) sees the bytes too.
+    let scanned = m.scan_blocks(None, 10).unwrap();
+    assert_eq!(scanned, vec![(b.ino, inline_blk(0, "y", b"abc"))]);
+}
+
+/// Inline bytes need an inline key and the reverse; an oversized inline
+/// block is refused; nothing of a refused commit is applied.
+#[test]
+fn commit_refuses_inline_blocks_that_do_not_add_up() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let f = file(m, ROOT_INO, "f");
+    let mut bytes_under_object_key = blk(0, "k", 3);
+    bytes_under_object_key.inline = Some(b"abc".to_vec());
+    let mut inline_key_without_bytes = inline_blk(0, "x", b"abc");
+    inline_key_without_bytes.inline = None;
+    let huge = vec![7u8; INLINE_STORED_BYTES_MAX + 1];
+    let mut oversized = inline_blk(0, "big", &huge);
+    oversized.len = BS.min(1000);
+    for bad in [bytes_under_object_key, inline_key_without_bytes, oversized] {
+        let c = CommitBlocks {
+            new_size: Some(B),
+            blocks: vec![bad.clone()],
+            ..Default::default()
+        };
+        let err = m.commit_blocks(f.ino, &c, None).unwrap_err();
+        assert!(
+            matches!(err, MetaError::InvalidArgument { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+    assert!(m.blocks(f.ino, 0, 1).unwrap().is_empty());
+    assert_eq!(m.getattr(f.ino).unwrap().size, 0);
 }

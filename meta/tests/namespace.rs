@@ -233,6 +233,7 @@ fn unlink_last_name_makes_an_orphan_until_reclaim() {
             index: 0,
             object_key: "k".into(),
             len: 10,
+            inline: None,
         }],
         ..Default::default()
     };

@@ -302,6 +302,7 @@ fn block(index: u64, len: u32) -> baton_meta::BlockRef {
         index,
         object_key: format!("k{index}"),
         len,
+        inline: None,
     }
 }
 

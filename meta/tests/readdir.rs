@@ -111,6 +111,7 @@ fn readdir_plus_lists_the_same_entries_with_attributes_and_committed_bytes() {
                 index,
                 object_key: format!("k{index}"),
                 len,
+                inline: None,
             })
             .collect()
     };

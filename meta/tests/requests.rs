@@ -40,6 +40,7 @@ fn recorded_result_decodes_to_what_the_call_returned() {
             index: 0,
             object_key: "k".into(),
             len: 10,
+            inline: None,
         }],
         ..Default::default()
     };

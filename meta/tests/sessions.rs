@@ -31,6 +31,7 @@ fn file_with_block(m: &dyn MetaStore, name: &str) -> u64 {
             index: 0,
             object_key: format!("obj-{name}"),
             len: 100,
+            inline: None,
         }],
         ..CommitBlocks::default()
     };

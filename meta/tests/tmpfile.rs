@@ -46,6 +46,7 @@ fn write_block(m: &dyn MetaStore, ino: u64, len: u32) {
             index: 0,
             object_key: format!("obj-{ino}"),
             len,
+            inline: None,
         }],
         ..CommitBlocks::default()
     };

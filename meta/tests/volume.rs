@@ -171,11 +171,13 @@ fn reopen_after_close_keeps_everything() {
                 index: 0,
                 object_key: "o0".into(),
                 len: BS,
+                inline: None,
             },
             baton_meta::BlockRef {
                 index: 1,
                 object_key: "o1".into(),
                 len: 904,
+                inline: None,
             },
         ],
         ..Default::default()
@@ -210,11 +212,13 @@ fn statfs_counts_inodes_and_block_bytes() {
                 index: 0,
                 object_key: "a".into(),
                 len: BS,
+                inline: None,
             },
             baton_meta::BlockRef {
                 index: 1,
                 object_key: "b".into(),
                 len: 10,
+                inline: None,
             },
         ],
         ..Default::default()

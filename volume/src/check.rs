@@ -67,6 +67,8 @@ pub struct CheckReport {
     /// Objects named by more than one row (copy_file_range shares whole
     /// blocks): each stays until its last row goes.
     pub shared_count: u64,
+    /// Rows of them holding their block's bytes (inline blocks: no object).
+    pub inline_count: u64,
     /// Objects in the storage.
     pub stored_count: u64,
     /// Their total size.
@@ -183,6 +185,22 @@ impl CheckedVolume {
                 .fetch_add(page.len() as u64, Ordering::Relaxed);
             for (ino, row) in page {
                 report.referenced_count += 1;
+                if row.is_inline() {
+                    report.inline_count += 1;
+                    // The bytes are in the row: present, and (unless
+                    // encoded) at least the row's length of them.
+                    let stored_bytes = row.inline.as_ref().map(|d| d.len() as u64);
+                    if stored_bytes.is_none_or(|size| !encoded && size < u64::from(row.len)) {
+                        report.bad_blocks.push(BadBlock {
+                            ino,
+                            index: row.index,
+                            key: row.object_key,
+                            len_bytes: u64::from(row.len),
+                            stored_bytes,
+                        });
+                    }
+                    continue;
+                }
                 let stored_bytes = sizes.get(&row.object_key).copied();
                 let short = |size: u64| !encoded && size < u64::from(row.len);
                 if stored_bytes.is_none_or(short) {

@@ -334,14 +334,8 @@ impl BatonFs {
             if lo >= hi {
                 continue;
             }
-            let key = ObjectKey::parse(&row.object_key)?;
             let at = (lo - offset) as usize;
-            self.cache.read_into(
-                &key,
-                u64::from(row.len),
-                lo - block_start,
-                &mut buf[at..at + (hi - lo) as usize],
-            )?;
+            self.read_row_into(row, lo - block_start, &mut buf[at..at + (hi - lo) as usize])?;
         }
         Ok(())
     }
@@ -408,9 +402,8 @@ impl BatonFs {
         let Some(row) = rows.into_iter().next() else {
             return Ok(None);
         };
-        let key = ObjectKey::parse(&row.object_key)?;
         let len = u64::from(row.len);
-        Ok(Some(self.cache.read(&key, len, 0, len)?))
+        Ok(Some(self.read_row(&row, 0, len)?))
     }
 
     pub(super) fn do_write(&self, ino: u64, arg: &WriteIn, data: &[u8]) -> Result<u32> {

@@ -267,12 +267,32 @@ impl BatonFs {
         plan: &CommitPlan,
         fault_op: u32,
     ) -> Result<Vec<ObjectRef>> {
-        let keys = self.store.put_blocks(
-            plan.uploads
-                .iter()
-                .map(|(i, d)| (ino, *i, d.clone()))
-                .collect(),
-        )?;
+        let (inline, objects): (Vec<_>, Vec<_>) = plan
+            .uploads
+            .iter()
+            .partition(|(index, _)| self.keeps_inline(*index, plan.size));
+        let keys = if objects.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .put_blocks(objects.iter().map(|(i, d)| (ino, *i, d.clone())).collect())?
+        };
+        let mut blocks = objects
+            .iter()
+            .zip(&keys)
+            .map(|((index, data), key)| {
+                BlockRef::object(*index, key.to_string(), data.len() as u32)
+            })
+            .collect::<Vec<_>>();
+        for (index, data) in inline {
+            match self.inline_row(ino, *index, data) {
+                Ok(row) => blocks.push(row),
+                Err(err) => {
+                    self.store.delete(&keys);
+                    return Err(err.into());
+                }
+            }
+        }
         // Test hook: blocks uploaded, block map not committed.
         crate::fault::hit(crate::fault::Point::DuringUpload, fault_op);
         let writeback = self.writeback.load(std::sync::atomic::Ordering::Relaxed);
@@ -285,16 +305,7 @@ impl BatonFs {
             new_size: Some(plan.size),
             mtime: (!writeback && !plan.uploads.is_empty()).then_some(TimeOrNow::Now),
             ctime: (!writeback || !plan.punched.is_empty()).then_some(TimeOrNow::Now),
-            blocks: plan
-                .uploads
-                .iter()
-                .zip(&keys)
-                .map(|((index, data), key)| BlockRef {
-                    index: *index,
-                    object_key: key.to_string(),
-                    len: data.len() as u32,
-                })
-                .collect(),
+            blocks,
             punched: plan.punched.clone(),
         };
         let released = match self.meta.commit_blocks(ino, &commit, None) {
@@ -308,7 +319,7 @@ impl BatonFs {
         if self.store.syncs_objects() {
             lock(&self.unsynced).committed(ino, &keys);
         }
-        for ((_, data), key) in plan.uploads.iter().zip(&keys) {
+        for ((_, data), key) in objects.iter().zip(&keys) {
             self.cache.insert(key, data);
         }
         Ok(released)
@@ -397,8 +408,7 @@ impl BatonFs {
         let Some(row) = rows.into_iter().find(|r| u64::from(r.len) > cut) else {
             return Ok(());
         };
-        let key = ObjectKey::parse(&row.object_key)?;
-        let head = self.cache.read(&key, u64::from(row.len), 0, cut)?;
+        let head = self.read_row(&row, 0, cut)?;
         uploads.push((straddling, head));
         Ok(())
     }
@@ -491,8 +501,11 @@ impl BatonFs {
         let mut first = 0;
         while first < block_count {
             let count = (block_count - first).min(INDICES_PER_QUERY) as u32;
+            // An inline block is in the metadata, which the caller syncs.
             for row in self.meta.blocks(ino, first, count)? {
-                keys.push(ObjectKey::parse(&row.object_key)?);
+                if !row.is_inline() {
+                    keys.push(ObjectKey::parse(&row.object_key)?);
+                }
             }
             first += INDICES_PER_QUERY;
         }

@@ -28,6 +28,7 @@ mod dispatch;
 mod durable;
 mod flush;
 pub mod held_locks;
+pub mod inline;
 pub mod lock;
 mod namespace;
 mod once;
@@ -114,6 +115,9 @@ pub struct BatonFs {
     cache: BlockCache,
     staging: Staging,
     block_size: u64,
+    /// Largest file whose block is kept inline (`inline.rs`); 0 on a
+    /// volume older than inline blocks.
+    inline_bytes_max: u64,
     config: FsConfig,
     /// WRITEBACK_CACHE was negotiated: the kernel owns mtime on writes.
     writeback: AtomicBool,
@@ -203,13 +207,21 @@ impl BatonFs {
         staging: Staging,
         config: FsConfig,
     ) -> BatonFs {
-        let block_size = u64::from(meta.volume().block_size_bytes);
+        let volume = meta.volume();
+        let block_size = u64::from(volume.block_size_bytes);
+        let inline_bytes_max = if volume.format_version >= baton_meta::INLINE_BLOCKS_FORMAT_VERSION
+        {
+            inline::INLINE_BYTES_MAX.min(block_size)
+        } else {
+            0
+        };
         BatonFs {
             meta,
             store,
             cache,
             staging,
             block_size,
+            inline_bytes_max,
             config,
             writeback: AtomicBool::new(true),
             posix_acl: AtomicBool::new(false),

@@ -19,6 +19,8 @@
 //! are staged without trying for [`WRITE_THROUGH_PAUSE`]: an object store
 //! that is down would otherwise make every small WRITE wait out its
 //! timeouts and retries before being staged (and its FLUSH wait again).
+//! A file small enough to be inline (`inline.rs`) needs no upload, so it
+//! is committed at once even then.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -65,7 +67,8 @@ impl BatonFs {
             || data.is_empty()
             || data.len() > WRITE_THROUGH_BYTES_MAX
             || data.len() as u64 > self.block_size
-            || self.write_through_pause.active()
+            // Inline bytes need no store: the pause is for uploads.
+            || (self.write_through_pause.active() && !self.keeps_inline(0, data.len() as u64))
         {
             return false;
         }

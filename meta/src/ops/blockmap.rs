@@ -10,8 +10,12 @@ use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
 use super::{inode, quota, reserve};
 use crate::error::{MetaError, Result};
-use crate::limits::{BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX};
-use crate::types::{Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, ShareBlocks, Timespec};
+use crate::limits::{
+    BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX, INLINE_STORED_BYTES_MAX,
+};
+use crate::types::{
+    is_inline_key, Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, ShareBlocks, Timespec,
+};
 
 /// Rows of `ino` in `[first_index, first_index + count)`, ascending.
 pub(crate) fn blocks<C: Db>(
@@ -33,7 +37,7 @@ pub(crate) fn rows<C: Db>(c: &C, ino: u64, first_index: u64, count: u32) -> Resu
     };
     let end = i64::try_from(first_index.saturating_add(count)).unwrap_or(i64::MAX);
     let mut stmt = c.prepare_cached(
-        "SELECT idx, object_key, len FROM blocks
+        "SELECT idx, object_key, len, inline_data FROM blocks
          WHERE ino = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
     )?;
     Ok(stmt.collect_rows(params![ino, first, end], |r| {
@@ -41,6 +45,7 @@ pub(crate) fn rows<C: Db>(c: &C, ino: u64, first_index: u64, count: u32) -> Resu
             index: r.get(0)?,
             object_key: r.get(1)?,
             len: r.get(2)?,
+            inline: r.get(3)?,
         })
     })?)
 }
@@ -249,6 +254,27 @@ fn check_commit(ino: u64, commit: &CommitBlocks, block_size: u32) -> Result<()> 
             ));
         }
         block_end(ino, b.index, b.len, block_size)?;
+        match &b.inline {
+            Some(data) if !b.is_inline() || data.len() > INLINE_STORED_BYTES_MAX => {
+                return Err(MetaError::invalid(
+                    ino,
+                    format!(
+                        "inline block {} of {} bytes under key {:?}: inline blocks need an \
+                         inline key and at most {INLINE_STORED_BYTES_MAX} bytes",
+                        b.index,
+                        data.len(),
+                        b.object_key
+                    ),
+                ));
+            }
+            None if b.is_inline() => {
+                return Err(MetaError::invalid(
+                    ino,
+                    format!("block {} has an inline key but no bytes", b.index),
+                ));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -335,9 +361,10 @@ fn replace_rows<C: Db>(c: &C, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<St
             for b in rows {
                 let old = delete_row(c, ino, b.index)?;
                 c.prepare_cached(
-                    "INSERT INTO blocks (ino, idx, object_key, len) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO blocks (ino, idx, object_key, len, inline_data)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )?
-                .execute(params![ino, b.index, b.object_key, b.len])?;
+                .execute(params![ino, b.index, b.object_key, b.len, b.inline])?;
                 replaced.extend(old);
             }
             Ok(replaced)
@@ -363,20 +390,27 @@ fn replace_rows_batched<C: Db>(c: &C, ino: u64, rows: &[BlockRef]) -> Result<BTr
         .collect::<Result<Vec<i64>>>()?;
     let keys: Vec<String> = last.values().map(|b| b.object_key.clone()).collect();
     let lens: Vec<i64> = last.values().map(|b| i64::from(b.len)).collect();
+    let inline: Vec<Option<Vec<u8>>> = last.values().map(|b| b.inline.clone()).collect();
     let replaced = c
         .prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx = ANY(?2) RETURNING object_key")?
         .collect_rows(params![ino, indices], |r| r.get(0))?;
     c.prepare_cached(
-        "INSERT INTO blocks (ino, idx, object_key, len)
-         SELECT ?1, idx, object_key, len FROM unnest(?2::BIGINT[], ?3::TEXT[], ?4::BIGINT[])
-             AS new(idx, object_key, len)",
+        "INSERT INTO blocks (ino, idx, object_key, len, inline_data)
+         SELECT ?1, idx, object_key, len, inline_data
+         FROM unnest(?2::BIGINT[], ?3::TEXT[], ?4::BIGINT[], ?5::BYTEA[])
+             AS new(idx, object_key, len, inline_data)",
     )?
-    .execute(params![ino, indices, keys, lens])?;
+    .execute(params![ino, indices, keys, lens, inline])?;
     Ok(replaced)
 }
 
-/// Those of `candidates` that no block row references, sorted.
-pub(crate) fn unreferenced<C: Db>(c: &C, candidates: BTreeSet<String>) -> Result<Vec<ObjectRef>> {
+/// Those of `candidates` that no block row references, sorted. An inline
+/// key is never one: its bytes went with its row.
+pub(crate) fn unreferenced<C: Db>(
+    c: &C,
+    mut candidates: BTreeSet<String>,
+) -> Result<Vec<ObjectRef>> {
+    candidates.retain(|key| !is_inline_key(key));
     match C::DIALECT {
         // One cached statement per candidate (no round trips).
         Dialect::Sqlite => {

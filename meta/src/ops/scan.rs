@@ -24,7 +24,7 @@ pub(crate) fn scan_blocks<C: Db>(
         ),
     };
     let mut stmt = c.prepare_cached(
-        "SELECT ino, idx, object_key, len FROM blocks
+        "SELECT ino, idx, object_key, len, inline_data FROM blocks
          WHERE (ino, idx) > (?1, ?2) ORDER BY ino, idx LIMIT ?3",
     )?;
     Ok(
@@ -35,6 +35,7 @@ pub(crate) fn scan_blocks<C: Db>(
                     index: r.get(1)?,
                     object_key: r.get(2)?,
                     len: r.get(3)?,
+                    inline: r.get(4)?,
                 },
             ))
         })?,

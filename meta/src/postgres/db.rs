@@ -62,6 +62,8 @@ pub(crate) enum Value {
     Bool(bool),
     Ints(Vec<i64>),
     Texts(Vec<String>),
+    /// A BYTEA[] whose elements may be NULL.
+    OptionalBytes(Vec<Option<Vec<u8>>>),
     Null,
     /// A u64 that does not fit BIGINT: refused when sent.
     TooLarge(u64),
@@ -82,6 +84,7 @@ impl ToSql for Value {
             Value::Bool(v) => v.to_sql(ty, out),
             Value::Ints(v) => v.to_sql(ty, out),
             Value::Texts(v) => v.to_sql(ty, out),
+            Value::OptionalBytes(v) => v.to_sql(ty, out),
             Value::Null => Ok(IsNull::Yes),
             Value::TooLarge(v) => Err(format!("{v} does not fit a BIGINT column").into()),
         }
@@ -148,6 +151,11 @@ impl ToValue for Vec<i64> {
 impl ToValue for Vec<String> {
     fn to_value(&self) -> Value {
         Value::Texts(self.clone())
+    }
+}
+impl ToValue for Vec<Option<Vec<u8>>> {
+    fn to_value(&self) -> Value {
+        Value::OptionalBytes(self.clone())
     }
 }
 impl ToValue for FileKind {
@@ -228,6 +236,11 @@ impl FromColumn for String {
     }
 }
 impl FromColumn for Vec<u8> {
+    fn from_column(row: &::postgres::Row, idx: usize) -> RowResult<Self> {
+        Ok(row.try_get(idx)?)
+    }
+}
+impl FromColumn for Option<Vec<u8>> {
     fn from_column(row: &::postgres::Row, idx: usize) -> RowResult<Self> {
         Ok(row.try_get(idx)?)
     }

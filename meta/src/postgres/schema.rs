@@ -163,6 +163,9 @@ CREATE TABLE reservations (
     PRIMARY KEY (ino, idx)
 );
 ",
+    // 8: a small file's block kept in its row (metadata format 3,
+    // `BlockRef::inline`).
+    "ALTER TABLE blocks ADD COLUMN inline_data BYTEA;",
 ];
 
 /// The schema version this build creates and understands.

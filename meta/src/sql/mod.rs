@@ -236,7 +236,7 @@ macro_rules! param_postgres_only {
         }
     )*};
 }
-param_postgres_only!(Vec<i64>, Vec<String>);
+param_postgres_only!(Vec<i64>, Vec<String>, Vec<Option<Vec<u8>>>);
 
 impl<T: Param> Param for Option<T> {
     fn to_sqlite(&self) -> rusqlite::Result<ToSqlOutput<'_>> {

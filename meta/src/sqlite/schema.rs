@@ -21,8 +21,11 @@
 //!        + index on (parent, cookie), added in place by `open`
 //! symlinks(ino -> inodes PRIMARY KEY, target BLOB)
 //! xattrs(ino -> inodes, name BLOB, value BLOB, PRIMARY KEY(ino, name))
-//! blocks(ino -> inodes, idx, object_key TEXT, len, PRIMARY KEY(ino, idx))
+//! blocks(ino -> inodes, idx, object_key TEXT, len, inline_data BLOB,
+//!        PRIMARY KEY(ino, idx))
 //!        + index on object_key (a key is released only when no row uses it)
+//!        inline_data: an inline block's bytes (format 3), else NULL; the
+//!        column is added in place by `open`
 //! orphans(ino -> inodes PRIMARY KEY, since_sec)  -- nlink 0, awaiting reclaim
 //! request_results(connection, unique_id, result BLOB, recorded_sec,
 //!        PRIMARY KEY(connection, unique_id))   -- see ops/requests.rs
@@ -105,6 +108,7 @@ CREATE TABLE blocks (
     idx INTEGER NOT NULL,
     object_key TEXT NOT NULL,
     len INTEGER NOT NULL,
+    inline_data BLOB,
     PRIMARY KEY (ino, idx)
 ) WITHOUT ROWID;
 CREATE INDEX blocks_by_object_key ON blocks(object_key);
@@ -215,6 +219,21 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     conn.execute_batch(QUOTAS_DDL)?;
     conn.execute_batch(RESERVATIONS_DDL)?;
+    ensure_inline_column(conn)
+}
+
+/// Adds `blocks.inline_data` to a database made before it existed. Older
+/// builds name the columns they read, so the column is invisible to them;
+/// only a format-3 volume ever fills it.
+fn ensure_inline_column(conn: &Connection) -> Result<()> {
+    let present: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('blocks') WHERE name = 'inline_data')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !present {
+        conn.execute_batch("ALTER TABLE blocks ADD COLUMN inline_data BLOB")?;
+    }
     Ok(())
 }
 
