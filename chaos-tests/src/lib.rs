@@ -39,7 +39,9 @@ pub mod workload;
 /// A python3 program that runs a plan of POSIX lock requests between
 /// processes, for tests comparing a mount with the local disk.
 ///
-/// Arguments: `FILE N PLAN DEADLINE_S [CONTROL_DIR]`. N forked processes
+/// Arguments: `FILE N PLAN DEADLINE_S [CONTROL_DIR]`; FILE may be a comma
+/// separated list (one file seen through several mounts): process i opens
+/// the (i mod count)th. N forked processes
 /// each hold byte i of FILE (F_SETLK), then the steps of PLAN (comma
 /// separated) run in order: `i>j` is process i asking for byte j with
 /// F_SETLKW (the next step waits until it sleeps in the kernel, then

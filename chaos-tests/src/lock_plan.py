@@ -1,6 +1,6 @@
 import errno, fcntl, os, select, sys, time
 # See chaos_tests::LOCK_PLAN.
-path, n, plan, deadline = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+paths, n, plan, deadline = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 control = sys.argv[5] if len(sys.argv) > 5 else None
 res_r, res_w = os.pipe()
 cmds, pids = [], []
@@ -13,7 +13,7 @@ for i in range(n):
         cmd = os.fdopen(cr)
         def say(word):
             os.write(res_w, ("%d:%s\n" % (i, word)).encode())
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(paths[i % len(paths)], os.O_RDWR)
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, i)
         say("held")
         line = cmd.readline().split()
@@ -83,8 +83,10 @@ for step in plan.split(","):
     if step.startswith("w"):  # waits: nobody answered within this many ms
         t = time.monotonic() + int(step[1:]) / 1000
         while time.monotonic() < t:
-            if select.select([res_r], [], [], max(0, t - time.monotonic()))[0]:
+            if b"\n" in buf or select.select([res_r], [], [], max(0, t - time.monotonic()))[0]:
                 line = next_line()
+                if line is None:  # every process has answered and exited
+                    break
                 w, word = line.split(":")
                 results[int(w)] = "early-" + word
         continue

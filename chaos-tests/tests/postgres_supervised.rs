@@ -184,52 +184,81 @@ impl Drop for Host {
     }
 }
 
-#[test]
-fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
+/// The admin URL, or None (skipped loudly) without a server.
+fn server(test: &str) -> Option<String> {
     let Ok(admin) = std::env::var(URL_ENV) else {
         let required = std::env::var("BATON_REQUIRE_POSTGRES").is_ok_and(|v| v == "1");
         assert!(
             !required,
             "{URL_ENV} is not set but BATON_REQUIRE_POSTGRES=1"
         );
-        eprintln!("\n!!!!! SKIPPED supervised postgres mounts: {URL_ENV} is not set; start a server with .ci/start-postgres DIR PORT !!!!!\n");
+        eprintln!("\n!!!!! SKIPPED {test}: {URL_ENV} is not set; start a server with .ci/start-postgres DIR PORT !!!!!\n");
+        return None;
+    };
+    Some(admin)
+}
+
+/// A database formatted as a volume (data in `root`/data), dropped with
+/// this value.
+struct PgVolume {
+    admin: String,
+    db: String,
+    url: String,
+    root: tempfile::TempDir,
+}
+
+impl PgVolume {
+    fn format(admin: &str, name: &str) -> PgVolume {
+        let db = format!("baton_s_{name}_{}", std::process::id());
+        assert!(psql(admin, &format!("CREATE DATABASE {db}"))
+            .status
+            .success());
+        let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
+        let vol = PgVolume {
+            admin: admin.to_string(),
+            db,
+            url,
+            root: tempfile::tempdir().unwrap(),
+        };
+        let data = vol.root.path().join("data");
+        let out = Command::new(workspace_binary("fsctl"))
+            .args(["format", "vol", "--meta", &vol.url, "--block-size", "64K"])
+            .arg("--storage")
+            .arg(format!("file://{}", data.display()))
+            .arg("--base-dir")
+            .arg(vol.root.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        vol
+    }
+}
+
+impl Drop for PgVolume {
+    fn drop(&mut self) {
+        let _ = psql(
+            &self.admin,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db),
+        );
+    }
+}
+
+#[test]
+fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
+    let Some(admin) = server("supervised postgres mounts") else {
         return;
     };
-    let db = format!("baton_s_{}", std::process::id());
-    assert!(psql(&admin, &format!("CREATE DATABASE {db}"))
-        .status
-        .success());
-    struct DropDb(String, String);
-    impl Drop for DropDb {
-        fn drop(&mut self) {
-            let _ = psql(
-                &self.0,
-                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.1),
-            );
-        }
-    }
-    let _drop_db = DropDb(admin.clone(), db.clone());
-    let url = format!("{}/{db}", admin.rsplit_once('/').unwrap().0);
-    let root = tempfile::tempdir().unwrap();
-    let data = root.path().join("data");
-    let out = Command::new(workspace_binary("fsctl"))
-        .args(["format", "vol", "--meta", &url, "--block-size", "64K"])
-        .arg("--storage")
-        .arg(format!("file://{}", data.display()))
-        .arg("--base-dir")
-        .arg(root.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let vol = PgVolume::format(&admin, "share");
+    let (url, root) = (&vol.url, &vol.root);
 
     let mut a = Host::start(root.path(), "a");
     let mut b = Host::start(root.path(), "b");
-    a.mount(&url);
-    b.mount(&url);
+    a.mount(url);
+    b.mount(url);
     a.wait_serving(1);
     b.wait_serving(1);
 
@@ -255,7 +284,7 @@ fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
     std::fs::remove_file(b.mnt().join("held")).unwrap();
     let inode_exists = || {
         psql_value(
-            &url,
+            url,
             &format!("SELECT count(*) FROM inodes WHERE ino = {ino}"),
         ) == "1"
     };
@@ -275,7 +304,7 @@ fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
     // The new generation continued a's session (same connection): after
     // several expiry periods the file a's kernel still has open is intact.
     std::thread::sleep(Duration::from_millis(3_000));
-    assert_eq!(psql_value(&url, "SELECT count(*) FROM sessions"), "2");
+    assert_eq!(psql_value(url, "SELECT count(*) FROM sessions"), "2");
     assert!(
         inode_exists(),
         "the orphan a holds survived the generation kill"
@@ -300,4 +329,90 @@ fn two_supervised_mounts_share_a_postgres_volume_across_a_generation_kill() {
     assert!(reclaimed, "reclaimed once a's mount ended\n{}", a.logs());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     assert!(!mounts.contains("postgres://"), "no URL in /proc/mounts");
+}
+
+/// A POSIX lock wait through the other host survives a kill -9 of its
+/// host's filesystem process: the resent F_SETLKW parks again in the next
+/// generation, whose published locks and waits are what the dead one
+/// published, so the other host's request closing the cycle is still
+/// EDEADLK, and the resent one is granted once that one lets go.
+#[test]
+fn a_lock_wait_resent_after_a_generation_kill_still_closes_its_cycle_into_edeadlk() {
+    let Some(admin) = server("supervised postgres lock cycle") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "cycle");
+    let mut a = Host::start(vol.root.path(), "a");
+    let mut b = Host::start(vol.root.path(), "b");
+    a.mount(&vol.url);
+    b.mount(&vol.url);
+    a.wait_serving(1);
+    b.wait_serving(1);
+    std::fs::write(a.mnt().join("cycle"), b"").unwrap();
+    assert!(wait_until(Duration::from_secs(5), || b
+        .mnt()
+        .join("cycle")
+        .exists()));
+    let count = |table: &str| psql_value(&vol.url, &format!("SELECT count(*) FROM {table}"));
+
+    // Process 0 (on a) holds byte 0 and waits for byte 1, held by process
+    // 1 (on b); the plan pauses there.
+    let control = vol.root.path().join("control");
+    std::fs::create_dir(&control).unwrap();
+    let files = format!(
+        "{},{}",
+        a.mnt().join("cycle").display(),
+        b.mnt().join("cycle").display()
+    );
+    let mut plan = ChildGuard(
+        Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::LOCK_PLAN)
+            .args([&files, "2", "0>1,p,1>0,w1000", "20"])
+            .arg(&control)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3"),
+    );
+    assert!(
+        wait_until(DEADLINE, || control.join("paused").exists()),
+        "the plan never paused"
+    );
+    let published = || (count("locks"), count("lock_waits")) == ("2".into(), "1".into());
+    assert!(
+        wait_until(DEADLINE, published),
+        "before the kill: {} locks, {} waits",
+        count("locks"),
+        count("lock_waits")
+    );
+
+    let pid = a.status()["pid"].as_i64().expect("a serving pid") as i32;
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    a.wait_serving(2);
+    // The new generation republishes what it holds and what parked again.
+    assert!(
+        wait_until(DEADLINE, published),
+        "after the takeover: {} locks, {} waits\n{}",
+        count("locks"),
+        count("lock_waits"),
+        a.logs()
+    );
+    std::fs::write(control.join("resume"), b"").unwrap();
+    let status = plan
+        .wait_timeout(DEADLINE)
+        .expect("the lock plan finishes by its deadline");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut plan.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "lock plan failed: {out}");
+    assert_eq!(
+        out.trim(),
+        "0:early-granted 1:early-EDEADLK",
+        "\n{}",
+        a.logs()
+    );
+    assert!(
+        wait_until(DEADLINE, || count("lock_waits") == "0"),
+        "a wait row outlived its request"
+    );
 }

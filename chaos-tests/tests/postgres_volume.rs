@@ -793,3 +793,69 @@ fn an_acl_changed_on_one_mount_is_enforced_on_the_other_within_the_attribute_ttl
     a.stop();
     b.stop();
 }
+
+/// Runs [`chaos_tests::LOCK_PLAN`] with process i on `files[i % count]`
+/// (a deadline of 5 s per request); its output.
+fn lock_plan(files: &[PathBuf], processes: usize, plan: &str) -> String {
+    let files: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+    let mut child = ChildGuard(
+        Command::new("python3")
+            .arg("-c")
+            .arg(chaos_tests::LOCK_PLAN)
+            .args([&files.join(","), &processes.to_string(), plan, "5"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3"),
+    );
+    let status = child
+        .wait_timeout(DEADLINE)
+        .expect("the lock plan finishes by its deadline");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(status.success(), "lock plan {plan:?} failed: {out}");
+    out.trim().to_string()
+}
+
+/// POSIX lock waits through two mounts (processes 0 and 2 on a, 1 on b,
+/// each holding byte i of one file): a wait closing a cycle through the
+/// other mount is EDEADLK at once, and the other waiters are granted once
+/// the refused one's close releases its byte, all within the plan's
+/// 1000 ms watch (ten retry intervals; the plan's deadline is 5 s); a
+/// chain waits until released; no wait row is left behind.
+#[test]
+fn a_posix_wait_closing_a_cycle_through_another_mount_is_edeadlk_and_the_other_is_granted() {
+    let Some(admin) = server("postgres lock cycles across mounts") else {
+        return;
+    };
+    let vol = PgVolume::format(&admin, "64K");
+    let (a, b) = mount_pair(&vol);
+    fs::write(a.p("cycle"), b"").unwrap();
+    let files = [a.p("cycle"), b.p("cycle")];
+    // 0 (a) holds byte 0 and waits for byte 1, held by 1 (b); 1 asking
+    // for byte 0 closes the cycle.
+    assert_eq!(
+        lock_plan(&files, 2, "0>1,1>0,w1000"),
+        "0:early-granted 1:early-EDEADLK"
+    );
+    // 0 (a) -> 1 (b) -> 2 (a) -> 0: the third request closes it.
+    assert_eq!(
+        lock_plan(&files, 3, "0>1,1>2,2>0,w1000"),
+        "0:early-granted 1:early-granted 2:early-EDEADLK"
+    );
+    // A chain (0 waits for 1, 2 for 0) is no cycle: nothing is answered
+    // until 1 lets go, then 0 and 2 in turn.
+    assert_eq!(
+        lock_plan(&files, 3, "0>1,2>0,w500,r1"),
+        "0:granted 2:granted"
+    );
+    assert!(
+        wait_until(DEADLINE, || psql_value(
+            &vol.url,
+            "SELECT count(*) FROM lock_waits"
+        ) == "0"),
+        "a wait row outlived its request"
+    );
+    a.stop();
+    b.stop();
+}

@@ -29,9 +29,10 @@
 //! (nor are they on Linux). Open file description locks (F_OFD_SETLKW)
 //! reach FUSE as POSIX locks owned by the open file, indistinguishable, so
 //! a cycle among them is refused too (Linux leaves those deadlocked).
-//! Only this mount's waits and locks are in the
-//! graph: a cycle through another mount's lock waits until one of the
-//! callers gives up.
+//! The table's search sees this mount's waits and locks; a cycle
+//! through another mount is found by the registry when the request parks
+//! ([`LockRegistry::park`]: the volume's published locks and waits,
+//! `fs/lock.rs`), which refuses it EDEADLK too.
 //!
 //! Limits: at most [`WAITERS_MAX`] parked requests (ENOLCK past it) and
 //! [`INTERRUPTED_MAX`] remembered early INTERRUPTs. The table lives in the
@@ -277,13 +278,25 @@ pub trait LockRegistry: Send {
     /// Makes `held` this mount's locks of `kind` on `ino` as the other
     /// mounts see them, unless `wanted` conflicts with a lock another mount
     /// holds: then returns that lock and changes nothing.
+    /// `granted`: the parked request (by unique) this grants, whose
+    /// published wait goes with it.
     fn publish(
         &mut self,
         ino: u64,
         kind: LockKind,
         wanted: Option<&HeldLock>,
         held: &[HeldLock],
+        granted: Option<u64>,
     ) -> Result<Option<HeldLock>, Error>;
+
+    /// Publishes that this mount's POSIX request `unique` waits for
+    /// `wanted` on `ino`, unless waiting would close a cycle of owners
+    /// through the other mounts' locks and waits: `Ok(true)`, nothing
+    /// published (answer EDEADLK).
+    fn park(&mut self, ino: u64, unique: u64, wanted: &HeldLock) -> Result<bool, Error>;
+
+    /// Forgets the published waits of `uniques` (interrupted, cancelled).
+    fn unpark(&mut self, uniques: &[u64]) -> Result<(), Error>;
 
     /// A lock another mount holds that conflicts with `wanted` (F_GETLK).
     fn conflict(
@@ -293,9 +306,14 @@ pub trait LockRegistry: Send {
         wanted: &HeldLock,
     ) -> Result<Option<HeldLock>, Error>;
 
-    /// Replaces everything this mount published with `held` (after taking
-    /// over a predecessor's table).
-    fn replace_all(&mut self, held: &[(u64, LockKind, HeldLock)]) -> Result<(), Error>;
+    /// Replaces everything this mount published with `held` and the
+    /// POSIX waits `(unique, ino, wanted)` (after taking over a
+    /// predecessor's table).
+    fn replace_all(
+        &mut self,
+        held: &[(u64, LockKind, HeldLock)],
+        waits: &[(u64, u64, HeldLock)],
+    ) -> Result<(), Error>;
 }
 
 /// The registry of a volume no other mount shares locks with (unit tests,
@@ -309,15 +327,28 @@ impl LockRegistry for NoOtherMounts {
         _: LockKind,
         _: Option<&HeldLock>,
         _: &[HeldLock],
+        _: Option<u64>,
     ) -> Result<Option<HeldLock>, Error> {
         Ok(None)
+    }
+
+    fn park(&mut self, _: u64, _: u64, _: &HeldLock) -> Result<bool, Error> {
+        Ok(false)
+    }
+
+    fn unpark(&mut self, _: &[u64]) -> Result<(), Error> {
+        Ok(())
     }
 
     fn conflict(&mut self, _: u64, _: LockKind, _: &HeldLock) -> Result<Option<HeldLock>, Error> {
         Ok(None)
     }
 
-    fn replace_all(&mut self, _: &[(u64, LockKind, HeldLock)]) -> Result<(), Error> {
+    fn replace_all(
+        &mut self,
+        _: &[(u64, LockKind, HeldLock)],
+        _: &[(u64, u64, HeldLock)],
+    ) -> Result<(), Error> {
         Ok(())
     }
 }
@@ -380,11 +411,20 @@ impl<W> LockTable<W> {
 
     /// Applies `req` here if the other mounts let it: `Ok(Some(lock))` when
     /// another mount's lock blocks it. An unlock always takes effect here;
-    /// if its publish fails it is retried later.
-    fn apply(&mut self, ino: u64, req: &LockRequest) -> Result<Option<HeldLock>, Error> {
+    /// if its publish fails it is retried later. `granted`: the parked
+    /// request `req` is (by unique), whose published wait goes with it.
+    fn apply(
+        &mut self,
+        ino: u64,
+        req: &LockRequest,
+        granted: Option<u64>,
+    ) -> Result<Option<HeldLock>, Error> {
         let new = self.inodes.entry(ino).or_default().applied(req);
         let wanted = wanted(req);
-        match self.registry.publish(ino, req.kind, wanted.as_ref(), &new) {
+        match self
+            .registry
+            .publish(ino, req.kind, wanted.as_ref(), &new, granted)
+        {
             Ok(Some(blocking)) => return Ok(Some(blocking)),
             Ok(None) => {
                 self.unpublished.remove(&(ino, req.kind));
@@ -403,7 +443,7 @@ impl<W> LockTable<W> {
     /// SETLK (`wait == None`) or SETLKW (`wait == Some((unique, waiter))`).
     pub fn set(&mut self, ino: u64, req: LockRequest, wait: Option<(u64, W)>) -> SetOutcome<W> {
         if self.conflict(ino, &req).is_none() {
-            match self.apply(ino, &req) {
+            match self.apply(ino, &req, None) {
                 Ok(None) => {
                     return SetOutcome::Done {
                         granted: self.wake(ino),
@@ -458,6 +498,32 @@ impl<W> LockTable<W> {
                 granted,
             };
         }
+        if let (LockKind::Posix, Some(wanted)) = (req.kind, wanted(&req)) {
+            match self.registry.park(ino, unique, &wanted) {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(
+                        nodeid = ino,
+                        unique,
+                        owner = req.owner,
+                        "lock request would deadlock through another mount"
+                    );
+                    return SetOutcome::Refused {
+                        waiter,
+                        errno: libc::EDEADLK,
+                        granted,
+                    };
+                }
+                // Parked unpublished, a cycle through it could go unseen:
+                // refused as a lock the other mounts cannot check is.
+                Err(error) => {
+                    return SetOutcome::Failed {
+                        waiter: Some(waiter),
+                        error,
+                    }
+                }
+            }
+        }
         self.waiters.push_back(Waiter {
             ino,
             unique,
@@ -496,7 +562,8 @@ impl<W> LockTable<W> {
     /// wait-for graph is a deadlock. The search follows every edge (the
     /// kernel follows only the first blocker of each waiter), so it finds
     /// every cycle this mount can see; an owner blocked only by another
-    /// mount's lock has no edge here (see `fs/lock.rs`).
+    /// mount's lock has no edge here (the registry's search, at park,
+    /// follows those: see `fs/lock.rs`).
     ///
     /// Bounded: each owner is visited once, and at most [`WAITERS_MAX`]
     /// parked requests can lead anywhere.
@@ -529,7 +596,7 @@ impl<W> LockTable<W> {
         else {
             return Vec::new();
         };
-        match self.registry.publish(ino, kind, None, &new) {
+        match self.registry.publish(ino, kind, None, &new, None) {
             Ok(_) => {
                 self.unpublished.remove(&(ino, kind));
             }
@@ -556,7 +623,8 @@ impl<W> LockTable<W> {
     pub fn retry(&mut self) -> Vec<W> {
         if self.republish_all {
             let held = self.held_locks();
-            match self.registry.replace_all(&held) {
+            let waits = self.posix_waits();
+            match self.registry.replace_all(&held, &waits) {
                 Ok(()) => {
                     self.republish_all = false;
                     self.unpublished.clear();
@@ -569,7 +637,7 @@ impl<W> LockTable<W> {
         let unpublished: Vec<(u64, LockKind)> = self.unpublished.iter().copied().collect();
         for (ino, kind) in unpublished {
             let held = self.held(ino, kind);
-            if self.registry.publish(ino, kind, None, &held).is_ok() {
+            if self.registry.publish(ino, kind, None, &held, None).is_ok() {
                 self.unpublished.remove(&(ino, kind));
             }
         }
@@ -579,17 +647,44 @@ impl<W> LockTable<W> {
         inodes.into_iter().flat_map(|ino| self.wake(ino)).collect()
     }
 
-    /// Everything held must be published again (this mount's entry in the
-    /// volume may have been lost, e.g. its session expired).
+    /// Everything held and waiting must be published again (this mount's
+    /// entry in the volume may have been lost, e.g. its session expired,
+    /// or hold what another generation published).
     pub fn republish_all(&mut self) {
         self.republish_all = true;
+    }
+
+    /// The parked POSIX requests as published: `(unique, ino, wanted)`.
+    fn posix_waits(&self) -> Vec<(u64, u64, HeldLock)> {
+        self.waiters
+            .iter()
+            .filter(|w| w.req.kind == LockKind::Posix)
+            .filter_map(|w| wanted(&w.req).map(|l| (w.unique, w.ino, l)))
+            .collect()
+    }
+
+    /// Withdraws the published waits of parked requests leaving the table
+    /// without a grant; if that fails, the next retry republishes
+    /// everything (a stale wait could make a later request EDEADLK).
+    fn unpark(&mut self, uniques: &[u64]) {
+        if uniques.is_empty() {
+            return;
+        }
+        if let Err(err) = self.registry.unpark(uniques) {
+            tracing::warn!(%err, "lock waits not yet withdrawn from the volume's other mounts; retrying");
+            self.republish_all = true;
+        }
     }
 
     /// INTERRUPT of `unique`: the parked request, to answer EINTR. If it is
     /// not parked (yet), remember the unique so a later park is refused.
     pub fn interrupt(&mut self, unique: u64) -> Option<W> {
         if let Some(pos) = self.waiters.iter().position(|w| w.unique == unique) {
-            return self.waiters.remove(pos).map(|w| w.waiter);
+            let w = self.waiters.remove(pos)?;
+            if w.req.kind == LockKind::Posix {
+                self.unpark(&[w.unique]);
+            }
+            return Some(w.waiter);
         }
         if self.interrupted.len() >= INTERRUPTED_MAX {
             self.interrupted.pop_front();
@@ -598,8 +693,12 @@ impl<W> LockTable<W> {
         None
     }
 
-    /// Takes every parked request (shutdown: answer them EINTR).
+    /// Takes every parked request (shutdown: answer them EINTR), and
+    /// withdraws their published waits (fenced, nothing is withdrawn: a
+    /// handover's successor owns them).
     pub fn drain_waiters(&mut self) -> Vec<W> {
+        let uniques: Vec<u64> = self.posix_waits().iter().map(|w| w.0).collect();
+        self.unpark(&uniques);
         self.waiters.drain(..).map(|w| w.waiter).collect()
     }
 
@@ -668,7 +767,8 @@ impl<W> LockTable<W> {
                 && self.conflict(ino, &w.req).is_none()
             {
                 let (unique, req) = (w.unique, w.req);
-                match self.apply(ino, &req) {
+                let key = (req.kind == LockKind::Posix).then_some(unique);
+                match self.apply(ino, &req, key) {
                     Ok(None) => {
                         if let Some(w) = self.waiters.remove(index) {
                             granted.push(w.waiter);
@@ -927,6 +1027,10 @@ mod tests {
         locks: std::sync::Arc<std::sync::Mutex<Vec<HeldLock>>>,
         down: std::sync::Arc<std::sync::atomic::AtomicBool>,
         published: std::sync::Arc<std::sync::Mutex<Vec<HeldLock>>>,
+        /// This mount's published waits: (unique, ino, wanted).
+        waits: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64, HeldLock)>>>,
+        /// Every park closes a cycle through the other mounts.
+        deadlock: std::sync::Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl OtherMount {
@@ -945,6 +1049,7 @@ mod tests {
             _: LockKind,
             wanted: Option<&HeldLock>,
             held: &[HeldLock],
+            granted: Option<u64>,
         ) -> Result<Option<HeldLock>, Error> {
             self.check()?;
             if let Some(w) = wanted {
@@ -957,7 +1062,28 @@ mod tests {
                 }
             }
             *self.published.lock().unwrap() = held.to_vec();
+            if let Some(unique) = granted {
+                self.waits.lock().unwrap().retain(|w| w.0 != unique);
+            }
             Ok(None)
+        }
+
+        fn park(&mut self, ino: u64, unique: u64, wanted: &HeldLock) -> Result<bool, Error> {
+            self.check()?;
+            if self.deadlock.load(std::sync::atomic::Ordering::Relaxed) {
+                return Ok(true);
+            }
+            self.waits.lock().unwrap().push((unique, ino, *wanted));
+            Ok(false)
+        }
+
+        fn unpark(&mut self, uniques: &[u64]) -> Result<(), Error> {
+            self.check()?;
+            self.waits
+                .lock()
+                .unwrap()
+                .retain(|w| !uniques.contains(&w.0));
+            Ok(())
         }
 
         fn conflict(
@@ -968,12 +1094,17 @@ mod tests {
         ) -> Result<Option<HeldLock>, Error> {
             let mut probe = self.clone();
             probe.published = Default::default();
-            probe.publish(ino, kind, Some(w), &[])
+            probe.publish(ino, kind, Some(w), &[], None)
         }
 
-        fn replace_all(&mut self, held: &[(u64, LockKind, HeldLock)]) -> Result<(), Error> {
+        fn replace_all(
+            &mut self,
+            held: &[(u64, LockKind, HeldLock)],
+            waits: &[(u64, u64, HeldLock)],
+        ) -> Result<(), Error> {
             self.check()?;
             *self.published.lock().unwrap() = held.iter().map(|h| h.2).collect();
+            *self.waits.lock().unwrap() = waits.to_vec();
             Ok(())
         }
     }
@@ -1073,6 +1204,79 @@ mod tests {
         t.retry();
         assert_eq!(*other.published.lock().unwrap(), vec![lock]);
         assert!(!t.needs_retry());
+    }
+
+    /// An exclusive lock of another mount on all of every inode.
+    fn held_elsewhere(other: &OtherMount) {
+        other.locks.lock().unwrap().push(HeldLock {
+            owner: 99,
+            start: 0,
+            end: OFFSET_MAX,
+            typ: Write,
+            pid: 1234,
+        });
+    }
+
+    #[test]
+    fn a_posix_wait_closing_a_cycle_through_other_mounts_is_edeadlk_and_publishes_no_wait() {
+        let other = OtherMount::default();
+        let mut t = LockTable::<u32>::default();
+        t.set_registry(Box::new(other.clone()));
+        held_elsewhere(&other);
+        other
+            .deadlock
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            errno(t.set(7, posix(1, 0, 0, Some(Write)), Some((10, 1)))),
+            libc::EDEADLK
+        );
+        // Non-blocking: EAGAIN, never EDEADLK; flock waits are not checked.
+        assert!(matches!(
+            t.set(7, posix(1, 0, 0, Some(Write)), None),
+            SetOutcome::WouldBlock { .. }
+        ));
+        parks(t.set(7, flock(1, Some(Write)), Some((11, 2))));
+        assert!(other.waits.lock().unwrap().is_empty());
+        assert_eq!(t.waiter_count(), 1);
+    }
+
+    #[test]
+    fn published_waits_follow_the_parked_posix_requests() {
+        let other = OtherMount::default();
+        let mut t = LockTable::<u32>::default();
+        t.set_registry(Box::new(other.clone()));
+        held_elsewhere(&other);
+        parks(t.set(7, posix(1, 0, 0, Some(Write)), Some((10, 1))));
+        parks(t.set(7, posix(2, 5, 5, Some(Read)), Some((20, 2))));
+        parks(t.set(8, posix(3, 0, 0, Some(Write)), Some((30, 3))));
+        let keys = |o: &OtherMount| -> Vec<u64> {
+            let mut k: Vec<u64> = o.waits.lock().unwrap().iter().map(|w| w.0).collect();
+            k.sort_unstable();
+            k
+        };
+        assert_eq!(keys(&other), vec![10, 20, 30]);
+        assert_eq!(t.interrupt(20), Some(2));
+        assert_eq!(keys(&other), vec![10, 30]);
+        // A grant withdraws the wait in its publish.
+        other.locks.lock().unwrap().clear();
+        assert_eq!(t.retry(), vec![1, 3]);
+        assert!(keys(&other).is_empty());
+        // Republished as a whole (a takeover): the parked ones again.
+        held_elsewhere(&other);
+        parks(t.set(7, posix(4, 0, 0, Some(Write)), Some((40, 4))));
+        other.waits.lock().unwrap().clear();
+        t.republish_all();
+        t.retry();
+        assert_eq!(keys(&other), vec![40]);
+        // A withdrawal that fails is made by the next republish.
+        other.down.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(t.drain_waiters(), vec![4]);
+        other
+            .down
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        assert!(t.needs_retry());
+        t.retry();
+        assert!(keys(&other).is_empty());
     }
 
     fn errno(outcome: SetOutcome<u32>) -> i32 {

@@ -22,9 +22,10 @@ use crate::record::Recorded;
 use crate::sql::Db;
 use crate::store::MetaStore;
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
-    QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
-    ShareBlocks, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, LockWait,
+    ObjectRef, Parked, Quota, QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo,
+    SessionRecord, SetAttr, ShareBlocks, StatFs, Timespec, TruncatedBlocks, Unlinked, VolumeRecord,
+    XattrFlags,
 };
 use crate::ROOT_INO;
 
@@ -622,13 +623,41 @@ impl<E: Engine> MetaStore for E {
         space: LockSpace,
         wanted: Option<&RangeLock>,
         held: &[RangeLock],
+        granted: Option<u64>,
     ) -> Result<Option<RangeLock>> {
         self.write(
             "publish locks",
             None,
-            |c| locks::publish(c, session, ino, space, wanted, held),
+            |c| locks::publish(c, session, ino, space, wanted, held, granted),
             |_| Recorded::Unit,
         )
+    }
+
+    fn park_lock(&self, session: u64, wait: &LockWait) -> Result<Parked> {
+        self.write(
+            "park lock",
+            None,
+            |c| locks::park(c, session, wait),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn unpark_locks(&self, session: u64, keys: &[u64]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.write(
+            "unpark locks",
+            None,
+            |c| locks::unpark(c, session, keys),
+            |_| Recorded::Unit,
+        )
+    }
+
+    fn session_lock_waits(&self, session: u64) -> Result<Vec<LockWait>> {
+        self.read("session lock waits", |c| {
+            locks::waits_of_session(c, session)
+        })
     }
 
     fn conflicting_lock(
@@ -647,11 +676,12 @@ impl<E: Engine> MetaStore for E {
         &self,
         session: u64,
         held: &[(u64, LockSpace, RangeLock)],
+        waits: &[LockWait],
     ) -> Result<()> {
         self.write(
             "replace session locks",
             None,
-            |c| locks::replace_all(c, session, held),
+            |c| locks::replace_all(c, session, held, waits),
             |_| Recorded::Unit,
         )
     }

@@ -64,3 +64,9 @@ pub const WAL_CHECKPOINT_INLINE_PAGES: i32 = 4 * WAL_CHECKPOINT_PAGES;
 /// rename moves each one's usage in its transaction; past this it is
 /// refused with `EXDEV` (`mv` then copies and deletes).
 pub const QUOTA_MOVE_INODES_MAX: u64 = 10_000;
+/// Most lock owners (session, owner) the cycle search of a parked POSIX
+/// lock request visits ([`crate::MetaStore::park_lock`]); past it the
+/// request parks unchecked (logged): a missed deadlock waits until one of
+/// its callers gives up, as before the search existed, but nothing is
+/// refused on a guess.
+pub const LOCK_WAIT_SEARCH_OWNERS_MAX: u32 = 1024;

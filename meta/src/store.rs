@@ -23,9 +23,10 @@ use std::time::SystemTime;
 
 use crate::error::{MetaError, Result};
 use crate::types::{
-    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, ObjectRef, Quota,
-    QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo, SessionRecord, SetAttr,
-    ShareBlocks, StatFs, TruncatedBlocks, Unlinked, VolumeRecord, XattrFlags,
+    Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, LockWait,
+    ObjectRef, Parked, Quota, QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo,
+    SessionRecord, SetAttr, ShareBlocks, StatFs, TruncatedBlocks, Unlinked, VolumeRecord,
+    XattrFlags,
 };
 
 /// The metadata operations of a Baton volume. Implementations are shared by
@@ -359,7 +360,8 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     fn close_session(&self, session: u64) -> Result<Vec<u64>>;
 
     /// Deletes every session whose heartbeat is older than `max_age` (by
-    /// the store's clock), with its holds; returns their ids. Orphans they
+    /// the store's clock), with its holds, locks and lock waits; returns
+    /// their ids. Orphans they
     /// held alone are then in [`MetaStore::unheld_orphans`].
     fn expire_sessions(&self, max_age: std::time::Duration) -> Result<Vec<u64>>;
 
@@ -404,7 +406,9 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
 
     /// Replaces `session`'s locks of `space` on `ino` with `held`, unless
     /// `wanted` conflicts with a lock another session holds there: then
-    /// returns that lock and changes nothing. One transaction.
+    /// returns that lock and changes nothing. `granted`: the key of the
+    /// parked request ([`MetaStore::park_lock`]) this grants, whose wait
+    /// is forgotten with it. One transaction.
     fn publish_locks(
         &self,
         session: u64,
@@ -412,7 +416,24 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         space: LockSpace,
         wanted: Option<&RangeLock>,
         held: &[RangeLock],
+        granted: Option<u64>,
     ) -> Result<Option<RangeLock>>;
+
+    /// Records that `session` parked the POSIX request `wait`, unless it
+    /// would close a cycle of lock owners (across sessions: `(session,
+    /// owner)`) each waiting for a lock the next holds: then records
+    /// nothing and says [`Parked::WouldDeadlock`]. The search and the
+    /// record are one transaction, over every session's held locks and
+    /// parked requests, bounded by
+    /// [`crate::limits::LOCK_WAIT_SEARCH_OWNERS_MAX`] owners. A row of the
+    /// same key is replaced.
+    fn park_lock(&self, session: u64, wait: &LockWait) -> Result<Parked>;
+
+    /// Forgets `session`'s parked requests `keys` (interrupted, cancelled).
+    fn unpark_locks(&self, session: u64, keys: &[u64]) -> Result<()>;
+
+    /// Every parked request `session` publishes, by key (tests, status).
+    fn session_lock_waits(&self, session: u64) -> Result<Vec<LockWait>>;
 
     /// A lock another session holds on `ino` that conflicts with `wanted`.
     fn conflicting_lock(
@@ -423,12 +444,14 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
         wanted: &RangeLock,
     ) -> Result<Option<RangeLock>>;
 
-    /// Replaces every lock `session` publishes with `held` (a generation
-    /// taking over a connection states what it holds).
+    /// Replaces every lock `session` publishes with `held` and every
+    /// parked request with `waits` (a generation taking over a connection
+    /// states what it holds and what waits), in one transaction.
     fn replace_session_locks(
         &self,
         session: u64,
         held: &[(u64, LockSpace, RangeLock)],
+        waits: &[LockWait],
     ) -> Result<()>;
 
     /// Every lock `session` publishes, by inode (tests, status).

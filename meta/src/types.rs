@@ -598,6 +598,30 @@ pub struct RangeLock {
     pub pid: u32,
 }
 
+/// A POSIX lock request a mount has parked (F_SETLKW), as the volume's
+/// other mounts see it: the wait its owner is in, for the cycle search
+/// across sessions ([`crate::MetaStore::park_lock`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockWait {
+    /// The request on its mount (the FUSE unique without the resend bit,
+    /// so a request resent to a later generation keeps its row).
+    pub key: u64,
+    /// The inode whose lock is wanted.
+    pub ino: u64,
+    /// The lock wanted, by its owner.
+    pub lock: RangeLock,
+}
+
+/// What [`crate::MetaStore::park_lock`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parked {
+    /// Recorded: the request waits.
+    Waiting,
+    /// Not recorded: waiting would close a cycle of owners each waiting
+    /// for a lock the next one holds (answer EDEADLK).
+    WouldDeadlock,
+}
+
 impl RangeLock {
     /// Whether `self` and `other` cannot both be held (by different
     /// mounts): they overlap and one of them is exclusive.

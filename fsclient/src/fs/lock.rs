@@ -16,14 +16,27 @@
 //! released on another host is seen here within one retry interval.
 //!
 //! A POSIX SETLKW that would close a cycle of waiting owners is answered
-//! EDEADLK ([`crate::locks::LockTable`]), but only cycles among this
-//! mount's owners are seen: the volume's lock rows record held locks, not
-//! waits, so a cycle through another host (A here waits for B's lock
-//! there, B waits for A's) is not detected, and both wait until one is
-//! interrupted. Detecting it would need every session's parked requests
-//! published as rows too (owner, session, inode, range, type), removed when
-//! granted, interrupted or expired with the session, and the cycle search
-//! run over them in the transaction that parks.
+//! EDEADLK. Among this mount's owners the table sees it
+//! ([`crate::locks::LockTable`]); through other hosts the volume does: on
+//! a shared volume every parked POSIX request is published as a row
+//! (session, unique, owner, inode, range, type; `MetaStore::park_lock`),
+//! and the transaction that records it first searches the wait-for graph
+//! of every session's held locks and parked requests, owners being
+//! (session, lock owner): if the requester is reachable from the owners
+//! of the locks blocking it, nothing is recorded and the request gets
+//! EDEADLK. Two requests closing one cycle from two hosts at once cannot
+//! both miss each other (SERIALIZABLE: the later one sees the earlier's
+//! row, or conflicts and is retried), so one of them is refused. A row
+//! goes in the transaction that grants its request, when it is
+//! interrupted or cancelled, and with the session (close, expiry). Cost
+//! on PostgreSQL: a request that parks takes one more write transaction
+//! (the search is one recursive statement, bounded by
+//! `baton_meta::limits::LOCK_WAIT_SEARCH_OWNERS_MAX` owners: past it the
+//! request parks unchecked, logged); the grant of a parked POSIX request
+//! one more statement in its publish; an interrupt one transaction. A
+//! request granted or refused at once costs nothing more. flock and
+//! non-blocking requests are never checked. If the store cannot record
+//! the wait, the request is refused ENOLCK, as a lock it cannot check is.
 //!
 //! Across a generation's death the graph is rebuilt as the requests come
 //! back: the held locks from the dead one's file, its parked requests by
@@ -31,12 +44,19 @@
 //! cycle closed in the new generation is refused as in the old; were a
 //! new request to reach the table before a resent one it waits for, the
 //! resent one would be refused instead (one request of the cycle is
-//! refused either way, never both, never none).
+//! refused either way, never both, never none). The session's rows follow
+//! the same path: a resent request parks again under the same unique
+//! (the resend bit aside), replacing its row, and the new generation
+//! republishes the session's locks and waits as a whole
+//! (`replace_session_locks`) once it has taken over, which drops the rows
+//! of requests that did not come back. A planned upgrade's successor does
+//! the same with the journaled requests, and a rolled-back one publishes
+//! its own table again when it resumes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton_meta::{LockSpace, MetaStore, RangeLock};
+use baton_meta::{LockSpace, LockWait, MetaStore, Parked, RangeLock};
 use fuse_wire::reply::ReplyEmpty;
 use fuse_wire::{Errno, FileLock, LkFlags, LkIn, LockOwner, Request};
 
@@ -79,6 +99,14 @@ fn range(l: &HeldLock) -> RangeLock {
     }
 }
 
+fn wait(unique: u64, ino: u64, wanted: &HeldLock) -> LockWait {
+    LockWait {
+        key: unique,
+        ino,
+        lock: range(wanted),
+    }
+}
+
 fn held(l: &RangeLock) -> HeldLock {
     HeldLock {
         owner: l.owner,
@@ -100,13 +128,31 @@ impl LockRegistry for VolumeLocks {
         kind: LockKind,
         wanted: Option<&HeldLock>,
         locks: &[HeldLock],
+        granted: Option<u64>,
     ) -> Result<Option<HeldLock>> {
         let wanted = wanted.map(range);
         let locks: Vec<RangeLock> = locks.iter().map(range).collect();
-        let blocking =
-            self.meta
-                .publish_locks(self.session, ino, space(kind), wanted.as_ref(), &locks)?;
+        let blocking = self.meta.publish_locks(
+            self.session,
+            ino,
+            space(kind),
+            wanted.as_ref(),
+            &locks,
+            granted,
+        )?;
         Ok(blocking.as_ref().map(held))
+    }
+
+    fn park(&mut self, ino: u64, unique: u64, wanted: &HeldLock) -> Result<bool> {
+        let parked = self
+            .meta
+            .park_lock(self.session, &wait(unique, ino, wanted))?;
+        Ok(parked == Parked::WouldDeadlock)
+    }
+
+    fn unpark(&mut self, uniques: &[u64]) -> Result<()> {
+        self.meta.unpark_locks(self.session, uniques)?;
+        Ok(())
     }
 
     fn conflict(
@@ -121,12 +167,21 @@ impl LockRegistry for VolumeLocks {
         Ok(found.as_ref().map(held))
     }
 
-    fn replace_all(&mut self, locks: &[(u64, LockKind, HeldLock)]) -> Result<()> {
+    fn replace_all(
+        &mut self,
+        locks: &[(u64, LockKind, HeldLock)],
+        waits: &[(u64, u64, HeldLock)],
+    ) -> Result<()> {
         let rows: Vec<(u64, LockSpace, RangeLock)> = locks
             .iter()
             .map(|(ino, kind, l)| (*ino, space(*kind), range(l)))
             .collect();
-        self.meta.replace_session_locks(self.session, &rows)?;
+        let waits: Vec<LockWait> = waits
+            .iter()
+            .map(|(unique, ino, l)| wait(*unique, *ino, l))
+            .collect();
+        self.meta
+            .replace_session_locks(self.session, &rows, &waits)?;
         Ok(())
     }
 }

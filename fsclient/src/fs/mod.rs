@@ -377,6 +377,9 @@ impl BatonFs {
     pub fn unfence(&self) {
         self.meta.unfence();
         self.fenced.store(false, Ordering::SeqCst);
+        // The successor may have republished the session's locks and
+        // waits as it saw them: ours again.
+        self.republish_locks();
     }
 
     /// Handles, next handle number and open orphans, for a handover.
@@ -418,7 +421,10 @@ impl BatonFs {
             return;
         };
         match file.read(self.connection_identity()) {
-            Ok(held) if held.is_empty() => {}
+            // Nothing held, but the dead one may have published waits
+            // that will not come back (a request interrupted meanwhile):
+            // the session's rows become what this table holds and parks.
+            Ok(held) if held.is_empty() => self.republish_locks(),
             Ok(held) => {
                 tracing::info!(locks = held.len(), file = %file.path().display(), "held locks restored after a crash");
                 self.import_locks(&held);

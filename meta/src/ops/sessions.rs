@@ -75,7 +75,9 @@ pub(crate) fn close<C: Db>(c: &C, id: u64) -> Result<Vec<u64>> {
 }
 
 /// Deletes every session whose heartbeat is before `cutoff_ms`, with its
-/// holds; returns their ids.
+/// holds, its locks and its parked lock requests (`ON DELETE CASCADE`:
+/// a dead host's waits must not make a living one's request EDEADLK);
+/// returns their ids.
 pub(crate) fn expire<C: Db>(c: &C, max_age_ms: i64) -> Result<Vec<u64>> {
     let cutoff = c.now_ms()?.saturating_sub(max_age_ms);
     let ids: Vec<i64> = c

@@ -166,6 +166,23 @@ CREATE TABLE reservations (
     // 8: a small file's block kept in its row (metadata format 3,
     // `BlockRef::inline`).
     "ALTER TABLE blocks ADD COLUMN inline_data BYTEA;",
+    // 9: the POSIX lock requests each session has parked (SETLKW), so
+    // that a wait closing a cycle through other hosts is refused EDEADLK
+    // (`locks.rs`).
+    "
+CREATE TABLE lock_waits (
+    session BIGINT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    wait_key BIGINT NOT NULL,
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    owner BIGINT NOT NULL,
+    start_byte BIGINT NOT NULL,
+    end_byte BIGINT NOT NULL,
+    exclusive BIGINT NOT NULL,
+    pid BIGINT NOT NULL,
+    PRIMARY KEY (session, wait_key)
+);
+CREATE INDEX lock_waits_by_owner ON lock_waits(session, owner);
+",
 ];
 
 /// The schema version this build creates and understands.

@@ -38,6 +38,11 @@
 //!        -- the inodes each quota counts; both added in place by `open`
 //! reservations(ino -> inodes, idx, len, PRIMARY KEY(ino, idx))
 //!        -- fallocate's reserved holes (ops/reserve.rs); added by `open`
+//! locks(session -> sessions, ino -> inodes, space, owner, start_byte,
+//!        end_byte, exclusive, pid)              -- held (ops/locks.rs)
+//! lock_waits(session -> sessions, wait_key, ino -> inodes, owner,
+//!        start_byte, end_byte, exclusive, pid, PRIMARY KEY(session, wait_key))
+//!        -- parked POSIX requests (ops/locks.rs); both added by `open`
 //! ```
 //! u64 values (request keys) are stored bit-cast to i64.
 
@@ -169,6 +174,25 @@ CREATE TABLE IF NOT EXISTS locks (
 CREATE INDEX IF NOT EXISTS locks_by_ino ON locks(ino, space);
 ";
 
+/// The POSIX lock requests each session has parked (`ops/locks.rs`: the
+/// cycle search across sessions); additive, added at open. A build from
+/// before it publishes no waits, so its cycles through other sessions go
+/// unseen, as they did.
+pub(crate) const LOCK_WAITS_DDL: &str = "
+CREATE TABLE IF NOT EXISTS lock_waits (
+    session INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+    wait_key INTEGER NOT NULL,
+    ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    owner INTEGER NOT NULL,
+    start_byte INTEGER NOT NULL,
+    end_byte INTEGER NOT NULL,
+    exclusive INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    PRIMARY KEY (session, wait_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS lock_waits_by_owner ON lock_waits(session, owner);
+";
+
 /// Space fallocate reserved over holes (`ops/reserve.rs`); `IF NOT
 /// EXISTS`, added at open (additive to format v1). A build from before it
 /// ignores it: its statfs and quotas then count only blocks and sizes
@@ -219,6 +243,7 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     conn.execute_batch(QUOTAS_DDL)?;
     conn.execute_batch(RESERVATIONS_DDL)?;
+    conn.execute_batch(LOCK_WAITS_DDL)?;
     ensure_inline_column(conn)
 }
 
@@ -249,6 +274,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     tx.execute_batch(QUOTAS_DDL)?;
     tx.execute_batch(RESERVATIONS_DDL)?;
+    tx.execute_batch(LOCK_WAITS_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)
