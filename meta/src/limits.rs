@@ -23,9 +23,6 @@ pub const READDIR_ENTRIES_MAX: u32 = 4096;
 pub const BLOCKS_QUERY_COUNT_MAX: u32 = 65536;
 /// Most rows (written plus punched) one `commit_blocks` call may change.
 pub const COMMIT_BLOCKS_ROWS_MAX: usize = 65536;
-/// Most blocks one fallocate may reserve (`reserve.rs`): 64 GiB of 64 KiB
-/// blocks, 4 TiB of 4 MiB ones; a longer range is refused (EFBIG).
-pub const RESERVE_BLOCK_COUNT_MAX: u64 = 1 << 20;
 /// Smallest block size accepted by `format`.
 pub const BLOCK_SIZE_BYTES_MIN: u32 = 512;
 /// Largest block size accepted by `format`.
