@@ -24,8 +24,8 @@
 //! Invariants: the runs of a file are disjoint, and no index of a file has
 //! both a block row and a reservation (a commit ends the reservation of
 //! every index it writes). A volume of a build from before the runs had a
-//! `reservations` row per block: opening it converts them
-//! ([`crate::sqlite`]'s additive schema, PostgreSQL migration 8).
+//! `reservations` row per block: opening it converts them (SQLite's
+//! additive schema step in `sqlite/schema.rs`, PostgreSQL migration 8).
 
 use crate::sql::{params, Db, Dialect, OptionalExtension, Stmt};
 
