@@ -193,16 +193,22 @@ fn convert_block_reservations(conn: &Connection) -> Result<()> {
         [],
         |r| r.get(0),
     )?;
-    if exists {
-        conn.execute_batch(
-            "BEGIN IMMEDIATE;
-             INSERT OR IGNORE INTO reserved_ranges (ino, idx, end_idx, last_len)
+    // Read first: an open with nothing to convert takes no write lock.
+    let rows = exists
+        && conn.query_row("SELECT EXISTS (SELECT 1 FROM reservations)", [], |r| {
+            r.get::<_, bool>(0)
+        })?;
+    if rows {
+        // Rolled back on drop if a statement fails.
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO reserved_ranges (ino, idx, end_idx, last_len)
                  SELECT o.ino, o.idx, o.idx + 1, o.len FROM reservations o
                  WHERE NOT EXISTS (SELECT 1 FROM reserved_ranges r
                                    WHERE r.ino = o.ino AND r.idx <= o.idx AND r.end_idx > o.idx);
-             DELETE FROM reservations;
-             COMMIT;",
+             DELETE FROM reservations;",
         )?;
+        tx.commit()?;
     }
     Ok(())
 }
