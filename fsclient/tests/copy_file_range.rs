@@ -3,7 +3,8 @@
 //! source's objects, no byte is copied), everything else is copied as
 //! bytes; a write to either side afterwards changes only that side; the
 //! source's unlink and reclaim, fsck and gc keep what the destination
-//! names; a copy between two volumes is a byte copy the kernel does itself.
+//! names; a copy between two volumes is a byte copy the kernel does itself;
+//! a user's copy (and write) clears set-ID bits as on ext4 beside it.
 //! Each test mounts its own volume with the real `fsclient` binary and
 //! calls copy_file_range on it directly. Needs root and /dev/fuse.
 
@@ -12,10 +13,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
-use std::time::{Duration, SystemTime};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime};
 
 use baton_volume::CheckedVolume;
 use common::*;
@@ -335,4 +337,128 @@ fn a_copy_into_a_quota_is_refused_past_its_limit_and_counted_within_it() {
     drop(meta);
     m.stop();
     assert_fsck_clean(&vol);
+}
+
+/// How [`as_user`]'s child writes to the destination.
+#[derive(Clone, Copy, Debug)]
+enum How {
+    Copy,
+    Write,
+}
+
+/// `len` bytes from `src` at `off_in` to `dst` at `off_out`, by
+/// copy_file_range or by pwrite(2) of the bytes read first (both files
+/// opened here, as root), in a child that first becomes uid and gid 65534
+/// without supplementary groups (unless `root`): the credentials the
+/// kernel and the filesystem see at the write, as in a user's own copy.
+/// Ok(()) once every byte is written, or the errno (255: a short one).
+fn as_user(
+    root: bool,
+    how: How,
+    (src, off_in): (&Path, u64),
+    (dst, off_out): (&Path, u64),
+    len: usize,
+) -> Result<(), i32> {
+    let src = File::open(src).unwrap();
+    let mut bytes = vec![0u8; len];
+    src.read_exact_at(&mut bytes, off_in).unwrap();
+    let dst = OpenOptions::new().write(true).open(dst).unwrap();
+    let nobody: libc::c_long = 65534;
+    // SAFETY: the child makes raw system calls only, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        // SAFETY: raw system calls on fds and memory this process holds.
+        unsafe {
+            let dropped = root
+                || (libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) == 0
+                    && libc::syscall(libc::SYS_setresgid, nobody, nobody, nobody) == 0
+                    && libc::syscall(libc::SYS_setresuid, nobody, nobody, nobody) == 0);
+            if !dropped {
+                libc::_exit(254);
+            }
+            let (mut off_in, mut off_out) = (off_in as i64, off_out as i64);
+            let n = match how {
+                How::Copy => libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut off_in,
+                    dst.as_raw_fd(),
+                    &mut off_out,
+                    len,
+                    0,
+                ),
+                How::Write => libc::pwrite(dst.as_raw_fd(), bytes.as_ptr().cast(), len, off_out),
+            };
+            libc::_exit(match n {
+                n if n < 0 => *libc::__errno_location(),
+                n if n as usize == len => 0,
+                _ => 255,
+            });
+        }
+    }
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut status = 0;
+        // SAFETY: our own child.
+        if unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == pid {
+            assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+            return match libc::WEXITSTATUS(status) {
+                0 => Ok(()),
+                e => Err(e),
+            };
+        }
+        if Instant::now() > deadline {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the child did not finish in time");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A copy by a user without CAP_FSETID clears the destination's set-ID
+/// bits as a write does, on both of Baton's paths (shared blocks, copied
+/// bytes), and exactly as ext4 beside it clears them for the same copy and
+/// the same write: set-user-ID always, set-group-ID with group execute or
+/// when the writer is not in the file's group; root keeps both.
+#[test]
+fn a_copy_by_a_user_clears_set_id_bits_as_a_write_and_ext4_do() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    // The reference: ext4 (or whatever holds cargo's target dir) beside it.
+    let reference = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let data = pattern(4 * BS, 21);
+    for dir in [reference.path(), &m.mnt] {
+        fs::write(dir.join("src"), &data).unwrap();
+        fs::write(dir.join("dst"), vec![0u8; 4 * BS]).unwrap();
+    }
+    let (whole, bytes) = ((0, 0, 2 * BS), (10, 20, 1000));
+    // (what, how, mode, by root, the file's group, range, mode after)
+    #[rustfmt::skip]
+    let cases = [
+        ("shared whole blocks", How::Copy, 0o6777, false, 0, whole, 0o777),
+        ("copied bytes", How::Copy, 0o6777, false, 0, bytes, 0o777),
+        ("no group execute", How::Copy, 0o6767, false, 0, whole, 0o767),
+        ("no group execute, writer's group", How::Copy, 0o6767, false, 65534, whole, 0o2767),
+        ("root's copy", How::Copy, 0o6777, true, 0, whole, 0o6777),
+        ("a write", How::Write, 0o6777, false, 0, bytes, 0o777),
+        ("a write, no group execute", How::Write, 0o6767, false, 0, bytes, 0o767),
+        ("a write, no group execute, writer's group", How::Write, 0o6767, false, 65534, bytes, 0o2767),
+    ];
+    for (what, how, mode, root, gid, (off_in, off_out, len), want) in cases {
+        let mut modes = Vec::new();
+        for dir in [reference.path(), &m.mnt] {
+            let dst = dir.join("dst");
+            std::os::unix::fs::chown(&dst, Some(0), Some(gid)).unwrap();
+            fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).unwrap();
+            let src = (dir.join("src"), off_in);
+            let done = as_user(root, how, (&src.0, src.1), (&dst, off_out), len);
+            assert_eq!(done, Ok(()), "{what} in {}", dir.display());
+            modes.push(fs::metadata(&dst).unwrap().mode() & 0o7777);
+        }
+        assert_eq!(modes[0], want, "{what} on the reference ({how:?})");
+        assert_eq!(modes[1], want, "{what} on Baton ({how:?})");
+        assert!(fs::read(m.p("dst")).unwrap() == fs::read(reference.path().join("dst")).unwrap());
+    }
+    m.stop();
 }

@@ -254,3 +254,119 @@ fn fallocate_cli_matches_a_local_filesystem() {
     }
     m.stop();
 }
+
+/// The volume's metadata, opened beside the mount (as `fsctl quota` does).
+fn meta(vol: &Volume) -> Box<dyn baton_meta::MetaStore> {
+    baton_meta::open(s(&vol.meta_path())).unwrap()
+}
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn zero_range_reserves_its_holes_in_the_quota_and_in_df() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let q = m.p("q");
+    fs::create_dir(&q).unwrap();
+    let q_ino = fs::metadata(&q).unwrap().ino();
+    meta(&vol).set_quota(q_ino, Some(16 * MIB), None).unwrap();
+    let quota_used = || meta(&vol).quota(q_ino).unwrap().unwrap().used.bytes;
+    let base = df_used_bytes(&m.mnt);
+    let reserved_or_written = || df_used_bytes(&m.mnt) - base;
+
+    let f = open_direct(&q.join("z"));
+    let chunk = vec![3u8; MIB as usize];
+    for i in 0..4 {
+        f.write_all_at(&chunk, i * MIB).unwrap();
+    }
+    f.sync_all().unwrap();
+    assert_eq!(reserved_or_written(), 4 * MIB);
+    // Over the data and 4 MiB past it: zeros, the size grows, and every
+    // block of the range is reserved (the punched ones too).
+    fallocate(&f, ZERO, 0, 8 * MIB).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 8 * MIB);
+    assert!(read_all(&f).iter().all(|b| *b == 0));
+    assert_eq!(reserved_or_written(), 8 * MIB, "df shows the reservation");
+    // KEEP_SIZE past the end: reserved, and counted by the quota.
+    fallocate(&f, ZERO | KEEP_SIZE, 8 * MIB, 6 * MIB).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 8 * MIB);
+    assert_eq!(reserved_or_written(), 14 * MIB);
+    assert_eq!(quota_used(), 14 * MIB);
+    assert_eq!(df_used_bytes(&q), 14 * MIB, "df on the quota shows it");
+
+    // 3 MiB elsewhere do not fit in the 2 MiB left...
+    let other = open_direct(&q.join("other"));
+    let refused = (0..3).try_for_each(|i| other.write_all_at(&chunk, i * MIB));
+    let refused = refused.expect_err("past the quota").raw_os_error();
+    assert_eq!(refused, Some(libc::EDQUOT));
+    drop(other);
+    fs::remove_file(q.join("other")).unwrap();
+    assert!(wait_until(DEADLINE, || quota_used() == 14 * MIB));
+    // ...and writes into the zeroed range are never refused; the blocks
+    // count instead of the reservations.
+    for i in 0..14 {
+        f.write_all_at(&chunk, i * MIB).unwrap();
+    }
+    f.sync_all().unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 14 * MIB);
+    assert_eq!(quota_used(), 14 * MIB);
+    assert_eq!(reserved_or_written(), 14 * MIB);
+    assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
+    drop(f);
+    m.stop();
+}
+
+/// Runs `f` and prints how long it took under `what`; returns the time.
+fn timed(what: &str, f: impl FnOnce()) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    f();
+    let took = started.elapsed();
+    eprintln!("{what}: {took:?}");
+    took
+}
+
+#[test]
+fn a_reservation_of_any_length_is_made_and_released_in_well_under_a_second() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    let base = df_used_bytes(&m.mnt);
+    let reserved = || df_used_bytes(&m.mnt) - base;
+    let f = open_rw(&m.p("big"));
+    // 64 GiB KEEP_SIZE: 2^20 blocks of 64 KiB.
+    let took = timed("fallocate -n 64 GiB", || {
+        fallocate(&f, KEEP_SIZE, 0, 64 * GIB).unwrap()
+    });
+    assert!(took.as_millis() < 500, "took {took:?}");
+    assert_eq!(f.metadata().unwrap().len(), 0);
+    assert_eq!(reserved(), 64 * GIB, "df shows the reservation");
+    // A punch releases what it covers, a truncate below it what is past
+    // the new size (committed with the size, at fsync).
+    let took = timed("punch 16 GiB of it", || {
+        fallocate(&f, PUNCH, 0, 16 * GIB).unwrap()
+    });
+    assert!(took.as_millis() < 500, "took {took:?}");
+    assert_eq!(reserved(), 48 * GIB);
+    f.set_len(32 * GIB).unwrap();
+    f.sync_all().unwrap();
+    assert_eq!(reserved(), 48 * GIB, "a growth releases nothing");
+    let took = timed("truncate below it", || {
+        f.set_len(24 * GIB).unwrap();
+        f.sync_all().unwrap();
+    });
+    assert!(took.as_millis() < 500, "took {took:?}");
+    assert_eq!(reserved(), 8 * GIB);
+    drop(f);
+    // util-linux, as a user types it: 100 GiB is 1.6 million blocks.
+    let took = timed("fallocate -l 100G", || {
+        assert_eq!(fallocate_cli(&m.mnt, &["-l", "100G"]), Ok(()));
+    });
+    assert!(took.as_millis() < 1000, "took {took:?}");
+    assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 100 * GIB);
+    assert_eq!(reserved(), 108 * GIB);
+    // An unlink releases the rest once the file is reclaimed.
+    fs::remove_file(m.p("f")).unwrap();
+    fs::remove_file(m.p("big")).unwrap();
+    assert!(wait_until(DEADLINE, || reserved() == 0));
+    m.stop();
+}

@@ -62,14 +62,20 @@ fn bytes_limit_refuses_the_first_byte_past_it_and_keeps_what_fits() {
     f.sync_all().unwrap();
     assert_eq!(errno_of(f.set_len(MIB + 1)), libc::EDQUOT);
     assert_eq!(errno_of(nix_fallocate(&f, 0, 0, MIB + 4096)), libc::EDQUOT);
-    // ZERO_RANGE grows like mode 0; with KEEP_SIZE it adds nothing.
+    // ZERO_RANGE grows like mode 0; with KEEP_SIZE it reserves past the
+    // end like KEEP_SIZE (refused here too, nothing zeroed); within the
+    // size it adds nothing.
     let zero = libc::FALLOC_FL_ZERO_RANGE;
     assert_eq!(
         errno_of(nix_fallocate(&f, zero, MIB - 4096, 8192)),
         libc::EDQUOT
     );
     let keep = zero | libc::FALLOC_FL_KEEP_SIZE;
-    nix_fallocate(&f, keep, MIB - 4096, 8192).unwrap();
+    assert_eq!(
+        errno_of(nix_fallocate(&f, keep, MIB - 4096, 8192)),
+        libc::EDQUOT
+    );
+    nix_fallocate(&f, keep, MIB - 8192, 8192).unwrap();
     f.write_all_at(&block, MIB - 4096).unwrap();
     drop(f);
     assert_eq!(fs::metadata(q.join("a")).unwrap().len(), MIB);
@@ -549,24 +555,6 @@ fn a_limit_set_while_a_file_is_written_stops_its_growth() {
     assert_eq!(usage(&vol, &q).bytes, offset);
     assert!(meta(&vol).recount_quotas(false).unwrap().is_empty());
     m.stop();
-}
-
-/// Bytes `statvfs` reports used under `path`.
-fn df_used_bytes(path: &std::path::Path) -> u64 {
-    let st = nix::sys::statvfs::statvfs(path).unwrap();
-    (st.blocks() - st.blocks_free()) * st.fragment_size()
-}
-
-/// O_DIRECT (each write(2) is a WRITE, so a refusal reaches it).
-fn open_direct(path: &std::path::Path) -> fs::File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-        .unwrap()
 }
 
 /// Waits (a bounded while) for an unlinked file's usage to be released.

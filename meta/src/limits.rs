@@ -26,9 +26,6 @@ pub const COMMIT_BLOCKS_ROWS_MAX: usize = 65536;
 /// Largest stored form of an inline block (`BlockRef::inline`): the
 /// caller's inline threshold plus its codec's overhead fit well below.
 pub const INLINE_STORED_BYTES_MAX: usize = 68 * 1024;
-/// Most blocks one fallocate may reserve (`reserve.rs`): 64 GiB of 64 KiB
-/// blocks, 4 TiB of 4 MiB ones; a longer range is refused (EFBIG).
-pub const RESERVE_BLOCK_COUNT_MAX: u64 = 1 << 20;
 /// Smallest block size accepted by `format`.
 pub const BLOCK_SIZE_BYTES_MIN: u32 = 512;
 /// Largest block size accepted by `format`.

@@ -19,7 +19,8 @@ fn attributes_read_across_a_flush_show_the_size_it_committed() {
         size: 5,
         ..Default::default()
     };
-    fs.do_write(ino, &write, b"hello").unwrap();
+    fs.do_write(ino, &write, b"hello", super::namespace::Caller::root())
+        .unwrap();
     assert!(fs.staging.staged_size(ino).unwrap().is_some());
 
     // GETATTR reads the committed attributes (1000 bytes) ...

@@ -16,7 +16,8 @@
 //! 1. Under both inodes' stripe mutexes, commit what is staged for the
 //!    source (the copy sees every acknowledged write) and the destination
 //!    (nothing staged can later land over the shared rows); read the
-//!    source's size, which clips the copy.
+//!    source's size, which clips the copy. A caller other than root then
+//!    clears the destination's set-ID bits, as a WRITE does (`copy_range`).
 //! 2. The bytes that are not whole blocks aligned alike on both sides (the
 //!    edges, or everything when `off_in` and `off_out` differ modulo the
 //!    block size) are read and staged as WRITEs would be.
@@ -35,6 +36,7 @@ use baton_meta::{ObjectRef, Recorded, RequestKey, ShareBlocks};
 use fuse_wire::abi::opcode;
 use fuse_wire::{CopyFileRangeIn, Errno, Request};
 
+use super::namespace::Caller;
 use super::{lock, BatonFs};
 use crate::error::{Error, Result};
 
@@ -119,22 +121,33 @@ impl BatonFs {
             _ => u64::MAX,
         };
         let len = arg.len.min(len_max);
+        // Root keeps the bits, as CAP_FSETID does on a local filesystem.
+        let kill_suidgid = (req.caller().0 != 0).then(|| Caller::of(req));
         self.once(
             req,
             |recorded| match recorded {
                 Recorded::Copied(_, bytes, _) => Ok(bytes),
                 _ => Err(super::once::mismatched(ino_out, "copy_file_range")),
             },
-            |key| self.copy_range(ino_in, ino_out, (arg.off_in, arg.off_out, len), key),
+            |key| {
+                let range = (arg.off_in, arg.off_out, len);
+                self.copy_range(ino_in, ino_out, range, kill_suidgid, key)
+            },
         )
     }
 
-    /// The steps of the module docs; `(off_in, off_out, len)`.
+    /// The steps of the module docs; `(off_in, off_out, len)`. With
+    /// `kill_suidgid` (a caller other than root), the destination loses
+    /// its set-ID bits before any byte lands, as a WRITE's kill flag does
+    /// (`kill_suidgid`): with HANDLE_KILLPRIV_V2 the kernel leaves that to
+    /// the filesystem, and COPY_FILE_RANGE carries no kill flag.
+    /// Idempotent, so a copy redone after a crash is fine.
     fn copy_range(
         &self,
         ino_in: u64,
         ino_out: u64,
         (off_in, off_out, len): (u64, u64, u64),
+        kill_suidgid: Option<Caller>,
         key: Option<RequestKey>,
     ) -> Result<u64> {
         let size_in = {
@@ -165,6 +178,9 @@ impl BatonFs {
             ));
         }
         self.check_quota_growth(ino_out, end_out)?;
+        if let Some(caller) = kill_suidgid {
+            self.kill_suidgid(ino_out, caller)?;
+        }
         let bs = self.block_size;
         let plan = CopyPlan::new(off_in, off_out, len, bs);
         for (from, to, count) in plan.byte_ranges(bs) {

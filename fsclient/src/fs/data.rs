@@ -31,6 +31,7 @@ use crate::handles::Handle;
 
 /// Attempts of a read that raced with a flush deleting a replaced object.
 pub const READ_ATTEMPTS_MAX: u32 = 3;
+use super::namespace::Caller;
 use super::seek::{SEEK_DATA, SEEK_HOLE};
 /// Partial blocks a punch rewrites with zeros: the one at each edge.
 pub const PUNCH_EDGE_BLOCK_COUNT_MAX: usize = 2;
@@ -103,9 +104,12 @@ impl BatonFs {
         ino: u64,
         open_flags: u32,
         fuse_open_flags: OpenInFlags,
+        caller: Caller,
     ) -> Result<u64> {
         let fh = self.register(ino, open_flags, false)?;
-        let kill_suidgid = fuse_open_flags.contains(OpenInFlags::KILL_SUIDGID);
+        let kill_suidgid = fuse_open_flags
+            .contains(OpenInFlags::KILL_SUIDGID)
+            .then_some(caller);
         match self.check_open(ino, open_flags, kill_suidgid) {
             Ok(()) => Ok(fh),
             Err(e) => {
@@ -115,7 +119,9 @@ impl BatonFs {
         }
     }
 
-    fn check_open(&self, ino: u64, open_flags: u32, kill_suidgid: bool) -> Result<()> {
+    /// `kill_suidgid`: the caller, if the kernel asked for set-ID bits to
+    /// be cleared.
+    fn check_open(&self, ino: u64, open_flags: u32, kill_suidgid: Option<Caller>) -> Result<()> {
         let attr = self.meta.getattr(ino)?;
         let flags = open_flags as i32;
         if attr.kind == FileKind::Directory && flags & libc::O_ACCMODE != libc::O_RDONLY {
@@ -134,8 +140,8 @@ impl BatonFs {
         {
             // The handle just registered is the only one: commit at once.
             self.truncate_open(ino, 0, 1)?;
-            if kill_suidgid {
-                self.kill_suidgid(ino)?;
+            if let Some(caller) = kill_suidgid {
+                self.kill_suidgid(ino, caller)?;
             }
         }
         Ok(())
@@ -200,7 +206,7 @@ impl BatonFs {
         )?;
         let Some(attr) = created else {
             let attr = self.meta.lookup(parent, name)?;
-            let fh = self.do_open(attr.ino, arg.flags, arg.open_flags)?;
+            let fh = self.do_open(attr.ino, arg.flags, arg.open_flags, Caller::of(req))?;
             let attr = self.meta.getattr(attr.ino)?;
             return Ok((self.entry_out(&attr)?, fh));
         };
@@ -406,7 +412,14 @@ impl BatonFs {
         Ok(Some(self.read_row(&row, 0, len)?))
     }
 
-    pub(super) fn do_write(&self, ino: u64, arg: &WriteIn, data: &[u8]) -> Result<u32> {
+    /// WRITE by `caller`.
+    pub(super) fn do_write(
+        &self,
+        ino: u64,
+        arg: &WriteIn,
+        data: &[u8],
+        caller: Caller,
+    ) -> Result<u32> {
         let end = arg.offset.checked_add(data.len() as u64);
         if end.is_none_or(|e| e > FILE_SIZE_BYTES_MAX) {
             return Err(Error::refused(
@@ -420,7 +433,7 @@ impl BatonFs {
         }
         self.stage_bytes(ino, arg.offset, data)?;
         if arg.write_flags.contains(WriteFlags::KILL_SUIDGID) {
-            self.kill_suidgid(ino)?;
+            self.kill_suidgid(ino, caller)?;
         }
         tracing::trace!(
             nodeid = ino,
@@ -478,8 +491,9 @@ impl BatonFs {
     ///   transaction.
     /// - PUNCH_HOLE | KEEP_SIZE: `punch_locked` (reservations in the range
     ///   end too).
-    /// - ZERO_RANGE (| KEEP_SIZE): the range within the size is punched, so
-    ///   it reads as zeros; without KEEP_SIZE the size then grows as for 0.
+    /// - ZERO_RANGE (| KEEP_SIZE): `zero_range`: the range within the size
+    ///   is punched, so it reads as zeros, then reserved as for 0 and
+    ///   KEEP_SIZE (the size grows without KEEP_SIZE).
     /// - COLLAPSE_RANGE, INSERT_RANGE: EOPNOTSUPP, deliberately. The block
     ///   map is keyed by block index, so shifting the data after the range
     ///   rewrites every later row (and, for an offset that is not a
@@ -509,7 +523,7 @@ impl BatonFs {
                 let _guard = self.staging_lock(ino, "punch hole")?;
                 self.punch_locked(ino, arg.offset, end)
             }
-            FallocateFlags::ZERO_RANGE => self.zero_range(ino, arg.offset, end, keep_size),
+            FallocateFlags::ZERO_RANGE => self.zero_range(req, ino, arg.offset, end, keep_size),
             _ => Err(Error::refused(
                 ino,
                 "unsupported fallocate mode",
@@ -550,28 +564,37 @@ impl BatonFs {
     }
 
     /// ZERO_RANGE: `offset..end` reads as zeros afterwards (punched within
-    /// the size); without `keep_size` the file then grows to `end` if that
-    /// is larger, quota-checked first as for mode 0.
-    fn zero_range(&self, ino: u64, offset: u64, end: u64, keep_size: bool) -> Result<()> {
-        let grow = !keep_size && end > self.logical_size(ino)?;
-        if grow {
-            self.check_quota_growth(ino, end)?;
-        }
-        let _guard = self.staging_lock(ino, "zero range")?;
-        self.punch_locked(ino, offset, end)?;
-        if grow {
-            self.grow_locked(ino, end)?;
-        }
-        Ok(())
-    }
-
-    /// Stages size `end` if it is larger than the size readers see; the
-    /// caller holds the inode lock and checked the quota.
-    fn grow_locked(&self, ino: u64, end: u64) -> Result<()> {
-        if end > self.logical_size(ino)? {
-            self.staging.set_size(ino, end)?;
-            self.invalidate(ino);
-        }
+    /// the size), then its holes are reserved as for mode 0 (the punched
+    /// blocks among them, so a later write into the range is no more
+    /// refused than after mode 0: ext4 keeps them allocated) and, without
+    /// `keep_size`, the size grows to `end` if that is larger: the punch
+    /// then `reserve`'s one transaction, exactly once. The quota is checked
+    /// before the punch, so a refusal zeroes nothing.
+    fn zero_range(
+        &self,
+        req: &Request<'_>,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        keep_size: bool,
+    ) -> Result<()> {
+        self.check_quota_growth(ino, end)?;
+        self.once(
+            req,
+            |recorded| match recorded {
+                Recorded::Attr(_) => Ok(()),
+                _ => Err(super::once::mismatched(ino, "fallocate")),
+            },
+            |key| {
+                let _guard = self.staging_lock(ino, "zero range")?;
+                // Idempotent: one killed after the punch is redone whole.
+                self.punch_locked(ino, offset, end)?;
+                self.meta
+                    .fallocate_reserve(ino, offset..end, !keep_size, key)?;
+                Ok(())
+            },
+        )?;
+        self.invalidate(ino);
         Ok(())
     }
 
@@ -673,7 +696,9 @@ impl BatonFs {
             self.quota_free.remember(ino);
             return Ok(true);
         };
-        // Staging first, as in `logical_size`.
+        // The size readers see: staged over committed. Staging is read
+        // first: a flush commits before it clears, so a record gone by
+        // then is in the metadata read after it.
         let staged = self.staging.staged_size(ino)?;
         let attr = self.meta.getattr(ino)?;
         let logical = staged.map_or(attr.size, |s| s.resolve(attr.size));
@@ -696,15 +721,6 @@ impl BatonFs {
         Ok(())
     }
 
-    /// The size readers see: staged over committed. Staging is read first:
-    /// a flush commits before it clears, so a record gone by then is in the
-    /// metadata read after it.
-    fn logical_size(&self, ino: u64) -> Result<u64> {
-        let staged = self.staging.staged_size(ino)?;
-        let attr = self.meta.getattr(ino)?;
-        Ok(staged.map_or(attr.size, |s| s.resolve(attr.size)))
-    }
-
     pub(super) fn do_lseek(&self, ino: u64, arg: &LseekIn) -> Result<u64> {
         if arg.whence != SEEK_DATA && arg.whence != SEEK_HOLE {
             return Err(Error::refused(
@@ -713,7 +729,7 @@ impl BatonFs {
                 Errno::EINVAL,
             ));
         }
-        // Staging first, as in `logical_size`.
+        // Staging first, as in `quota_growth_fits`.
         let staged = self.staging.staged_size(ino)?;
         let attr = self.meta.getattr(ino)?;
         let size = staged.map_or(attr.size, |s| s.resolve(attr.size));

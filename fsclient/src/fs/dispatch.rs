@@ -21,6 +21,7 @@ use fuse_wire::{
     SetattrIn, SetxattrIn, WriteIn,
 };
 
+use super::namespace::Caller;
 use super::{xattr, BatonFs};
 use crate::error::Error;
 
@@ -242,7 +243,7 @@ impl Filesystem for BatonFs {
             req,
             "open",
             nodeid,
-            self.do_open(nodeid, arg.flags, arg.open_flags),
+            self.do_open(nodeid, arg.flags, arg.open_flags, Caller::of(req)),
             reply,
             // Keep the page cache across opens: data changes only through
             // this mount, and AUTO_INVAL_DATA drops pages when mtime or size
@@ -280,7 +281,7 @@ impl Filesystem for BatonFs {
         let _timer = self.counters.timer(req.opcode());
         let nodeid = nodeid.get();
         crate::fault::hit(crate::fault::Point::AfterRead, req.opcode());
-        let r = self.do_write(nodeid, arg, data);
+        let r = self.do_write(nodeid, arg, data, Caller::of(req));
         answer!(self, req, "write", nodeid, r, reply, |n| {
             self.counters.written(n);
             reply.written(n)

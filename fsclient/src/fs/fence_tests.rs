@@ -51,7 +51,9 @@ fn a_fenced_generation_changes_nothing_in_staging() {
         size: 5,
         ..Default::default()
     };
-    let err = fs.do_write(ino, &write, b"hello").unwrap_err();
+    let err = fs
+        .do_write(ino, &write, b"hello", super::namespace::Caller::root())
+        .unwrap_err();
     assert!(err.is_fenced(), "{err}");
     let err = fs.truncate(ino, 4096).unwrap_err();
     assert!(err.is_fenced(), "{err}");

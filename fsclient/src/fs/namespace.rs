@@ -67,7 +67,7 @@ impl BatonFs {
                     "replayed setattr has another kind of record",
                 )),
             },
-            |key| self.setattr_once(ino, arg, key),
+            |key| self.setattr_once(ino, arg, Some(Caller::of(req)), key),
         )
     }
 
@@ -90,13 +90,16 @@ impl BatonFs {
                 return self.attr_out(&attr);
             }
         }
-        self.setattr_once(ino, arg, None)
+        self.setattr_once(ino, arg, None, None)
     }
 
+    /// `caller`: who asks (a times-only SETATTR, which never kills set-ID
+    /// bits, passes none).
     fn setattr_once(
         &self,
         ino: u64,
         arg: &SetattrIn,
+        caller: Option<Caller>,
         key: Option<baton_meta::RequestKey>,
     ) -> Result<AttrOut> {
         let valid = arg.valid;
@@ -132,7 +135,8 @@ impl BatonFs {
         }
         if valid.contains(SetattrValid::KILL_SUIDGID) && set.mode.is_none() {
             let a = self.meta.getattr(ino)?;
-            set.mode = Some(killed_suidgid(a.mode));
+            let in_group = || caller.is_some_and(|c| c.in_group(a.gid));
+            set.mode = Some(killed_suidgid(a.mode, in_group));
         }
         if valid.contains(SetattrValid::SIZE) {
             self.truncate(ino, arg.size)?;
@@ -385,11 +389,12 @@ impl BatonFs {
         Ok(())
     }
 
-    /// Clears set-user-ID and set-group-ID after a write by the kernel's
-    /// request (FUSE_WRITE_KILL_SUIDGID).
-    pub(super) fn kill_suidgid(&self, ino: u64) -> Result<()> {
+    /// Clears set-user-ID and set-group-ID after a write by `caller`
+    /// (who lacks CAP_FSETID: the kernel's kill flag, or a copy by a user
+    /// other than root), as [`killed_suidgid`] says.
+    pub(super) fn kill_suidgid(&self, ino: u64, caller: Caller) -> Result<()> {
         let a = self.meta.getattr(ino)?;
-        let mode = killed_suidgid(a.mode);
+        let mode = killed_suidgid(a.mode, || caller.in_group(a.gid));
         if mode != a.mode {
             let set = SetAttr {
                 mode: Some(mode),
@@ -413,14 +418,55 @@ fn unlinked(parent: u64, recorded: Recorded) -> Result<Unlinked> {
     }
 }
 
-/// `mode` without set-user-ID, and without set-group-ID when group-execute
-/// is set (otherwise it marks mandatory locking and stays).
-fn killed_suidgid(mode: u32) -> u32 {
+/// `mode` after a write by a caller without CAP_FSETID, as Linux clears it
+/// on a local filesystem (`setattr_should_drop_suidgid`): without
+/// set-user-ID, and without set-group-ID when group-execute is set or the
+/// caller is not in the file's group (`in_group`, asked only then).
+fn killed_suidgid(mode: u32, in_group: impl FnOnce() -> bool) -> u32 {
     let mut mode = mode & !S_ISUID;
-    if mode & S_IXGRP != 0 {
+    if mode & S_ISGID != 0 && (mode & S_IXGRP != 0 || !in_group()) {
         mode &= !S_ISGID;
     }
     mode
+}
+
+/// Who sent a request (its header): what the set-ID rules ask of them.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Caller {
+    gid: u32,
+    /// In this server's pid namespace; 0 when the kernel cannot name it.
+    pid: u32,
+}
+
+impl Caller {
+    pub(super) fn of(req: &Request<'_>) -> Caller {
+        let (_, gid, pid) = req.caller();
+        Caller { gid, pid }
+    }
+
+    /// Group 0, no process (unit tests).
+    #[cfg(test)]
+    pub(super) fn root() -> Caller {
+        Caller { gid: 0, pid: 0 }
+    }
+
+    /// Whether `gid` is the caller's group or one of its supplementary
+    /// groups (read from /proc; a process gone or unseen has none).
+    fn in_group(&self, gid: u32) -> bool {
+        if self.gid == gid {
+            return true;
+        }
+        if self.pid == 0 {
+            return false;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid));
+        status.is_ok_and(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Groups:"))
+                .is_some_and(|groups| groups.split_whitespace().any(|g| g.parse() == Ok(gid)))
+        })
+    }
 }
 
 /// A time from SETATTR: explicit (ns precision), now, or unchanged.
@@ -460,9 +506,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kill_suidgid_keeps_sgid_without_group_execute() {
-        assert_eq!(killed_suidgid(0o6755), 0o0755);
-        assert_eq!(killed_suidgid(0o6745), 0o2745);
+    fn kill_suidgid_keeps_sgid_without_group_execute_only_in_the_group() {
+        assert_eq!(killed_suidgid(0o6755, || true), 0o0755);
+        assert_eq!(killed_suidgid(0o6755, || false), 0o0755);
+        assert_eq!(killed_suidgid(0o6745, || true), 0o2745);
+        assert_eq!(killed_suidgid(0o6745, || false), 0o0745);
+        assert_eq!(killed_suidgid(0o4745, || unreachable!()), 0o0745);
     }
 
     /// Only a SETATTR that changes times and nothing else skips the

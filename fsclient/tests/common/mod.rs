@@ -336,6 +336,26 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Bytes `statvfs` reports used under `path` (df).
+pub fn df_used_bytes(path: &Path) -> u64 {
+    let st = nix::sys::statvfs::statvfs(path).unwrap();
+    (st.blocks() - st.blocks_free()) * st.fragment_size()
+}
+
+/// [`open_rw`] with O_DIRECT: each write(2) is a WRITE, so a refusal
+/// (EDQUOT) reaches it.
+pub fn open_direct(path: &Path) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap()
+}
+
 /// Opens `path` for reading and writing, creating it (never truncating).
 pub fn open_rw(path: &Path) -> std::fs::File {
     std::fs::OpenOptions::new()

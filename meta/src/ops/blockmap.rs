@@ -92,9 +92,9 @@ pub(crate) fn commit<C: Db>(
     a.size = size;
     let quota_after = if reserved_end > 0 {
         // Blocks written or punched are no longer reserved.
-        let indices: Vec<u64> = commit.blocks.iter().map(|b| b.index).collect();
-        reserve::release_indices(c, ino, &indices)?;
-        reserve::release_indices(c, ino, &commit.punched)?;
+        let mut ended: Vec<u64> = commit.blocks.iter().map(|b| b.index).collect();
+        ended.extend_from_slice(&commit.punched);
+        reserve::release_indices(c, ino, &ended, block_size)?;
         reserve::quota_bytes(c, &a)?
     } else {
         size
@@ -158,8 +158,8 @@ pub(crate) fn share<C: Db>(
     let quota_after = if reserved_end > 0 {
         // Every block of the range now holds the source's data or a hole
         // copied from it: none stays reserved.
-        let indices: Vec<u64> = (share.first_index..share.first_index + share.count).collect();
-        reserve::release_indices(c, ino, &indices)?;
+        let end_index = share.first_index + share.count;
+        reserve::release_blocks(c, ino, share.first_index, end_index, block_size)?;
         reserve::quota_bytes(c, &a)?
     } else {
         size

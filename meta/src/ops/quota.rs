@@ -67,9 +67,9 @@ macro_rules! subtree_and_self_cte {
 macro_rules! quota_bytes_sql {
     () => {
         "(CASE WHEN i.kind = 2 THEN 0 ELSE COALESCE((
-             SELECT CASE WHEN MAX(r.idx * v.block_size_bytes + r.len) > i.size
-                         THEN MAX(r.idx * v.block_size_bytes + r.len) END
-             FROM reservations r, volume v WHERE r.ino = i.ino), i.size) END)"
+             SELECT CASE WHEN MAX((r.end_idx - 1) * v.block_size_bytes + r.last_len) > i.size
+                         THEN MAX((r.end_idx - 1) * v.block_size_bytes + r.last_len) END
+             FROM reserved_ranges r, volume v WHERE r.ino = i.ino), i.size) END)"
     };
 }
 

@@ -183,6 +183,20 @@ CREATE TABLE lock_waits (
 );
 CREATE INDEX lock_waits_by_owner ON lock_waits(session, owner);
 ",
+    // 10: the reservations as runs of blocks (`reserve.rs`): any length of
+    // reservation is a few rows. The rows of 7 become runs of one block.
+    "
+CREATE TABLE reserved_ranges (
+    ino BIGINT NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
+    idx BIGINT NOT NULL,
+    end_idx BIGINT NOT NULL,
+    last_len BIGINT NOT NULL,
+    PRIMARY KEY (ino, idx)
+);
+INSERT INTO reserved_ranges (ino, idx, end_idx, last_len)
+    SELECT ino, idx, idx + 1, len FROM reservations;
+DROP TABLE reservations;
+",
 ];
 
 /// The schema version this build creates and understands.

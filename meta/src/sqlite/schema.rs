@@ -36,8 +36,11 @@
 //!        inodes_used)                          -- see ops/quota.rs
 //! quota_charges(quota -> quotas, ino -> inodes, PRIMARY KEY(quota, ino))
 //!        -- the inodes each quota counts; both added in place by `open`
-//! reservations(ino -> inodes, idx, len, PRIMARY KEY(ino, idx))
-//!        -- fallocate's reserved holes (ops/reserve.rs); added by `open`
+//! reserved_ranges(ino -> inodes, idx, end_idx, last_len, PRIMARY KEY(ino, idx))
+//!        -- fallocate's reserved holes, a row per run of blocks
+//!           (ops/reserve.rs); added by `open`, which converts the rows
+//!           of the `reservations` table (a row per block) of earlier
+//!           builds into it
 //! locks(session -> sessions, ino -> inodes, space, owner, start_byte,
 //!        end_byte, exclusive, pid)              -- held (ops/locks.rs)
 //! lock_waits(session -> sessions, wait_key, ino -> inodes, owner,
@@ -193,18 +196,50 @@ CREATE TABLE IF NOT EXISTS lock_waits (
 CREATE INDEX IF NOT EXISTS lock_waits_by_owner ON lock_waits(session, owner);
 ";
 
-/// Space fallocate reserved over holes (`ops/reserve.rs`); `IF NOT
-/// EXISTS`, added at open (additive to format v1). A build from before it
-/// ignores it: its statfs and quotas then count only blocks and sizes
-/// (`fsctl fsck --repair-quotas` recounts).
-pub(crate) const RESERVATIONS_DDL: &str = "
-CREATE TABLE IF NOT EXISTS reservations (
+/// Space fallocate reserved over holes (`ops/reserve.rs`), a row per run
+/// of blocks; `IF NOT EXISTS`, added at open (additive to format v1). A
+/// build from before it ignores it: its statfs and quotas then count only
+/// blocks and sizes (`fsctl fsck --repair-quotas` recounts).
+pub(crate) const RESERVED_RANGES_DDL: &str = "
+CREATE TABLE IF NOT EXISTS reserved_ranges (
     ino INTEGER NOT NULL REFERENCES inodes(ino) ON DELETE CASCADE,
     idx INTEGER NOT NULL,
-    len INTEGER NOT NULL,
+    end_idx INTEGER NOT NULL,
+    last_len INTEGER NOT NULL,
     PRIMARY KEY (ino, idx)
 ) WITHOUT ROWID;
 ";
+
+/// Moves the rows of `reservations`, the table of the builds that kept a
+/// row per reserved block, into `reserved_ranges` (a run of one block
+/// each; one a run already covers is dropped: a build from before the runs
+/// ran between two later ones), in one transaction; the emptied table
+/// stays (those builds create it anyway).
+fn convert_block_reservations(conn: &Connection) -> Result<()> {
+    let exists: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'reservations')",
+        [],
+        |r| r.get(0),
+    )?;
+    // Read first: an open with nothing to convert takes no write lock.
+    let rows = exists
+        && conn.query_row("SELECT EXISTS (SELECT 1 FROM reservations)", [], |r| {
+            r.get::<_, bool>(0)
+        })?;
+    if rows {
+        // Rolled back on drop if a statement fails.
+        let tx = conn.unchecked_transaction()?;
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO reserved_ranges (ino, idx, end_idx, last_len)
+                 SELECT o.ino, o.idx, o.idx + 1, o.len FROM reservations o
+                 WHERE NOT EXISTS (SELECT 1 FROM reserved_ranges r
+                                   WHERE r.ino = o.ino AND r.idx <= o.idx AND r.end_idx > o.idx);
+             DELETE FROM reservations;",
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
+}
 
 /// Directory quotas and the inodes each counts (`ops/quota.rs`). Additive:
 /// a volume without them has no quota, which empty tables say too.
@@ -242,7 +277,8 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(LOCKS_DDL)?;
     conn.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     conn.execute_batch(QUOTAS_DDL)?;
-    conn.execute_batch(RESERVATIONS_DDL)?;
+    conn.execute_batch(RESERVED_RANGES_DDL)?;
+    convert_block_reservations(conn)?;
     conn.execute_batch(LOCK_WAITS_DDL)?;
     ensure_inline_column(conn)
 }
@@ -273,7 +309,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(LOCKS_DDL)?;
     tx.execute_batch(DENTRIES_BY_PARENT_DDL)?;
     tx.execute_batch(QUOTAS_DDL)?;
-    tx.execute_batch(RESERVATIONS_DDL)?;
+    tx.execute_batch(RESERVED_RANGES_DDL)?;
     tx.execute_batch(LOCK_WAITS_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
