@@ -9,7 +9,7 @@ mod common;
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 use common::*;
 
@@ -120,19 +120,11 @@ fn inline_bytes_survive_a_kill_9_and_are_the_base_of_later_writes() {
     let vol = Volume::new();
     let mnt = vol.mountpoint("mnt");
     let m = vol.mount(&mnt);
-    let open = |name: &str| {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(m.p(name))
-            .unwrap()
-    };
-    let whole = open("whole");
+    // O_DIRECT: each write(2) is one WRITE, acknowledged before it returns.
+    let whole = open_direct(&m.p("whole"));
     whole.write_all_at(b"whole file", 0).unwrap();
     fs::write(m.p("patched"), pattern(8_000, 3)).unwrap();
-    let patched = open("patched");
+    let patched = open_direct(&m.p("patched"));
     // FUSE takes O_DIRECT writes at any alignment: one WRITE each.
     patched.write_all_at(&[b'P'; 4096], 4096).unwrap();
     m.kill9();
