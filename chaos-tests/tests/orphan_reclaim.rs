@@ -403,7 +403,8 @@ fn orphans_open_across_a_kill_are_reclaimed_when_the_next_generation_sees_them_c
     let mut fx = Fixture::new();
     fx.mount();
     fx.wait_serving(1);
-    let holder = Holder::start(&fx.mnt, "held", 200, 10_000);
+    // Past the inline limit (16 KiB): each file's data is an object.
+    let holder = Holder::start(&fx.mnt, "held", 200, 20_000);
     assert_eq!(fx.orphans(), 200, "200 files unlinked while open");
     assert!(fx.objects() >= 200, "their data is kept");
 
@@ -434,7 +435,8 @@ fn a_clean_umount_after_takeovers_leaves_no_orphan() {
     fx.wait_serving(1);
     let mut holders = Vec::new();
     for round in 0..4u64 {
-        holders.push(Holder::start(&fx.mnt, &format!("r{round}-"), 100, 5_000));
+        // Past the inline limit: an object per held orphan.
+        holders.push(Holder::start(&fx.mnt, &format!("r{round}-"), 100, 20_000));
         // Files closed before they are unlinked: no orphan at all.
         let out = fx.sh(&format!(
             "i=0; while [ $i -lt 50 ]; do echo closed > c{round}-$i; rm c{round}-$i; i=$((i+1)); done"

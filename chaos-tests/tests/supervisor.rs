@@ -3919,7 +3919,10 @@ fn an_unmount_that_leaves_data_staged_says_so_and_the_next_mount_commits_it() {
         fx.mount();
         std::fs::write(&outage, b"").expect("start the outage");
         let m = s(&fx.mnt).to_string();
-        let (ok, _, err) = App::sh(&fx.mnt, &format!("echo kept-{round} > {m}/f{round}")).finish();
+        // Past the inline limit (16 KiB), so its data needs the store:
+        // 2,857 whole lines of 7 bytes.
+        let write = format!("yes kept-{round} | head -c 19999 > {m}/f{round}");
+        let (ok, _, err) = App::sh(&fx.mnt, &write).finish();
         assert!(ok, "a write to staging needs no store: {err}");
         let mut args = vec!["umount", m.as_str()];
         if leave_staged {
@@ -3944,8 +3947,11 @@ fn an_unmount_that_leaves_data_staged_says_so_and_the_next_mount_commits_it() {
     }
     fx.mount();
     let m = s(&fx.mnt).to_string();
-    let (ok, out, err) = App::sh(&fx.mnt, &format!("cat {m}/f1 {m}/f2")).finish();
-    assert!(ok && out == "kept-1\nkept-2\n", "{out}{err}");
+    let check = format!(
+        "head -qn1 {m}/f1 {m}/f2; sort -u {m}/f1 {m}/f2 | wc -l; cat {m}/f1 {m}/f2 | wc -c"
+    );
+    let (ok, out, err) = App::sh(&fx.mnt, &check).finish();
+    assert!(ok && out == "kept-1\nkept-2\n2\n39998\n", "{out}{err}");
     let out = fx.fsctl(&["umount", &m]);
     assert!(
         out.status.success() && out.stderr.is_empty(),
