@@ -536,8 +536,7 @@ impl BatonFs {
     /// first (the metadata then holds the file's size and blocks), then
     /// one metadata transaction reserves the holes of `offset..end` and
     /// grows the size, exactly once (a resent request is answered from its
-    /// record). The inode lock is taken per attempt, not across `once`'s
-    /// retry after EDQUOT, which settles orphans under their locks.
+    /// record).
     fn reserve(
         &self,
         req: &Request<'_>,
@@ -546,21 +545,9 @@ impl BatonFs {
         end: u64,
         grow: bool,
     ) -> Result<()> {
-        self.once(
-            req,
-            |recorded| match recorded {
-                Recorded::Attr(_) => Ok(()),
-                _ => Err(super::once::mismatched(ino, "fallocate")),
-            },
-            |key| {
-                let _guard = self.staging_lock(ino, "fallocate")?;
-                self.flush_locked(ino, &[])?;
-                self.meta.fallocate_reserve(ino, offset..end, grow, key)?;
-                Ok(())
-            },
-        )?;
-        self.invalidate(ino);
-        Ok(())
+        self.reserve_once(req, ino, offset..end, grow, "fallocate", || {
+            self.flush_locked(ino, &[])
+        })
     }
 
     /// ZERO_RANGE: `offset..end` reads as zeros afterwards (punched within
@@ -579,6 +566,25 @@ impl BatonFs {
         keep_size: bool,
     ) -> Result<()> {
         self.check_quota_growth(ino, end)?;
+        // Idempotent: one killed after the punch is redone whole.
+        self.reserve_once(req, ino, offset..end, !keep_size, "zero range", || {
+            self.punch_locked(ino, offset, end)
+        })
+    }
+
+    /// Under the inode lock, `first` (what must precede the reservation),
+    /// then the reservation of `range`'s holes, exactly once. The lock is
+    /// taken per attempt, not across `once`'s retry after EDQUOT, which
+    /// settles orphans under their locks.
+    fn reserve_once(
+        &self,
+        req: &Request<'_>,
+        ino: u64,
+        range: std::ops::Range<u64>,
+        grow: bool,
+        what: &'static str,
+        first: impl Fn() -> Result<()>,
+    ) -> Result<()> {
         self.once(
             req,
             |recorded| match recorded {
@@ -586,11 +592,9 @@ impl BatonFs {
                 _ => Err(super::once::mismatched(ino, "fallocate")),
             },
             |key| {
-                let _guard = self.staging_lock(ino, "zero range")?;
-                // Idempotent: one killed after the punch is redone whole.
-                self.punch_locked(ino, offset, end)?;
-                self.meta
-                    .fallocate_reserve(ino, offset..end, !keep_size, key)?;
+                let _guard = self.staging_lock(ino, what)?;
+                first()?;
+                self.meta.fallocate_reserve(ino, range.clone(), grow, key)?;
                 Ok(())
             },
         )?;
