@@ -42,7 +42,8 @@ pub const DELAY_GENERATION_ENV: &str = "BATON_DELAY_GENERATION";
 pub enum Point {
     /// A request was read from /dev/fuse; nothing of it was done.
     AfterRead,
-    /// A request's metadata transaction committed; the reply is not sent.
+    /// A request's metadata changes are durable (in the operation log of
+    /// a SQLite volume, committed on PostgreSQL); the reply is not sent.
     AfterCommit,
     /// A block upload started; the block map is not committed. For
     /// copy_file_range: its bytes are staged, no block is shared yet.

@@ -332,6 +332,7 @@ fn a_copy_into_a_quota_is_refused_past_its_limit_and_counted_within_it() {
     assert_eq!(dst.metadata().unwrap().len(), 0, "nothing copied");
     assert_eq!(copy_range(&src, 0, &dst, 0, 3 * BS), Ok(3 * BS));
     drop((src, dst));
+    m.sync_metadata();
     let used = meta.quota(q_ino).unwrap().unwrap().used;
     assert_eq!(used.bytes, 3 * BS as u64);
     drop(meta);

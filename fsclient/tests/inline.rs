@@ -21,7 +21,8 @@ fn ino(m: &Mounted, name: &str) -> u64 {
 }
 
 /// Rows of the volume's block map that hold their bytes, read from the
-/// SQLite file (the mount may be running: WAL readers see committed rows).
+/// SQLite file (the mount may be running: WAL readers see committed rows,
+/// so a running mount's are synced first).
 fn inline_rows(vol: &Volume) -> u64 {
     let db = rusqlite::Connection::open(vol.meta_path()).unwrap();
     db.query_row(
@@ -63,6 +64,7 @@ fn small_files_live_in_the_metadata_and_grow_into_objects() {
     assert_eq!(objects("appended"), 0, "an appended small file");
     assert_eq!(objects("over"), 1, "a file past the limit is inline");
     assert_eq!(objects("two_blocks"), 2);
+    m.sync_metadata();
     assert_eq!(inline_rows(&vol), 4);
 
     // Growing past the limit makes an object; rewriting small drops it.

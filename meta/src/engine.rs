@@ -103,6 +103,12 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
 
     /// See [`MetaStore::unfence`].
     fn unfence_writes(&self);
+
+    /// See [`MetaStore::replay_log`]. Engines that commit each request
+    /// have no log.
+    fn replay_log(&self) -> Result<u64> {
+        Ok(0)
+    }
 }
 
 impl<E: Engine> MetaStore for E {
@@ -532,6 +538,10 @@ impl<E: Engine> MetaStore for E {
 
     fn unfence(&self) {
         self.unfence_writes();
+    }
+
+    fn replay_log(&self) -> Result<u64> {
+        Engine::replay_log(self)
     }
 
     fn open_session(&self, info: &SessionInfo) -> Result<()> {

@@ -338,6 +338,13 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// process serves again).
     fn unfence(&self);
 
+    /// Commits what a writer process that died had replied but not
+    /// committed (SQLite's operation log, `sqlite/oplog.rs`); returns how
+    /// many requests' changes that was. A generation calls it when it
+    /// adopts a mount, before it serves: a predecessor may have died after
+    /// this store was opened. Opening the store does it too.
+    fn replay_log(&self) -> Result<u64>;
+
     // Sessions: one per mount (FUSE connection), with a heartbeat. The
     // transaction that brings an inode to nlink 0 makes every registered
     // session hold it; a session drops the holds on inodes it has no handle

@@ -137,8 +137,24 @@ impl BatonFs {
     /// on, questions about inodes it never staged for skip the files
     /// (`Staging::own`).
     pub fn own_staging(&self) -> Result<()> {
+        self.replay_metadata_log()?;
         let staged = self.staging.own()?;
         tracing::debug!(inodes = staged.len(), "staging area owned");
+        Ok(())
+    }
+
+    /// Commits the metadata changes a predecessor that died had replied
+    /// but not committed (`MetaStore::replay_log`), before anything reads:
+    /// it may have died after this process opened the store (in an
+    /// upgrade's handover, or while this one stood by).
+    fn replay_metadata_log(&self) -> Result<()> {
+        let replayed = self.meta.replay_log()?;
+        if replayed > 0 {
+            tracing::info!(
+                requests = replayed,
+                "metadata changes of a dead generation committed from the operation log"
+            );
+        }
         Ok(())
     }
 
@@ -150,6 +166,7 @@ impl BatonFs {
     /// a first batch of the orphans only they held is reclaimed before
     /// serving (one transaction); the session ticks reclaim the rest.
     pub fn recover(&self, others_dead: bool) -> Result<()> {
+        self.replay_metadata_log()?;
         if others_dead {
             self.expire_earlier_sessions()?;
             self.reclaim_unheld_batches(1)?;

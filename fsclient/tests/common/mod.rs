@@ -164,6 +164,13 @@ impl Mounted {
         self.mnt.join(rel)
     }
 
+    /// fsync of the mount's root (FSYNCDIR): what the mount replied is
+    /// then committed, so another connection to its database sees it
+    /// (before, it may sit in the writer's open batch for a few ms).
+    pub fn sync_metadata(&self) {
+        fs::File::open(&self.mnt).unwrap().sync_all().unwrap();
+    }
+
     /// SIGKILLs fsclient, then detaches the dead mount (`umount -l`).
     pub fn kill9(mut self) {
         self.child.0.kill().unwrap();

@@ -31,6 +31,7 @@
 //! back on unwind, so the connection is reused as is.
 
 mod checkpointer;
+mod oplog;
 mod reserve;
 mod schema;
 
@@ -45,6 +46,7 @@ use std::time::Instant;
 use rusqlite::{Connection, OpenFlags};
 
 use self::checkpointer::Checkpointer;
+use self::oplog::{Batching, Capture, Flusher, OpLog};
 use crate::answered::AnsweredQueue;
 use crate::engine::Engine;
 use crate::error::{MetaError, Result};
@@ -75,8 +77,14 @@ pub struct SqliteMeta {
     wal_entry_synced: AtomicBool,
     /// Checkpoints the write-ahead log off the writer's path.
     checkpointer: Checkpointer,
+    /// The writer's open batch and the operation log behind it (`oplog.rs`).
+    batching: Arc<Batching>,
+    /// The rows the writer's current request changed.
+    capture: Capture,
+    /// Commits a batch that is due when no write comes to do it.
+    _flusher: Flusher,
     /// Room for deletions on a full disk (`reserve.rs`).
-    reserve: reserve::DiskReserve,
+    reserve: Arc<reserve::DiskReserve>,
 }
 
 impl SqliteMeta {
@@ -104,6 +112,12 @@ impl SqliteMeta {
                 return Err(MetaError::AlreadyFormatted { path });
             }
             Err(e) => return Err(io(e)),
+        }
+        // An operation log left by a database of this name that is gone
+        // belongs to nothing: replayed into this one it would be refused.
+        match std::fs::remove_file(oplog::log_path(&path)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => {}
         }
         let volume = VolumeRecord {
             name: config.name.clone(),
@@ -149,8 +163,25 @@ impl SqliteMeta {
         SqliteMeta::from_writer(path, volume, conn)
     }
 
-    fn from_writer(path: PathBuf, volume: VolumeRecord, writer: Connection) -> Result<SqliteMeta> {
+    fn from_writer(
+        path: PathBuf,
+        volume: VolumeRecord,
+        mut writer: Connection,
+    ) -> Result<SqliteMeta> {
+        // Before anything reads: what a writer that died logged and never
+        // committed (this waits for a live writer's batch to commit).
+        let mut log = OpLog::open(&path)?;
+        oplog::replay(&writer, &mut log).map_err(|e| e.in_op("open: replay the operation log"))?;
+        let batching = Arc::new(Batching::new(log));
+        let capture = Capture::default();
+        capture.install(&mut writer).map_err(|e| e.in_op("open"))?;
+        let reserve = Arc::new(reserve::DiskReserve::open(&path));
         let writer = Arc::new(Mutex::new(writer));
+        let flusher = Flusher::start(
+            Arc::clone(&writer),
+            Arc::clone(&batching),
+            Arc::clone(&reserve),
+        )?;
         let checkpointer =
             Checkpointer::start(&path, &writer).map_err(|e| e.in_op("open checkpointer"))?;
         let mut readers = Vec::with_capacity(READ_CONNECTIONS_MAX);
@@ -159,7 +190,6 @@ impl SqliteMeta {
             readers.push(Mutex::new(reader));
         }
         tracing::debug!(path = %path.display(), volume = %volume.name, "metadata opened");
-        let path_for_reserve = path.clone();
         Ok(SqliteMeta {
             path,
             volume,
@@ -172,8 +202,26 @@ impl SqliteMeta {
             quarantine: crate::quarantine::Quarantine::default(),
             wal_entry_synced: AtomicBool::new(false),
             checkpointer,
-            reserve: reserve::DiskReserve::open(&path_for_reserve),
+            batching,
+            capture,
+            _flusher: flusher,
+            reserve,
         })
+    }
+
+    /// See [`MetaStore::replay_log`].
+    fn replay_dead_writer(&self) -> Result<u64> {
+        let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let replayed = self.batching.lock().replay_unless_open(&conn);
+        replayed.map_err(|e| log_store_error(e.in_op("replay the operation log")))
+    }
+
+    /// Commits the writer's open batch, if any (`oplog.rs`).
+    fn commit_batch(&self) {
+        let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.batching
+            .lock()
+            .commit(&conn, &self.batching, &self.reserve);
     }
 
     /// Path of the database file.
@@ -224,7 +272,13 @@ impl SqliteMeta {
     /// transaction, so after each write a pool connection re-reads every
     /// page it touches (a pread each), while the writer's cache stays warm
     /// across its own writes. The pool serves reads beside a running write.
+    ///
+    /// While a batch is open only the writer sees it: reads wait for the
+    /// writer then.
     fn reader(&self) -> MutexGuard<'_, Connection> {
+        if self.batching.open.load(Ordering::SeqCst) {
+            return self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        }
         if let Ok(writer) = self.writer.try_lock() {
             return writer;
         }
@@ -257,6 +311,11 @@ impl<'c> Tx<'c> {
             conn,
             finished: false,
         })
+    }
+
+    /// Leaves it open (a batch, `oplog.rs`).
+    fn keep_open(mut self) {
+        self.finished = true;
     }
 
     /// Ends it with `COMMIT` or `ROLLBACK`; on failure, `Drop` rolls back.
@@ -326,10 +385,18 @@ fn check_writable(path: &Path) -> Result<()> {
 }
 
 fn remove_db_files(path: &Path) {
-    for suffix in ["", "-wal", "-shm"] {
+    for suffix in ["", "-wal", "-shm", "-oplog"] {
         let mut p = path.as_os_str().to_owned();
         p.push(suffix);
         let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+impl Drop for SqliteMeta {
+    fn drop(&mut self) {
+        // What is still in the log would be replayed at the next open; a
+        // clean close leaves none.
+        self.commit_batch();
     }
 }
 
@@ -376,17 +443,36 @@ impl Engine for SqliteMeta {
             None => Vec::new(),
         };
         let run = || -> Result<T> {
-            let tx = Tx::begin(&conn, "BEGIN IMMEDIATE")?;
-            let out = f(&conn).and_then(|out| match req {
-                Some(key) => requests::record(&*conn, key, &encode(&out).encode())
-                    .and_then(|()| requests::forget(&*conn, &answered))
-                    .map(|()| out),
-                None => Ok(out),
-            });
-            match out {
-                Ok(out) => tx.end("COMMIT").map(|()| out),
+            let mut batch = self.batching.lock();
+            batch.begin(&conn, &self.batching)?;
+            conn.prepare_cached("SAVEPOINT request")?.execute([])?;
+            self.capture.clear();
+            let outcome = (|| -> Result<T> {
+                let out = f(&conn)?;
+                if let Some(key) = req {
+                    requests::record(&*conn, key, &encode(&out).encode())?;
+                    requests::forget(&*conn, &answered)?;
+                }
+                batch.log(&self.capture.take())?;
+                Ok(out)
+            })();
+            if conn.is_autocommit() {
+                // SQLite rolled the whole batch back (it may, on a full
+                // disk): what it held is in the log.
+                batch.lost(&conn, &self.batching)?;
+                return outcome;
+            }
+            match outcome {
+                Ok(out) => {
+                    conn.prepare_cached("RELEASE request")?.execute([])?;
+                    if batch.due() {
+                        batch.commit(&conn, &self.batching, &self.reserve);
+                    }
+                    Ok(out)
+                }
                 Err(e) => {
-                    tx.end("ROLLBACK")?;
+                    conn.prepare_cached("ROLLBACK TO request")?.execute([])?;
+                    conn.prepare_cached("RELEASE request")?.execute([])?;
                     Err(e)
                 }
             }
@@ -412,6 +498,10 @@ impl Engine for SqliteMeta {
         let start = Instant::now();
         let conn = self.reader();
         let run = || -> Result<T> {
+            if !conn.is_autocommit() {
+                // The writer's open batch: one snapshot already.
+                return f(&conn);
+            }
             let tx = Tx::begin(&conn, "BEGIN DEFERRED")?;
             let out = f(&conn);
             tx.end("ROLLBACK")?;
@@ -438,7 +528,11 @@ impl Engine for SqliteMeta {
         op: &'static str,
         f: impl Fn(&Connection) -> Result<()>,
     ) -> Result<()> {
+        self.commit_batch();
         let run = |conn: &Connection| -> Result<()> {
+            if !conn.is_autocommit() {
+                return f(conn);
+            }
             let tx = Tx::begin(conn, "BEGIN DEFERRED")?;
             let out = f(conn);
             tx.end("ROLLBACK")?;
@@ -452,6 +546,7 @@ impl Engine for SqliteMeta {
     }
 
     fn make_durable(&self) -> Result<()> {
+        self.commit_batch();
         self.sync_wal()
             .map_err(|e| log_store_error(e.in_op("sync")))
     }
@@ -461,12 +556,19 @@ impl Engine for SqliteMeta {
     }
 
     fn fence_writes(&self) {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        self.batching
+            .lock()
+            .commit(&writer, &self.batching, &self.reserve);
         self.fenced.store(true, Ordering::SeqCst);
     }
 
     fn unfence_writes(&self) {
         self.fenced.store(false, Ordering::SeqCst);
+    }
+
+    fn replay_log(&self) -> Result<u64> {
+        self.replay_dead_writer()
     }
 }
 
@@ -477,6 +579,7 @@ mod tests {
     use crate::{MetaStore, ROOT_INO};
     use rusqlite::config::DbConfig;
     use std::ffi::OsStr;
+    use std::time::Duration;
 
     fn pragma_i64(c: &Connection, name: &str) -> i64 {
         c.pragma_query_value(None, name, |r| r.get(0)).unwrap()
@@ -498,6 +601,207 @@ mod tests {
             assert_eq!(pragma_i64(&r, "query_only"), 1);
             assert!(r.db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG).unwrap());
         }
+    }
+
+    /// Every table's rows, in key order, as text: the state to compare.
+    fn dump(path: &Path) -> Vec<String> {
+        let c = Connection::open(path).unwrap();
+        let tables: Vec<String> = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let mut out = Vec::new();
+        for t in tables {
+            let mut stmt = c
+                .prepare(&format!("SELECT * FROM \"{t}\" ORDER BY 1, 2"))
+                .unwrap();
+            let n = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| {
+                    let cells: Vec<String> = (0..n)
+                        .map(|i| format!("{:?}", r.get_ref(i).unwrap()))
+                        .collect();
+                    Ok(format!("{t}: {}", cells.join(" | ")))
+                })
+                .unwrap()
+                .map(Result::unwrap);
+            out.extend(rows);
+        }
+        out
+    }
+
+    /// The files a kill -9 leaves, taken while the writer is idle: the
+    /// database, its WAL and the operation log.
+    fn crash_image(m: &SqliteMeta, to: &Path) -> PathBuf {
+        let _writes_held = m.writer.lock().unwrap();
+        let image = to.join("image.db");
+        for suffix in ["", "-wal", "-oplog"] {
+            let mut from = m.path.as_os_str().to_owned();
+            from.push(suffix);
+            let mut into = image.as_os_str().to_owned();
+            into.push(suffix);
+            if Path::new(&from).exists() {
+                std::fs::copy(&from, &into).unwrap();
+            }
+        }
+        image
+    }
+
+    /// Requests replied but not committed when the process died (the
+    /// batch open, its rows in the operation log only) are all there when
+    /// the database opens again: inserts, updates and cascading deletes of
+    /// every kind a request makes, exactly-once records included.
+    #[test]
+    fn what_a_dead_writer_logged_is_committed_at_the_next_open() {
+        use crate::types::{BlockRef, CommitBlocks, CreateArgs, FileKind, RenameFlags, XattrFlags};
+        let (dir, m) = formatted();
+        m.batching.lock().age = Duration::from_secs(3600);
+        let key = |unique| {
+            Some(RequestKey {
+                connection: 7,
+                unique,
+            })
+        };
+        let d = m
+            .create(
+                ROOT_INO,
+                OsStr::new("d"),
+                &CreateArgs::new(FileKind::Directory, 0o755),
+                key(1),
+            )
+            .unwrap();
+        m.set_quota(d.ino, Some(1 << 30), None).unwrap();
+        let mut files = Vec::new();
+        for i in 0..20 {
+            let name = format!("f{i}");
+            let f = m
+                .create(
+                    d.ino,
+                    OsStr::new(&name),
+                    &CreateArgs::new(FileKind::Regular, 0o644),
+                    key(10 + i),
+                )
+                .unwrap();
+            let commit = CommitBlocks {
+                new_size: Some(100),
+                blocks: vec![BlockRef {
+                    index: 0,
+                    object_key: format!("inline/{}-0-1", f.ino),
+                    len: 100,
+                    inline: Some(vec![i as u8; 100]),
+                }],
+                ..CommitBlocks::default()
+            };
+            m.commit_blocks(f.ino, &commit, key(100 + i)).unwrap();
+            m.setxattr(
+                f.ino,
+                OsStr::new("user.k"),
+                b"v",
+                XattrFlags::default(),
+                None,
+            )
+            .unwrap();
+            files.push(f);
+        }
+        let mut link_args = CreateArgs::new(FileKind::Symlink, 0o777);
+        link_args.symlink_target = Some("f1".into());
+        m.create(d.ino, OsStr::new("s"), &link_args, None).unwrap();
+        m.link(files[2].ino, ROOT_INO, OsStr::new("hard"), None)
+            .unwrap();
+        m.rename(
+            d.ino,
+            OsStr::new("f3"),
+            ROOT_INO,
+            OsStr::new("moved"),
+            RenameFlags::default(),
+            None,
+        )
+        .unwrap();
+        // Deletes that cascade: the inode's xattrs and block rows go too.
+        for f in &files[5..10] {
+            let name = format!("f{}", f.ino - files[0].ino);
+            m.unlink(d.ino, OsStr::new(&name), None).unwrap();
+            m.reclaim(f.ino, None).unwrap();
+        }
+        assert!(
+            m.batching.open.load(Ordering::SeqCst),
+            "the batch stayed open"
+        );
+        assert!(std::fs::metadata(oplog::log_path(&m.path)).unwrap().len() > 0);
+        let image = crash_image(&m, dir.path());
+
+        // Before the replay the image lacks them (nothing was committed).
+        let committed = dump(&image);
+        m.sync().unwrap();
+        let expected = dump(&m.path);
+        assert_ne!(committed, expected);
+        let reopened = SqliteMeta::open(image.to_str().unwrap()).unwrap();
+        drop(reopened);
+        let replayed: Vec<String> = dump(&image)
+            .into_iter()
+            .filter(|row| !row.starts_with("oplog_applied"))
+            .collect();
+        let expected: Vec<String> = expected
+            .into_iter()
+            .filter(|row| !row.starts_with("oplog_applied"))
+            .collect();
+        assert_eq!(replayed, expected);
+        assert_eq!(
+            std::fs::metadata(oplog::log_path(&image)).unwrap().len(),
+            0,
+            "the log is emptied"
+        );
+        // The requests' exactly-once records came back with them.
+        let again = SqliteMeta::open(image.to_str().unwrap()).unwrap();
+        assert!(again
+            .completed_request(RequestKey {
+                connection: 7,
+                unique: 105
+            })
+            .unwrap()
+            .is_some());
+    }
+
+    /// A log that does not fit the database (here: a row a logged update
+    /// names is gone) stops the open with an error naming the log and the
+    /// record; nothing is applied.
+    #[test]
+    fn a_log_that_does_not_apply_is_refused_at_open() {
+        use crate::types::{CreateArgs, FileKind};
+        let (dir, m) = formatted();
+        let f = m
+            .create(
+                ROOT_INO,
+                OsStr::new("f"),
+                &CreateArgs::new(FileKind::Regular, 0o644),
+                None,
+            )
+            .unwrap();
+        m.sync().unwrap();
+        m.batching.lock().age = Duration::from_secs(3600);
+        let attr = crate::types::SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        m.setattr(f.ino, &attr, None).unwrap();
+        let image = crash_image(&m, dir.path());
+        let c = Connection::open(&image).unwrap();
+        c.execute_batch("PRAGMA foreign_keys = OFF").unwrap();
+        c.execute("DELETE FROM inodes WHERE ino = ?1", [f.ino as i64])
+            .unwrap();
+        drop(c);
+        let before = dump(&image);
+        let err = SqliteMeta::open(image.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("image.db-oplog record 2 does not apply"),
+            "{err}"
+        );
+        assert_eq!(dump(&image), before, "nothing applied");
     }
 
     fn formatted() -> (tempfile::TempDir, SqliteMeta) {

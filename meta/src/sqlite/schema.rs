@@ -259,6 +259,15 @@ CREATE TABLE IF NOT EXISTS quota_charges (
 CREATE INDEX IF NOT EXISTS quota_charges_by_ino ON quota_charges(ino, quota);
 ";
 
+/// The last operation-log record committed (`sqlite/oplog.rs`); additive,
+/// added at open.
+pub(crate) const OPLOG_DDL: &str = "
+CREATE TABLE IF NOT EXISTS oplog_applied (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL
+);
+";
+
 /// A directory's entries in cookie order from a cookie (readdir). Without
 /// it every READDIR batch read and sorted all of the directory's entries
 /// (a temporary B-tree per batch), so listing n entries cost O(n²): 78 ms
@@ -280,6 +289,7 @@ pub(crate) fn ensure_additive_tables(conn: &Connection) -> Result<()> {
     conn.execute_batch(RESERVED_RANGES_DDL)?;
     convert_block_reservations(conn)?;
     conn.execute_batch(LOCK_WAITS_DDL)?;
+    conn.execute_batch(OPLOG_DDL)?;
     ensure_inline_column(conn)
 }
 
@@ -311,6 +321,7 @@ pub(crate) fn create(conn: &mut Connection, volume: &VolumeRecord) -> Result<()>
     tx.execute_batch(QUOTAS_DDL)?;
     tx.execute_batch(RESERVED_RANGES_DDL)?;
     tx.execute_batch(LOCK_WAITS_DDL)?;
+    tx.execute_batch(OPLOG_DDL)?;
     tx.execute(
         "INSERT INTO volume (id, magic, format_version, name, uuid, storage_url,
              block_size_bytes, created_sec, created_nsec)

@@ -173,7 +173,10 @@ pub fn names(m: &dyn MetaStore, ino: u64) -> Vec<String> {
 
 /// Opens a raw SQLite connection on the volume file, for tests that must
 /// corrupt or bulk-load the database.
+/// The store's own writes are committed first (`sync`): a connection of
+/// its own sees only what the store committed.
 pub fn raw(v: &Vol) -> rusqlite::Connection {
+    v.meta.sync().unwrap();
     rusqlite::Connection::open(v.path()).unwrap()
 }
 
