@@ -328,6 +328,10 @@ impl MetaError {
             MetaError::FileTooLarge { .. } => libc::EFBIG,
             MetaError::StillLinked { .. } => libc::EBUSY,
             MetaError::Store { source, .. } if is_disk_full(source) => libc::ENOSPC,
+            // The operation log's append on a full disk.
+            MetaError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                libc::ENOSPC
+            }
             MetaError::Quarantined { .. } => libc::EROFS,
             MetaError::NotFormatted { .. }
             | MetaError::ReadOnly { .. }
@@ -376,7 +380,11 @@ impl MetaError {
     /// SQLite found no room on its disk (not a quota's or a limit's
     /// ENOSPC).
     pub(crate) fn is_disk_full(&self) -> bool {
-        matches!(self, MetaError::Store { source, .. } if is_disk_full(source))
+        match self {
+            MetaError::Store { source, .. } => is_disk_full(source),
+            MetaError::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            _ => false,
+        }
     }
 
     pub(crate) fn corrupt(what: impl Into<String>) -> MetaError {

@@ -168,7 +168,7 @@ impl Mounted {
     /// then committed, so another connection to its database sees it
     /// (before, it may sit in the writer's open batch for a few ms).
     pub fn sync_metadata(&self) {
-        fs::File::open(&self.mnt).unwrap().sync_all().unwrap();
+        std::fs::File::open(&self.mnt).unwrap().sync_all().unwrap();
     }
 
     /// SIGKILLs fsclient, then detaches the dead mount (`umount -l`).
