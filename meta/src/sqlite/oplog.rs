@@ -241,6 +241,7 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
     if log.file_len()? == 0 {
         return Ok(0);
     }
+    let start = Instant::now();
     conn.execute_batch("PRAGMA foreign_keys = OFF")?;
     let applied = (|| -> Result<u64> {
         let tx = Tx::begin(conn, "BEGIN IMMEDIATE")?;
@@ -278,7 +279,12 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
     fk_on?;
     log.clear()?;
     if count > 0 {
-        tracing::info!(path = %log.path.display(), records = count, "operation log replayed");
+        tracing::info!(
+            path = %log.path.display(),
+            records = count,
+            replay_us = start.elapsed().as_micros() as u64,
+            "operation log replayed"
+        );
     }
     Ok(count)
 }
@@ -557,6 +563,13 @@ fn key_clause<'v>(
             .map(|&i| &old[i] as &dyn rusqlite::ToSql)
             .collect();
     Ok((format!(" WHERE {}", clauses.join(" AND ")), params))
+}
+
+/// Whether a change to `table` can be replayed (it has a rowid or a
+/// primary key).
+#[cfg(test)]
+pub(crate) fn replayable(conn: &Connection, table: &str) -> bool {
+    table_info(conn, table).is_ok_and(|t| t.has_rowid || !t.pk.is_empty())
 }
 
 fn quoted(name: &str) -> String {
