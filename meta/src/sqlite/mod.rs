@@ -36,6 +36,7 @@
 mod checkpointer;
 mod oplog;
 mod reserve;
+mod row_changes;
 mod schema;
 
 use std::fs::OpenOptions;
@@ -49,7 +50,8 @@ use std::time::Instant;
 use rusqlite::{Connection, OpenFlags};
 
 use self::checkpointer::Checkpointer;
-use self::oplog::{Batching, Capture, Flusher, OpLog};
+use self::oplog::{Batching, Flusher, Logged, OpLog};
+use self::row_changes::Capture;
 use crate::answered::AnsweredQueue;
 use crate::engine::Engine;
 use crate::error::{MetaError, Result};
@@ -503,24 +505,29 @@ impl Engine for SqliteMeta {
             batch.begin(&conn, &self.batching)?;
             let request = Savepoint::begin(&conn)?;
             self.capture.clear();
-            let outcome = (|| -> Result<T> {
+            let outcome = (|| -> Result<(T, Logged)> {
                 let out = f(&conn)?;
                 if let Some(key) = req {
                     requests::record(&*conn, key, &encode(&out).encode())?;
                     requests::forget(&*conn, &answered)?;
                 }
-                batch.log(&self.capture.take())?;
-                Ok(out)
+                let logged = batch.log(&self.capture.take())?;
+                Ok((out, logged))
             })();
             if conn.is_autocommit() {
                 // SQLite rolled the whole batch back (it may, on a full
                 // disk): what it held is in the log.
                 request.gone();
                 batch.lost(&conn, &self.batching)?;
-                return outcome;
+                return outcome.map(|(out, _)| out);
             }
             match outcome {
-                Ok(out) => {
+                Ok((out, Logged::TooBig)) => {
+                    request.release()?;
+                    batch.commit_now(&conn, &self.batching, &self.reserve)?;
+                    Ok(out)
+                }
+                Ok((out, Logged::Yes)) => {
                     request.release()?;
                     if batch.due() {
                         batch.commit(&conn, &self.batching, &self.reserve);
@@ -821,6 +828,56 @@ mod tests {
             .is_some());
     }
 
+    /// A request whose changes are too big for one log record (here 20,000
+    /// block rows) is not logged: its batch commits before it returns, so
+    /// a kill right after finds it, and what the batch logged before it,
+    /// in the database.
+    #[test]
+    fn a_request_too_big_to_log_commits_its_batch_before_it_returns() {
+        use crate::types::{BlockRef, CommitBlocks, CreateArgs, FileKind};
+        let (dir, m) = formatted();
+        m.batching.lock().age = Duration::from_secs(3600);
+        let small = m
+            .create(
+                ROOT_INO,
+                OsStr::new("small"),
+                &CreateArgs::new(FileKind::Regular, 0o644),
+                None,
+            )
+            .unwrap();
+        let big = m
+            .create(
+                ROOT_INO,
+                OsStr::new("big"),
+                &CreateArgs::new(FileKind::Regular, 0o644),
+                None,
+            )
+            .unwrap();
+        assert!(m.batching.open.load(Ordering::SeqCst));
+        let rows = 20_000u64;
+        let commit = CommitBlocks {
+            new_size: Some(rows * 4096),
+            blocks: (0..rows)
+                .map(|i| BlockRef::object(i, format!("blocks/{:064}", i), 4096))
+                .collect(),
+            ..CommitBlocks::default()
+        };
+        m.commit_blocks(big.ino, &commit, None).unwrap();
+        assert!(
+            !m.batching.open.load(Ordering::SeqCst),
+            "the batch committed"
+        );
+        assert_eq!(
+            std::fs::metadata(oplog::log_path(&m.path)).unwrap().len(),
+            0
+        );
+        let image = crash_image(&m, dir.path());
+        std::fs::remove_file(oplog::log_path(&image)).unwrap();
+        let reopened = SqliteMeta::open(image.to_str().unwrap()).unwrap();
+        assert_eq!(reopened.getattr(big.ino).unwrap().size, rows * 4096);
+        assert_eq!(reopened.getattr(small.ino).unwrap().ino, small.ino);
+    }
+
     /// A kill between a batch's commit and the emptying of its log (or of
     /// a replay's): the records are committed, and the next open skips
     /// them instead of applying them twice.
@@ -867,7 +924,7 @@ mod tests {
             .collect();
         assert!(tables.len() > 10, "{tables:?}");
         for t in tables {
-            assert!(oplog::replayable(&c, &t), "table {t}");
+            assert!(row_changes::replayable(&c, &t), "table {t}");
         }
     }
 

@@ -7,8 +7,8 @@
 //! `fcntl` locks, about 45 µs of its 107. Now the writer connection keeps
 //! one transaction (a *batch*) open across requests:
 //! - each request runs in a `SAVEPOINT` inside it; SQLite's pre-update
-//!   hook hands every row it changes (cascades included) to [`Capture`],
-//!   which encodes the row's old and new values;
+//!   hook hands every row it changes (cascades included) to
+//!   `row_changes::Capture`, which encodes the row's old and new values;
 //! - before the request's reply, those changes are appended to this log
 //!   (`meta.db-oplog`, 0600) with one `pwrite`; the page cache outlives the
 //!   process, so a replied request survives kill -9 as a committed
@@ -43,11 +43,10 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rusqlite::hooks::{Action, PreUpdateCase};
-use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 
 use super::reserve::DiskReserve;
+use super::row_changes;
 use super::Tx;
 use crate::error::{MetaError, Result};
 
@@ -64,10 +63,12 @@ const MAGIC: u32 = u32::from_le_bytes(*b"BOL1");
 /// magic u32, length u32, sequence u64, CRC-32 u32 (over sequence and
 /// changes).
 const HEADER_BYTES: usize = 20;
-/// A record's changes are one request's rows; more is a corrupt length.
-const RECORD_BYTES_MAX: u32 = 64 << 20;
+/// The largest record: a request that changes more (the reclaim of a file
+/// of many blocks, a big truncate) is not logged; the batch commits with
+/// it before its reply instead. A longer length read back is corrupt.
+pub(crate) const RECORD_BYTES_MAX: u32 = 1 << 20;
 
-/// One replied request's row changes ([`Capture`]'s encoding).
+/// One replied request's row changes (`row_changes`' encoding).
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Record {
     pub(crate) seq: u64,
@@ -124,7 +125,7 @@ impl OpLog {
         let len = u32::try_from(changes.len())
             .ok()
             .filter(|&l| l <= RECORD_BYTES_MAX)
-            .ok_or_else(|| MetaError::invalid(0, "one request changed too many rows to log"))?;
+            .ok_or_else(|| MetaError::corrupt("an operation log record past its largest size"))?;
         buf.extend_from_slice(&MAGIC.to_le_bytes());
         buf.extend_from_slice(&len.to_le_bytes());
         buf.extend_from_slice(&seq.to_le_bytes());
@@ -258,7 +259,7 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
                     ),
                 });
             }
-            apply_changes(conn, &record.changes).map_err(|why| MetaError::Corrupt {
+            row_changes::apply(conn, &record.changes).map_err(|why| MetaError::Corrupt {
                 what: format!(
                     "operation log {} record {} does not apply to the database ({why}); \
                      nothing of it was applied. Moving the log aside opens the volume \
@@ -287,391 +288,6 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
         );
     }
     Ok(count)
-}
-
-/// Collects the rows the writer connection changes, from SQLite's
-/// pre-update hook, as one record's bytes. Per change: the operation
-/// (`I`, `D`, `U`), the table's name, the rowid(s) (0 for a table without
-/// one), the column count, then the old row (D, U) and the new row (I, U).
-/// Whole rows, so a replay needs nothing but the schema.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Capture {
-    changes: Arc<Mutex<Vec<u8>>>,
-}
-
-impl Capture {
-    /// Installs the hook on `conn` (the writer).
-    pub(crate) fn install(&self, conn: &mut Connection) -> Result<()> {
-        let changes = Arc::clone(&self.changes);
-        conn.preupdate_hook(Some(
-            move |action: Action, db: &str, table: &str, case: &PreUpdateCase| {
-                if db != "main" {
-                    return;
-                }
-                let mut out = changes.lock().unwrap_or_else(PoisonError::into_inner);
-                encode_change(&mut out, action, table, case);
-            },
-        ))?;
-        Ok(())
-    }
-
-    /// Forgets what was captured (before a request runs).
-    pub(crate) fn clear(&self) {
-        self.changes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
-    /// What was captured since [`Capture::clear`].
-    pub(crate) fn take(&self) -> Vec<u8> {
-        std::mem::take(&mut *self.changes.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-fn encode_change(out: &mut Vec<u8>, _action: Action, table: &str, case: &PreUpdateCase) {
-    let name = table.as_bytes();
-    let (op, old_rowid, new_rowid) = match case {
-        PreUpdateCase::Insert(new) => (b'I', 0, new.get_new_row_id()),
-        PreUpdateCase::Delete(old) => (b'D', old.get_old_row_id(), 0),
-        PreUpdateCase::Update {
-            old_value_accessor,
-            new_value_accessor,
-        } => (
-            b'U',
-            old_value_accessor.get_old_row_id(),
-            new_value_accessor.get_new_row_id(),
-        ),
-        // Not produced by the SQLite built in; a replay would refuse the
-        // record's unknown operation rather than skip a change.
-        PreUpdateCase::Unknown => (b'?', 0, 0),
-    };
-    out.push(op);
-    out.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
-    out.extend_from_slice(&name[..name.len().min(255)]);
-    out.extend_from_slice(&old_rowid.to_le_bytes());
-    out.extend_from_slice(&new_rowid.to_le_bytes());
-    match case {
-        PreUpdateCase::Insert(new) => {
-            let n = new.get_column_count();
-            out.extend_from_slice(&(n as u16).to_le_bytes());
-            for i in 0..n {
-                encode_value(out, new.get_new_column_value(i).ok());
-            }
-        }
-        PreUpdateCase::Delete(old) => {
-            let n = old.get_column_count();
-            out.extend_from_slice(&(n as u16).to_le_bytes());
-            for i in 0..n {
-                encode_value(out, old.get_old_column_value(i).ok());
-            }
-        }
-        PreUpdateCase::Update {
-            old_value_accessor: old,
-            new_value_accessor: new,
-        } => {
-            let n = old.get_column_count();
-            out.extend_from_slice(&(n as u16).to_le_bytes());
-            for i in 0..n {
-                encode_value(out, old.get_old_column_value(i).ok());
-            }
-            for i in 0..n {
-                encode_value(out, new.get_new_column_value(i).ok());
-            }
-        }
-        PreUpdateCase::Unknown => out.extend_from_slice(&0u16.to_le_bytes()),
-    }
-}
-
-/// A value: tag (0 NULL, 1 integer, 2 real, 3 text, 4 blob, 5 unreadable),
-/// then 8 bytes or a u32 length and the bytes.
-fn encode_value(out: &mut Vec<u8>, value: Option<ValueRef<'_>>) {
-    match value {
-        Some(ValueRef::Null) => out.push(0),
-        Some(ValueRef::Integer(i)) => {
-            out.push(1);
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        Some(ValueRef::Real(f)) => {
-            out.push(2);
-            out.extend_from_slice(&f.to_le_bytes());
-        }
-        Some(ValueRef::Text(t)) => {
-            out.push(3);
-            out.extend_from_slice(&(t.len() as u32).to_le_bytes());
-            out.extend_from_slice(t);
-        }
-        Some(ValueRef::Blob(b)) => {
-            out.push(4);
-            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-            out.extend_from_slice(b);
-        }
-        None => out.push(5),
-    }
-}
-
-/// A decoded value.
-#[derive(Debug)]
-enum Value {
-    Null,
-    Integer(i64),
-    Real(f64),
-    Text(String),
-    Blob(Vec<u8>),
-}
-
-impl rusqlite::ToSql for Value {
-    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-        use rusqlite::types::ToSqlOutput::Borrowed;
-        Ok(match self {
-            Value::Null => Borrowed(ValueRef::Null),
-            Value::Integer(i) => Borrowed(ValueRef::Integer(*i)),
-            Value::Real(f) => Borrowed(ValueRef::Real(*f)),
-            Value::Text(t) => Borrowed(ValueRef::Text(t.as_bytes())),
-            Value::Blob(b) => Borrowed(ValueRef::Blob(b)),
-        })
-    }
-}
-
-/// Reads a record's changes in order.
-struct Reader<'a> {
-    bytes: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        if self.bytes.len() < n {
-            return Err("a change is cut short".into());
-        }
-        let (head, rest) = self.bytes.split_at(n);
-        self.bytes = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> std::result::Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u16(&mut self) -> std::result::Result<u16, String> {
-        let b = self.take(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
-    }
-
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    fn i64(&mut self) -> std::result::Result<i64, String> {
-        let mut a = [0; 8];
-        a.copy_from_slice(self.take(8)?);
-        Ok(i64::from_le_bytes(a))
-    }
-
-    fn value(&mut self) -> std::result::Result<Value, String> {
-        Ok(match self.u8()? {
-            0 => Value::Null,
-            1 => Value::Integer(self.i64()?),
-            2 => Value::Real(f64::from_bits(self.i64()? as u64)),
-            3 => {
-                let n = self.u32()? as usize;
-                let t = self.take(n)?;
-                Value::Text(String::from_utf8(t.to_vec()).map_err(|_| "text that is not UTF-8")?)
-            }
-            4 => {
-                let n = self.u32()? as usize;
-                Value::Blob(self.take(n)?.to_vec())
-            }
-            5 => return Err("a value SQLite could not read when it was logged".into()),
-            t => return Err(format!("unknown value tag {t}")),
-        })
-    }
-
-    fn values(&mut self, n: usize) -> std::result::Result<Vec<Value>, String> {
-        (0..n).map(|_| self.value()).collect()
-    }
-}
-
-/// What a replay needs of a table: its columns, and how a row is found
-/// (by rowid, or by the primary key's columns for a WITHOUT ROWID table).
-struct TableInfo {
-    columns: Vec<String>,
-    /// Indexes of the primary key's columns (WITHOUT ROWID tables).
-    pk: Vec<usize>,
-    has_rowid: bool,
-    /// The INTEGER PRIMARY KEY column (an alias of the rowid), if any.
-    rowid_alias: Option<usize>,
-}
-
-fn table_info(conn: &Connection, table: &str) -> std::result::Result<TableInfo, String> {
-    let mut stmt = conn
-        .prepare("SELECT name, type, pk FROM pragma_table_info(?1) ORDER BY cid")
-        .map_err(|e| e.to_string())?;
-    let rows: Vec<(String, String, i64)> = stmt
-        .query_map([table], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .and_then(|rows| rows.collect())
-        .map_err(|e| e.to_string())?;
-    if rows.is_empty() {
-        return Err(format!("no table {table:?}"));
-    }
-    let has_rowid = conn
-        .prepare(&format!(
-            "SELECT rowid FROM \"{}\" LIMIT 0",
-            table.replace('"', "\"\"")
-        ))
-        .is_ok();
-    let mut pk: Vec<(i64, usize)> = rows
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.2 > 0)
-        .map(|(i, r)| (r.2, i))
-        .collect();
-    pk.sort_unstable();
-    let pk: Vec<usize> = pk.into_iter().map(|(_, i)| i).collect();
-    let rowid_alias = match pk.as_slice() {
-        [i] if has_rowid && rows[*i].1.eq_ignore_ascii_case("INTEGER") => Some(*i),
-        _ => None,
-    };
-    Ok(TableInfo {
-        columns: rows.into_iter().map(|r| r.0).collect(),
-        pk,
-        has_rowid,
-        rowid_alias,
-    })
-}
-
-/// ` WHERE ...` naming the row a logged change found: its old rowid, or
-/// its old primary key's values.
-fn key_clause<'v>(
-    t: &TableInfo,
-    table: &str,
-    old: &'v [Value],
-    old_rowid: &'v Value,
-) -> std::result::Result<(String, Vec<&'v dyn rusqlite::ToSql>), String> {
-    if t.has_rowid {
-        return Ok((" WHERE rowid = ?".into(), vec![old_rowid]));
-    }
-    if t.pk.is_empty() || t.pk.iter().any(|&i| i >= old.len()) {
-        return Err(format!("table {table} has no key a change can name"));
-    }
-    let clauses: Vec<String> =
-        t.pk.iter()
-            .map(|&i| format!("{} IS ?", quoted(&t.columns[i])))
-            .collect();
-    let params =
-        t.pk.iter()
-            .map(|&i| &old[i] as &dyn rusqlite::ToSql)
-            .collect();
-    Ok((format!(" WHERE {}", clauses.join(" AND ")), params))
-}
-
-/// Whether a change to `table` can be replayed (it has a rowid or a
-/// primary key).
-#[cfg(test)]
-pub(crate) fn replayable(conn: &Connection, table: &str) -> bool {
-    table_info(conn, table).is_ok_and(|t| t.has_rowid || !t.pk.is_empty())
-}
-
-fn quoted(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Applies one record's changes on `conn` (in a transaction, foreign keys
-/// off). Each must change exactly one row: anything else means the log and
-/// the database disagree.
-fn apply_changes(conn: &Connection, bytes: &[u8]) -> std::result::Result<(), String> {
-    let mut tables: std::collections::HashMap<String, TableInfo> = Default::default();
-    let mut r = Reader { bytes };
-    while !r.bytes.is_empty() {
-        let op = r.u8()?;
-        let name_len = r.u8()? as usize;
-        let table = String::from_utf8(r.take(name_len)?.to_vec())
-            .map_err(|_| "a table name that is not UTF-8")?;
-        let old_rowid = r.i64()?;
-        let new_rowid = r.i64()?;
-        let n = r.u16()? as usize;
-        if !tables.contains_key(&table) {
-            let info = table_info(conn, &table)?;
-            tables.insert(table.clone(), info);
-        }
-        let t = &tables[&table];
-        if n > t.columns.len() {
-            return Err(format!(
-                "{n} columns logged for table {table}, which has {}",
-                t.columns.len()
-            ));
-        }
-        let (old, new) = match op {
-            b'I' => (None, Some(r.values(n)?)),
-            b'D' => (Some(r.values(n)?), None),
-            b'U' => (Some(r.values(n)?), Some(r.values(n)?)),
-            other => {
-                return Err(format!(
-                    "unknown change {:?} to table {table}",
-                    other as char
-                ))
-            }
-        };
-        // Columns written: all logged ones but the rowid alias (the rowid
-        // is bound by name).
-        let written: Vec<usize> = (0..n).filter(|&i| Some(i) != t.rowid_alias).collect();
-        let old_rowid = Value::Integer(old_rowid);
-        let new_rowid = Value::Integer(new_rowid);
-        let (sql, params): (String, Vec<&dyn rusqlite::ToSql>) = match (&old, &new) {
-            (None, Some(new)) => {
-                let mut cols: Vec<String> =
-                    written.iter().map(|&i| quoted(&t.columns[i])).collect();
-                let mut params: Vec<&dyn rusqlite::ToSql> = written
-                    .iter()
-                    .map(|&i| &new[i] as &dyn rusqlite::ToSql)
-                    .collect();
-                if t.has_rowid {
-                    cols.push("rowid".into());
-                    params.push(&new_rowid);
-                }
-                let sql = format!(
-                    "INSERT INTO {} ({}) VALUES ({})",
-                    quoted(&table),
-                    cols.join(", "),
-                    vec!["?"; cols.len()].join(", ")
-                );
-                (sql, params)
-            }
-            (Some(old), None) => {
-                let (clause, params) = key_clause(t, &table, old, &old_rowid)?;
-                (format!("DELETE FROM {}{clause}", quoted(&table)), params)
-            }
-            (Some(old), Some(new)) => {
-                let mut sets: Vec<String> = written
-                    .iter()
-                    .map(|&i| format!("{} = ?", quoted(&t.columns[i])))
-                    .collect();
-                let mut params: Vec<&dyn rusqlite::ToSql> = written
-                    .iter()
-                    .map(|&i| &new[i] as &dyn rusqlite::ToSql)
-                    .collect();
-                if t.has_rowid {
-                    sets.push("rowid = ?".into());
-                    params.push(&new_rowid);
-                }
-                let (clause, key_params) = key_clause(t, &table, old, &old_rowid)?;
-                params.extend(key_params);
-                (
-                    format!("UPDATE {} SET {}{clause}", quoted(&table), sets.join(", ")),
-                    params,
-                )
-            }
-            (None, None) => return Err(format!("a change to table {table} without a row")),
-        };
-        let changed = conn
-            .prepare_cached(&sql)
-            .and_then(|mut stmt| stmt.execute(params.as_slice()))
-            .map_err(|e| format!("{sql}: {e}"))?;
-        if changed != 1 {
-            return Err(format!("{sql} changed {changed} rows, not one"));
-        }
-    }
-    Ok(())
 }
 
 /// The writer's batch: the open transaction and the log behind it. Locked
@@ -754,16 +370,21 @@ impl Batch {
         })
     }
 
-    /// Logs a request's changes (run inside the open batch).
-    pub(crate) fn log(&mut self, changes: &[u8]) -> Result<()> {
+    /// Logs a request's changes (run inside the open batch), or says they
+    /// are too big for a record: the batch must then commit before the
+    /// reply ([`Batch::commit_now`]), its commit being their durability.
+    pub(crate) fn log(&mut self, changes: &[u8]) -> Result<Logged> {
         if changes.is_empty() {
-            return Ok(());
+            return Ok(Logged::Yes);
+        }
+        if changes.len() > RECORD_BYTES_MAX as usize {
+            return Ok(Logged::TooBig);
         }
         assert!(self.opened_at.is_some(), "a request logged outside a batch");
         self.log.append(self.next_seq, changes)?;
         self.next_seq += 1;
         self.records += 1;
-        Ok(())
+        Ok(Logged::Yes)
     }
 
     /// SQLite rolled the open batch back by itself (it may on a full disk
@@ -799,26 +420,35 @@ impl Batch {
     }
 
     /// Commits the open batch, if any, and empties the log. A commit that
-    /// fails (a full disk) is retried once from the log after the disk
-    /// reserve is released; if that fails too the process aborts: requests
-    /// were replied, and the next generation replays them from the log.
-    pub(crate) fn commit(&mut self, conn: &Connection, batching: &Batching, reserve: &DiskReserve) {
+    /// fails (a full disk) is rolled back, and what the log holds is
+    /// applied again after the disk reserve is released; the error is
+    /// returned (changes of the batch that were not logged are lost with
+    /// it: their request must fail). If the log cannot be applied either
+    /// the process aborts: its requests were replied, and the next
+    /// generation replays them.
+    pub(crate) fn commit_now(
+        &mut self,
+        conn: &Connection,
+        batching: &Batching,
+        reserve: &DiskReserve,
+    ) -> Result<()> {
         if self.opened_at.is_none() {
-            return;
+            return Ok(());
         }
         let done = set_applied_seq(conn, self.next_seq - 1)
             .and_then(|()| Ok(conn.prepare_cached("COMMIT")?.execute([]).map(drop)?));
-        if let Err(err) = done {
+        let result = done.map_err(|err| {
             tracing::warn!(%err, "metadata batch commit failed; applying it again from the operation log");
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
             reserve.release();
-            if let Err(err) = replay(conn, &mut self.log) {
-                tracing::error!(%err, log = %self.log.path.display(), "cannot commit replied metadata changes; exiting so the next generation replays them");
+            if let Err(replay_err) = replay(conn, &mut self.log) {
+                tracing::error!(err = %replay_err, log = %self.log.path.display(), "cannot commit replied metadata changes; exiting so the next generation replays them");
                 std::process::abort();
             }
-        }
+            err
+        });
         self.opened_at = None;
         self.records = 0;
         batching.open.store(false, Ordering::SeqCst);
@@ -827,7 +457,25 @@ impl Batch {
             // replays (skips) it and empties it first.
             tracing::warn!(%err, "cannot empty the operation log");
         }
+        result
     }
+
+    /// [`Batch::commit_now`] where every change was logged: a failed
+    /// commit loses nothing (the log was applied instead).
+    pub(crate) fn commit(&mut self, conn: &Connection, batching: &Batching, reserve: &DiskReserve) {
+        if let Err(err) = self.commit_now(conn, batching, reserve) {
+            tracing::warn!(%err, "metadata batch committed from the operation log after its commit failed");
+        }
+    }
+}
+
+/// Whether [`Batch::log`] logged a request's changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Logged {
+    /// Logged (or there were none).
+    Yes,
+    /// Too big for a record: commit the batch before the reply.
+    TooBig,
 }
 
 /// The thread that commits a batch [`BATCH_AGE`] after it opened (the
