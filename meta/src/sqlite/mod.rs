@@ -666,6 +666,13 @@ mod tests {
         }
     }
 
+    /// A new regular file `name` in the root.
+    fn new_file(m: &SqliteMeta, name: &str) -> crate::types::Attr {
+        use crate::types::{CreateArgs, FileKind};
+        let args = CreateArgs::new(FileKind::Regular, 0o644);
+        m.create(ROOT_INO, OsStr::new(name), &args, None).unwrap()
+    }
+
     /// Every table's rows, in key order, as text: the state to compare.
     fn dump(path: &Path) -> Vec<String> {
         let c = Connection::open(path).unwrap();
@@ -834,25 +841,11 @@ mod tests {
     /// in the database.
     #[test]
     fn a_request_too_big_to_log_commits_its_batch_before_it_returns() {
-        use crate::types::{BlockRef, CommitBlocks, CreateArgs, FileKind};
+        use crate::types::{BlockRef, CommitBlocks};
         let (dir, m) = formatted();
         m.batching.lock().age = Duration::from_secs(3600);
-        let small = m
-            .create(
-                ROOT_INO,
-                OsStr::new("small"),
-                &CreateArgs::new(FileKind::Regular, 0o644),
-                None,
-            )
-            .unwrap();
-        let big = m
-            .create(
-                ROOT_INO,
-                OsStr::new("big"),
-                &CreateArgs::new(FileKind::Regular, 0o644),
-                None,
-            )
-            .unwrap();
+        let small = new_file(&m, "small");
+        let big = new_file(&m, "big");
         assert!(m.batching.open.load(Ordering::SeqCst));
         let rows = 20_000u64;
         let commit = CommitBlocks {
@@ -883,18 +876,11 @@ mod tests {
     /// them instead of applying them twice.
     #[test]
     fn a_log_whose_batch_committed_is_skipped_at_open() {
-        use crate::types::{CreateArgs, FileKind};
         let (dir, m) = formatted();
         m.batching.lock().age = Duration::from_secs(3600);
         for i in 0..5 {
             let name = format!("f{i}");
-            m.create(
-                ROOT_INO,
-                OsStr::new(&name),
-                &CreateArgs::new(FileKind::Regular, 0o644),
-                None,
-            )
-            .unwrap();
+            new_file(&m, &name);
         }
         let log = std::fs::read(oplog::log_path(&m.path)).unwrap();
         assert!(!log.is_empty());
@@ -933,16 +919,8 @@ mod tests {
     /// record; nothing is applied.
     #[test]
     fn a_log_that_does_not_apply_is_refused_at_open() {
-        use crate::types::{CreateArgs, FileKind};
         let (dir, m) = formatted();
-        let f = m
-            .create(
-                ROOT_INO,
-                OsStr::new("f"),
-                &CreateArgs::new(FileKind::Regular, 0o644),
-                None,
-            )
-            .unwrap();
+        let f = new_file(&m, "f");
         m.sync().unwrap();
         m.batching.lock().age = Duration::from_secs(3600);
         let attr = crate::types::SetAttr {
