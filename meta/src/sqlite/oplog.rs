@@ -247,6 +247,7 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
     let applied = (|| -> Result<u64> {
         let tx = Tx::begin(conn, "BEGIN IMMEDIATE")?;
         let applied = applied_seq(conn)?;
+        let mut tables = row_changes::Tables::default();
         let mut last = applied;
         let mut count = 0;
         for record in log.records()?.into_iter().filter(|r| r.seq > applied) {
@@ -259,14 +260,16 @@ pub(crate) fn replay(conn: &Connection, log: &mut OpLog) -> Result<u64> {
                     ),
                 });
             }
-            row_changes::apply(conn, &record.changes).map_err(|why| MetaError::Corrupt {
-                what: format!(
-                    "operation log {} record {} does not apply to the database ({why}); \
+            row_changes::apply(conn, &mut tables, &record.changes).map_err(|why| {
+                MetaError::Corrupt {
+                    what: format!(
+                        "operation log {} record {} does not apply to the database ({why}); \
                      nothing of it was applied. Moving the log aside opens the volume \
                      without the changes it holds",
-                    log.path.display(),
-                    record.seq
-                ),
+                        log.path.display(),
+                        record.seq
+                    ),
+                }
             })?;
             last = record.seq;
             count += 1;

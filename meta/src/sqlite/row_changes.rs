@@ -219,6 +219,10 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The tables a replay met, read from the schema once per replay.
+#[derive(Default)]
+pub(crate) struct Tables(std::collections::HashMap<String, TableInfo>);
+
 /// What a replay needs of a table: its columns, and how a row is found
 /// (by rowid, or by the primary key's columns for a WITHOUT ROWID table).
 struct TableInfo {
@@ -306,8 +310,12 @@ fn quoted(name: &str) -> String {
 /// Applies one record's changes on `conn` (in a transaction, foreign keys
 /// off). Each must change exactly one row: anything else means the log and
 /// the database disagree.
-pub(crate) fn apply(conn: &Connection, bytes: &[u8]) -> std::result::Result<(), String> {
-    let mut tables: std::collections::HashMap<String, TableInfo> = Default::default();
+pub(crate) fn apply(
+    conn: &Connection,
+    tables: &mut Tables,
+    bytes: &[u8],
+) -> std::result::Result<(), String> {
+    let tables = &mut tables.0;
     let mut r = Reader { bytes };
     while !r.bytes.is_empty() {
         let op = r.u8()?;
