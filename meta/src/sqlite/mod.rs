@@ -9,7 +9,8 @@
 //! sees one snapshot; a one-statement read (lookup, getattr) needs none. A
 //! thread with a connection of its own copies the write-ahead log back
 //! into the database (`checkpointer.rs`). Pragmas: `journal_mode = WAL`,
-//! `synchronous = NORMAL`, `foreign_keys = ON`, `busy_timeout`.
+//! `synchronous = NORMAL`, `foreign_keys = ON`, and a busy handler that
+//! polls every 100 µs (`schema::busy_poll`).
 //!
 //! # Durability
 //! - A write survives the death of the process at any instant (kill -9,
@@ -135,7 +136,7 @@ impl SqliteMeta {
         let made = Connection::open(&path)
             .map_err(MetaError::from)
             .and_then(|mut conn| {
-                schema::configure_writer(&conn)?;
+                schema::configure_writer(&mut conn)?;
                 schema::create(&mut conn, &volume)?;
                 Ok(conn)
             });
@@ -158,12 +159,13 @@ impl SqliteMeta {
         }
         check_writable(&path)?;
         let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(&path, flags).map_err(|e| MetaError::Foreign {
-            path: path.clone(),
-            reason: format!("SQLite cannot open it: {e}"),
-        })?;
+        let mut conn =
+            Connection::open_with_flags(&path, flags).map_err(|e| MetaError::Foreign {
+                path: path.clone(),
+                reason: format!("SQLite cannot open it: {e}"),
+            })?;
         let volume = schema::validate(&path, &conn)?;
-        schema::configure_writer(&conn).map_err(|e| e.in_op("open"))?;
+        schema::configure_writer(&mut conn).map_err(|e| e.in_op("open"))?;
         schema::ensure_additive_tables(&conn).map_err(|e| e.in_op("open"))?;
         SqliteMeta::from_writer(path, volume, conn)
     }
@@ -176,7 +178,8 @@ impl SqliteMeta {
         // Before anything reads: what a writer that died logged and never
         // committed (this waits for a live writer's batch to commit).
         let mut log = OpLog::open(&path)?;
-        oplog::replay(&writer, &mut log).map_err(|e| e.in_op("open: replay the operation log"))?;
+        oplog::replay_unless_busy(&mut writer, &mut log)
+            .map_err(|e| e.in_op("open: replay the operation log"))?;
         let batching = Arc::new(Batching::new(log));
         let capture = Capture::default();
         capture.install(&mut writer).map_err(|e| e.in_op("open"))?;
@@ -652,7 +655,9 @@ mod tests {
         let w = m.writer.lock().unwrap();
         assert_eq!(pragma_i64(&w, "synchronous"), 1, "synchronous = NORMAL");
         assert_eq!(pragma_i64(&w, "foreign_keys"), 1);
-        assert_eq!(pragma_i64(&w, "busy_timeout"), 5000);
+        // A busy handler of our own (`schema::busy_poll`) replaces SQLite's
+        // timeout.
+        assert_eq!(pragma_i64(&w, "busy_timeout"), 0);
         let mode: String = w
             .pragma_query_value(None, "journal_mode", |r| r.get(0))
             .unwrap();

@@ -231,6 +231,26 @@ fn set_applied_seq(conn: &Connection, seq: u64) -> Result<()> {
     Ok(())
 }
 
+/// [`replay`], unless a live writer holds the write lock: then the
+/// records in the log are its own (its batch is open), and nothing waits
+/// for it. Used at open, where a standby or an incoming generation opens
+/// the volume beside the serving one; the takeover replays (`replay_log`).
+pub(crate) fn replay_unless_busy(conn: &mut Connection, log: &mut OpLog) -> Result<u64> {
+    conn.busy_handler(None::<fn(i32) -> bool>)?;
+    let replayed = replay(conn, log);
+    conn.busy_handler(Some(super::schema::busy_poll))?;
+    match replayed {
+        Err(MetaError::Store {
+            source: rusqlite::Error::SqliteFailure(e, _),
+            ..
+        }) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+            tracing::debug!(path = %log.path.display(), "a live writer holds the operation log; not replayed at open");
+            Ok(0)
+        }
+        other => other,
+    }
+}
+
 /// Commits the records in `log` that a writer which died left uncommitted
 /// (sequence above `oplog_applied`), then empties the log. Takes the write
 /// lock (waiting for a live writer's batch to commit); the connection must

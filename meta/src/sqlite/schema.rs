@@ -382,6 +382,25 @@ pub(crate) fn configure_library() {
     });
 }
 
+/// How often a writer waiting for SQLite's write lock tries again.
+const BUSY_POLL: Duration = Duration::from_micros(100);
+
+/// The writer connections' busy handler: tries again every [`BUSY_POLL`]
+/// for [`BUSY_TIMEOUT_MS`]. SQLite's own (`busy_timeout`) sleeps 1, 2, 5,
+/// ... up to 100 ms between tries, and a process that commits in batches
+/// (`oplog.rs`) holds the lock for 5 ms at a time and takes it again tens
+/// of microseconds after each commit: another process (`fsctl`, the next
+/// generation) polling that slowly waited seconds. Polled this often it
+/// finds a gap within a few batches.
+pub(crate) fn busy_poll(attempt: i32) -> bool {
+    let attempts_max = BUSY_TIMEOUT_MS * 1000 / BUSY_POLL.as_micros() as u64;
+    if u64::try_from(attempt).unwrap_or(u64::MAX) >= attempts_max {
+        return false;
+    }
+    std::thread::sleep(BUSY_POLL);
+    true
+}
+
 /// Sets the pragmas every read-write connection uses.
 ///
 /// `synchronous = NORMAL` in WAL mode: a commit is a `write(2)` of its WAL
@@ -390,8 +409,8 @@ pub(crate) fn configure_library() {
 /// ones can be lost by a power loss or kernel crash until the next
 /// [`super::SqliteMeta::sync`] or checkpoint (which fsyncs the WAL first and
 /// the database after). The database is never corrupted either way.
-pub(crate) fn configure_writer(conn: &Connection) -> Result<()> {
-    conn.busy_timeout(Duration::from_millis(BUSY_TIMEOUT_MS))?;
+pub(crate) fn configure_writer(conn: &mut Connection) -> Result<()> {
+    conn.busy_handler(Some(busy_poll))?;
     keep_plans(conn)?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
