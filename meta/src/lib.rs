@@ -150,3 +150,12 @@ pub fn open(url_or_path: &str) -> Result<Box<dyn MetaStore>> {
     }
     Ok(Box::new(SqliteMeta::open(url_or_path)?))
 }
+
+/// [`open`] for a generation that opens the volume beside the one serving
+/// it: see [`SqliteMeta::open_beside_writer`] (PostgreSQL: [`open`]).
+pub fn open_beside_writer(url_or_path: &str) -> Result<Box<dyn MetaStore>> {
+    if postgres::is_postgres_url(url_or_path) {
+        return Ok(Box::new(PostgresMeta::open(url_or_path)?));
+    }
+    Ok(Box::new(SqliteMeta::open_beside_writer(url_or_path)?))
+}

@@ -86,7 +86,12 @@ impl Volume {
             }
             Some(_) => {}
         }
-        let meta = baton_meta::open(&paths.meta_url).map_err(|source| match source {
+        // Generations of `fsclient serve` open beside the serving one.
+        let open_meta = match mode {
+            LockMode::Shared => baton_meta::open_beside_writer,
+            LockMode::Exclusive => baton_meta::open,
+        };
+        let meta = open_meta(&paths.meta_url).map_err(|source| match source {
             MetaError::NotFormatted { path } => VolumeError::NotFormatted {
                 volume: display.clone(),
                 path,

@@ -141,7 +141,7 @@ impl SqliteMeta {
                 Ok(conn)
             });
         match made {
-            Ok(conn) => SqliteMeta::from_writer(path, volume, conn),
+            Ok(conn) => SqliteMeta::from_writer(path, volume, conn, true),
             Err(e) => {
                 remove_db_files(&path);
                 Err(e.in_op("format"))
@@ -151,7 +151,23 @@ impl SqliteMeta {
 
     /// Opens an existing metadata database, checking it is a Baton volume of
     /// a supported format version before changing anything in the file.
+    ///
+    /// A writer serving the volume in another process commits its open
+    /// batch first (this waits for it, at most one batch), so the store
+    /// sees everything that writer replied.
     pub fn open(url_or_path: &str) -> Result<SqliteMeta> {
+        SqliteMeta::open_with(url_or_path, true)
+    }
+
+    /// [`SqliteMeta::open`] for a generation that opens the volume beside
+    /// the one serving it (a standby, an incoming upgrade): nothing waits
+    /// for the serving writer's batch. Its adoption replays what that
+    /// writer left if it died ([`MetaStore::replay_log`]).
+    pub fn open_beside_writer(url_or_path: &str) -> Result<SqliteMeta> {
+        SqliteMeta::open_with(url_or_path, false)
+    }
+
+    fn open_with(url_or_path: &str, wait_for_writer: bool) -> Result<SqliteMeta> {
         schema::configure_library();
         let Location::Sqlite(path) = Location::parse(url_or_path)?;
         if !path.exists() {
@@ -167,19 +183,24 @@ impl SqliteMeta {
         let volume = schema::validate(&path, &conn)?;
         schema::configure_writer(&mut conn).map_err(|e| e.in_op("open"))?;
         schema::ensure_additive_tables(&conn).map_err(|e| e.in_op("open"))?;
-        SqliteMeta::from_writer(path, volume, conn)
+        SqliteMeta::from_writer(path, volume, conn, wait_for_writer)
     }
 
     fn from_writer(
         path: PathBuf,
         volume: VolumeRecord,
         mut writer: Connection,
+        wait_for_writer: bool,
     ) -> Result<SqliteMeta> {
         // Before anything reads: what a writer that died logged and never
         // committed (this waits for a live writer's batch to commit).
         let mut log = OpLog::open(&path)?;
-        oplog::replay_unless_busy(&mut writer, &mut log)
-            .map_err(|e| e.in_op("open: replay the operation log"))?;
+        let replayed = if wait_for_writer {
+            oplog::replay(&writer, &mut log)
+        } else {
+            oplog::replay_unless_busy(&mut writer, &mut log)
+        };
+        replayed.map_err(|e| e.in_op("open: replay the operation log"))?;
         let batching = Arc::new(Batching::new(log));
         let capture = Capture::default();
         capture.install(&mut writer).map_err(|e| e.in_op("open"))?;
