@@ -542,7 +542,7 @@ impl Engine for SqliteMeta {
                 // SQLite rolled the whole batch back (it may, on a full
                 // disk): what it held is in the log.
                 request.gone();
-                batch.lost(&conn, &self.batching)?;
+                batch.lost(&conn, &self.batching);
                 return outcome.map(|(out, _)| out);
             }
             match outcome {

@@ -413,18 +413,29 @@ impl Batch {
     /// SQLite rolled the open batch back by itself (it may on a full disk
     /// or an I/O error): replays its records from the log. If that fails
     /// the process aborts, as in [`Batch::commit`].
-    pub(crate) fn lost(&mut self, conn: &Connection, batching: &Batching) -> Result<()> {
+    pub(crate) fn lost(&mut self, conn: &Connection, batching: &Batching) {
         tracing::warn!(
             "SQLite rolled the metadata batch back; applying it again from the operation log"
         );
+        self.close(batching);
+        self.replay_or_abort(conn);
+    }
+
+    /// No batch is open any more.
+    fn close(&mut self, batching: &Batching) {
         self.opened_at = None;
         self.records = 0;
         batching.open.store(false, Ordering::SeqCst);
+    }
+
+    /// Commits what the log holds after the batch was lost; if that fails
+    /// too, aborts: its requests were replied, and the next generation
+    /// replays them.
+    fn replay_or_abort(&mut self, conn: &Connection) {
         if let Err(err) = replay(conn, &mut self.log) {
             tracing::error!(%err, log = %self.log.path.display(), "cannot commit replied metadata changes; exiting so the next generation replays them");
             std::process::abort();
         }
-        Ok(())
     }
 
     /// Replays a dead writer's records if this process has no batch open
@@ -466,15 +477,10 @@ impl Batch {
                 let _ = conn.execute_batch("ROLLBACK");
             }
             reserve.release();
-            if let Err(replay_err) = replay(conn, &mut self.log) {
-                tracing::error!(err = %replay_err, log = %self.log.path.display(), "cannot commit replied metadata changes; exiting so the next generation replays them");
-                std::process::abort();
-            }
+            self.replay_or_abort(conn);
             err
         });
-        self.opened_at = None;
-        self.records = 0;
-        batching.open.store(false, Ordering::SeqCst);
+        self.close(batching);
         if let Err(err) = self.log.clear() {
             // Harmless: what it holds is committed, and the next batch
             // replays (skips) it and empties it first.

@@ -271,6 +271,26 @@ fn table_info(conn: &Connection, table: &str) -> std::result::Result<TableInfo, 
     })
 }
 
+/// The quoted columns a change writes and their new values: the logged
+/// columns in `written`, then the rowid if the table has one.
+fn new_values<'v>(
+    t: &TableInfo,
+    written: &[usize],
+    new: &'v [Value],
+    new_rowid: &'v Value,
+) -> (Vec<String>, Vec<&'v dyn rusqlite::ToSql>) {
+    let mut cols: Vec<String> = written.iter().map(|&i| quoted(&t.columns[i])).collect();
+    let mut params: Vec<&dyn rusqlite::ToSql> = written
+        .iter()
+        .map(|&i| &new[i] as &dyn rusqlite::ToSql)
+        .collect();
+    if t.has_rowid {
+        cols.push("rowid".into());
+        params.push(new_rowid);
+    }
+    (cols, params)
+}
+
 /// ` WHERE ...` naming the row a logged change found: its old rowid, or
 /// its old primary key's values.
 fn key_clause<'v>(
@@ -354,16 +374,7 @@ pub(crate) fn apply(
         let new_rowid = Value::Integer(new_rowid);
         let (sql, params): (String, Vec<&dyn rusqlite::ToSql>) = match (&old, &new) {
             (None, Some(new)) => {
-                let mut cols: Vec<String> =
-                    written.iter().map(|&i| quoted(&t.columns[i])).collect();
-                let mut params: Vec<&dyn rusqlite::ToSql> = written
-                    .iter()
-                    .map(|&i| &new[i] as &dyn rusqlite::ToSql)
-                    .collect();
-                if t.has_rowid {
-                    cols.push("rowid".into());
-                    params.push(&new_rowid);
-                }
+                let (cols, params) = new_values(t, &written, new, &new_rowid);
                 let sql = format!(
                     "INSERT INTO {} ({}) VALUES ({})",
                     quoted(&table),
@@ -377,18 +388,8 @@ pub(crate) fn apply(
                 (format!("DELETE FROM {}{clause}", quoted(&table)), params)
             }
             (Some(old), Some(new)) => {
-                let mut sets: Vec<String> = written
-                    .iter()
-                    .map(|&i| format!("{} = ?", quoted(&t.columns[i])))
-                    .collect();
-                let mut params: Vec<&dyn rusqlite::ToSql> = written
-                    .iter()
-                    .map(|&i| &new[i] as &dyn rusqlite::ToSql)
-                    .collect();
-                if t.has_rowid {
-                    sets.push("rowid = ?".into());
-                    params.push(&new_rowid);
-                }
+                let (cols, mut params) = new_values(t, &written, new, &new_rowid);
+                let sets: Vec<String> = cols.iter().map(|c| format!("{c} = ?")).collect();
                 let (clause, key_params) = key_clause(t, &table, old, &old_rowid)?;
                 params.extend(key_params);
                 (
