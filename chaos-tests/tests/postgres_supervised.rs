@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)] // Test code: a failed setup step should stop the test.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use chaos_tests::mount_guard::{wait_until, workspace_binary, ChildGuard, MountGuard};
@@ -20,6 +21,9 @@ use serde_json::Value;
 const URL_ENV: &str = "BATON_TEST_POSTGRES_URL";
 const DEADLINE: Duration = Duration::from_secs(30);
 const CGROUP_V1_MEMORY: &str = "/sys/fs/cgroup/memory";
+/// Numbers each host's cgroup parent: tests run in parallel threads of one
+/// process, and a host's drop kills every process under its parent.
+static HOSTS: AtomicU32 = AtomicU32::new(0);
 
 /// The single value `sql` returns, as text.
 fn psql_value(url: &str, sql: &str) -> String {
@@ -56,7 +60,11 @@ impl Host {
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("mnt")).unwrap();
         let socket = dir.join("supervisor.sock");
-        let cgroup_parent = format!("baton-test-pg-{}-{name}", std::process::id());
+        let cgroup_parent = format!(
+            "baton-test-pg-{}-{}-{name}",
+            std::process::id(),
+            HOSTS.fetch_add(1, Ordering::SeqCst)
+        );
         let log = std::fs::File::create(dir.join("supervisor.log")).unwrap();
         let child = Command::new(workspace_binary("fs-supervisor"))
             .arg("--client-binary")
