@@ -643,11 +643,18 @@ fn same_files(a: &Path, b: &Path) -> bool {
         .success()
 }
 
+/// Whether process `pid` may still hold its files: it exists and is no
+/// zombie, or it is a zombie whose other threads are still exiting. SIGKILL
+/// can make the main thread a zombie first; the process's fds close only as
+/// the last thread exits (a test that checked the main thread alone saw
+/// the /dev/fuse fd close after it, the mount answering ECONNABORTED to a
+/// request queued in between).
 fn pid_alive(pid: i64) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    !stat.contains(") Z ")
+        || std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|threads| threads.count() > 1)
 }
 
 #[test]
