@@ -676,6 +676,7 @@ mod tests {
         let w = m.writer.lock().unwrap();
         assert_eq!(pragma_i64(&w, "synchronous"), 1, "synchronous = NORMAL");
         assert_eq!(pragma_i64(&w, "foreign_keys"), 1);
+        assert_eq!(pragma_i64(&w, "temp_store"), 2, "temp_store = MEMORY");
         // A busy handler of our own (`schema::busy_poll`) replaces SQLite's
         // timeout.
         assert_eq!(pragma_i64(&w, "busy_timeout"), 0);

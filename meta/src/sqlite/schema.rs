@@ -414,6 +414,12 @@ pub(crate) fn configure_writer(conn: &mut Connection) -> Result<()> {
     keep_plans(conn)?;
     conn.pragma_update(None, "foreign_keys", true)?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Statement journals and temporary b-trees in memory. Each request is
+    // a savepoint of a batch (`oplog.rs`), which copies every page it
+    // first changes into a sub-journal; once one request passed 64 KiB of
+    // it (a release of 256 orphans does), SQLite moved it to a temporary
+    // file for the rest of the batch: two `pwrite`s per page on disk.
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
     set_wal(conn)
 }
 
