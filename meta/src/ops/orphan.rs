@@ -34,29 +34,30 @@ pub(crate) fn reclaim<C: Db>(c: &C, ino: u64) -> Result<Vec<ObjectRef>> {
         )));
     }
     let keys: BTreeSet<String> = match C::DIALECT {
-        // SQLite builds a temporary b-tree for every `RETURNING`; two
-        // searches of the primary key cost less.
-        Dialect::Sqlite => {
-            let keys = c
-                .prepare_cached("SELECT object_key FROM blocks WHERE ino = ?1")?
-                .collect_rows(params![ino], |r| r.get(0))?;
-            c.prepare_cached("DELETE FROM blocks WHERE ino = ?1")?
-                .execute(params![ino])?;
-            keys
-        }
+        // SQLite builds a temporary b-tree for every `RETURNING`: a search
+        // of the primary key costs less, and the block rows go with the
+        // inode's.
+        Dialect::Sqlite => c
+            .prepare_cached("SELECT object_key FROM blocks WHERE ino = ?1")?
+            .collect_rows(params![ino], |r| r.get(0))?,
         // One round trip.
         Dialect::Postgres => c
             .prepare_cached("DELETE FROM blocks WHERE ino = ?1 RETURNING object_key")?
             .collect_rows(params![ino], |r| r.get(0))?,
     };
     quota::uncharge_all(c, &a)?;
-    for sql in [
-        "DELETE FROM xattrs WHERE ino = ?1",
-        "DELETE FROM symlinks WHERE ino = ?1",
-        "DELETE FROM orphans WHERE ino = ?1",
-        "DELETE FROM inodes WHERE ino = ?1",
-    ] {
-        c.prepare_cached(sql)?.execute(params![ino])?;
+    // Every table keyed by an inode but `dentries` (checked empty above)
+    // deletes its rows with the inode's (`ON DELETE CASCADE`): blocks,
+    // xattrs, the symlink target, the orphan row, holds, charges, locks.
+    // Deleting them first, one statement each, only doubled the searches
+    // (an unlink burst reclaims one inode per unlink, with the writer held).
+    let deleted = c
+        .prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
+        .execute(params![ino])?;
+    if deleted != 1 {
+        return Err(MetaError::corrupt(format!(
+            "orphan {ino} vanished while it was reclaimed"
+        )));
     }
     blockmap::unreferenced(c, keys)
 }

@@ -333,6 +333,13 @@ pub(crate) fn add_bytes<C: Db>(c: &C, ino: u64, delta: i64, check: bool) -> Resu
 
 /// Orphan `a` is being deleted: no quota counts it any more.
 pub(crate) fn uncharge_all<C: Db>(c: &C, a: &Attr) -> Result<()> {
+    // Most inodes no quota counts: one search of the index, and done.
+    let counted: bool = c
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM quota_charges WHERE ino = ?1)")?
+        .query_row(params![a.ino], |r| r.get(0))?;
+    if !counted {
+        return Ok(());
+    }
     let usage = usage_with_reserved(c, a)?;
     let changed = c
         .prepare_cached(
