@@ -417,8 +417,8 @@ pub(crate) fn configure_writer(conn: &mut Connection) -> Result<()> {
     // Statement journals and temporary b-trees in memory. Each request is
     // a savepoint of a batch (`oplog.rs`), which copies every page it
     // first changes into a sub-journal; once one request passed 64 KiB of
-    // it (a release of 256 orphans does), SQLite moved it to a temporary
-    // file for the rest of the batch: two `pwrite`s per page on disk.
+    // it (a release of many orphans can), SQLite moved it to a temporary
+    // file for the rest of the batch: two `pwrite`s per page, on the disk.
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     set_wal(conn)
 }
