@@ -46,19 +46,19 @@ impl MountInfo {
     /// Parses one line; None for a line that is not in the format above.
     /// Pure; never panics on any input.
     pub fn parse(line: &[u8]) -> Option<MountInfo> {
-        let separator = line.windows(3).position(|w| w == b" - ")?;
-        let (head, tail) = (&line[..separator], &line[separator + 3..]);
-        let mut head = head.split(|&b| b == b' ');
-        let mount_id = number(head.next()?)?;
-        let parent_id = number(head.next()?)?;
-        let device = head.next()?;
+        let mut fields = line.split(|&b| b == b' ');
+        let mount_id = number(fields.next()?)?;
+        let parent_id = number(fields.next()?)?;
+        let device = fields.next()?;
         let colon = device.iter().position(|&b| b == b':')?;
-        let root = unescape(head.next()?);
-        let mountpoint = unescape(head.next()?);
-        let options = text(head.next()?);
-        let mut tail = tail.split(|&b| b == b' ');
-        let fstype = tail.next().filter(|t| !t.is_empty()).map(text)?;
-        let source = unescape(tail.next()?).into_os_string();
+        let root = unescape(fields.next()?);
+        let mountpoint = unescape(fields.next()?);
+        let options = text(fields.next()?);
+        // The optional fields (`shared:N`, ...) end at a lone `-`, looked
+        // for only after the six fixed fields: a path may be `-` itself.
+        fields.find(|field| *field == b"-")?;
+        let fstype = fields.next().filter(|t| !t.is_empty()).map(text)?;
+        let source = unescape(fields.next()?).into_os_string();
         Some(MountInfo {
             mount_id,
             parent_id,
@@ -213,9 +213,23 @@ mod tests {
             b"x 35 0:41 / /mnt rw - ext4 /dev/sda rw",
             b"36 35 041 / /mnt rw - ext4 /dev/sda rw",
             b"36 35 0:41 / /mnt rw - ",
+            b"36 35 0:41 / /mnt rw shared:1 ext4 /dev/sda rw",
         ] {
             assert_eq!(MountInfo::parse(line), None, "{line:?}");
         }
+    }
+
+    #[test]
+    fn a_path_that_is_a_lone_dash_is_not_the_separator() {
+        let m = MountInfo::parse(b"36 35 0:41 - - rw shared:7 - fuse.baton - rw").unwrap();
+        assert_eq!(
+            (m.root.as_os_str(), m.mountpoint.as_os_str()),
+            ("-".as_ref(), "-".as_ref())
+        );
+        assert_eq!(
+            (m.fstype.as_str(), m.source.as_os_str()),
+            ("fuse.baton", "-".as_ref())
+        );
     }
 
     #[test]
