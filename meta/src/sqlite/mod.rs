@@ -9,8 +9,8 @@
 //! sees one snapshot; a one-statement read (lookup, getattr) needs none. A
 //! thread with a connection of its own copies the write-ahead log back
 //! into the database (`checkpointer.rs`). Pragmas: `journal_mode = WAL`,
-//! `synchronous = NORMAL`, `foreign_keys = ON`, and a busy handler that
-//! polls every 100 µs (`schema::busy_poll`).
+//! `synchronous = NORMAL`, `foreign_keys = ON`, `temp_store = MEMORY`, and
+//! a busy handler that polls every 100 µs (`schema::busy_poll`).
 //!
 //! # Durability
 //! - A write survives the death of the process at any instant (kill -9,
@@ -193,7 +193,8 @@ impl SqliteMeta {
         wait_for_writer: bool,
     ) -> Result<SqliteMeta> {
         // Before anything reads: what a writer that died logged and never
-        // committed (this waits for a live writer's batch to commit).
+        // committed (with `wait_for_writer`, this waits for a live writer's
+        // batch to commit; without, a live writer's log is left to it).
         let mut log = OpLog::open(&path)?;
         let replayed = if wait_for_writer {
             oplog::replay(&writer, &mut log)
