@@ -3,7 +3,9 @@
 //! request path (a few relaxed atomic adds and two clock reads); the
 //! generation's stats thread turns them into
 //! [`upgrade_protocol::GenerationCounters`] for the supervisor about once a
-//! second.
+//! second. They also tell when the last request ended
+//! ([`RequestCounters::idle_for`]): the session timer's thread reclaims
+//! unlinked inodes in the pauses between requests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
@@ -29,6 +31,11 @@ pub struct RequestCounters {
     slots: [OpcodeSlot; OPCODE_SLOT_COUNT],
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    /// What `last_request_end_us` counts from.
+    started: Instant,
+    /// When the most recent request ended, µs after `started` (0: none
+    /// yet).
+    last_request_end_us: AtomicU64,
 }
 
 impl Default for RequestCounters {
@@ -37,6 +44,8 @@ impl Default for RequestCounters {
             slots: std::array::from_fn(|_| OpcodeSlot::default()),
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
+            started: Instant::now(),
+            last_request_end_us: AtomicU64::new(0),
         }
     }
 }
@@ -56,8 +65,13 @@ pub struct RequestTimer<'a> {
 
 impl Drop for RequestTimer<'_> {
     fn drop(&mut self) {
-        let latency_us = self.start.elapsed().as_micros() as u64;
+        let end = Instant::now();
+        let latency_us = end.duration_since(self.start).as_micros() as u64;
         self.counters.record(self.opcode, latency_us);
+        let end_us = end.duration_since(self.counters.started).as_micros() as u64;
+        self.counters
+            .last_request_end_us
+            .fetch_max(end_us, Ordering::Relaxed);
     }
 }
 
@@ -76,6 +90,15 @@ impl RequestCounters {
         slot.count.fetch_add(1, Ordering::Relaxed);
         slot.latency_us_sum.fetch_add(latency_us, Ordering::Relaxed);
         slot.buckets[bucket_index(latency_us)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How long ago the most recent request ended (since the counters
+    /// were made, if none has); zero while requests end now.
+    pub fn idle_for(&self) -> std::time::Duration {
+        let last_end_us = self.last_request_end_us.load(Ordering::Relaxed);
+        self.started
+            .elapsed()
+            .saturating_sub(std::time::Duration::from_micros(last_end_us))
     }
 
     /// Counts bytes answered to a READ.

@@ -694,6 +694,10 @@ impl BatonFs {
     /// available is never more than the local store's disk has.
     fn do_statfs(&self, ino: u64) -> Result<Kstatfs> {
         const FRAGMENT_BYTES: u64 = 4096;
+        // What unlinked files hold is freed first, as on a local
+        // filesystem: `rm -rf dir; df` shows the space back (the timer
+        // thread would settle them only at a pause in the requests).
+        self.settle_orphans_now();
         let disk_available_bytes = self.store.local_dir().and_then(|dir| {
             match nix::sys::statvfs::statvfs(dir) {
                 Ok(st) => Some(st.blocks_available() * st.fragment_size()),

@@ -19,8 +19,8 @@
 //! memory (idle and busy generation, supervisor with idle mounts) and kill
 //! -9 stall. Cold reads drop the page cache, and for Baton also remount
 //! with an empty block cache. Ratios above 1 mean Baton is better (on the
-//! latency rows, the baseline's over Baton's). `--quick` shrinks everything
-//! for a smoke run.
+//! latency rows, the baseline's over Baton's). `--quick` shrinks every size
+//! not given explicitly, for a smoke run.
 //!
 //! `baton-bench stall`: the kill -9 stall alone, warm and cold.
 //! `baton-bench stall-together`: several mounts under one fs-supervisor,
@@ -199,7 +199,7 @@ enum Bench {
     /// Throughput, metadata rates and memory: plain directory, bindfs,
     /// rclone mount and Baton (through fs-supervisor), in one run.
     #[command(alias = "fsclient")]
-    Fs(FsArgs),
+    Fs(Box<FsArgs>),
     /// Holds this many MiB of touched memory until killed (the kill
     /// floor of `stall`; internal).
     #[command(hide = true)]
@@ -220,50 +220,55 @@ enum Bench {
 
 #[derive(clap::Args)]
 struct FsArgs {
-    /// Size of the large file, MiB.
-    #[arg(long, default_value_t = 1024)]
-    size_mib: u64,
-    /// Number of small files of the metadata workloads.
-    #[arg(long, default_value_t = 10_000)]
-    files: usize,
-    /// Seconds per warm random-read run.
-    #[arg(long, default_value_t = 3.0)]
-    seconds: f64,
-    /// Random 4 KiB reads per thread right after caches were dropped.
-    #[arg(long, default_value_t = 2000)]
-    cold_reads: u64,
+    /// Size of the large file, MiB [default: 1024; 32 with --quick].
+    #[arg(long)]
+    size_mib: Option<u64>,
+    /// Number of small files of the metadata workloads [default: 10000;
+    /// 300 with --quick].
+    #[arg(long)]
+    files: Option<usize>,
+    /// Seconds per warm random-read run [default: 3; 0.3 with --quick].
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Random 4 KiB reads per thread right after caches were dropped
+    /// [default: 2000; 200 with --quick].
+    #[arg(long)]
+    cold_reads: Option<u64>,
     /// Seconds of random 4 KiB reads (1 thread) right after caches were
-    /// dropped, the cache filling as they go (0 skips the row).
-    #[arg(long, default_value_t = 20.0)]
-    cold_seconds: f64,
+    /// dropped, the cache filling as they go (0 skips the row) [default:
+    /// 20; 2 with --quick].
+    #[arg(long)]
+    cold_seconds: Option<f64>,
     /// Files in the source tree untarred with `tar -xf`, then removed with
-    /// `rm -rf` (0 skips both rows).
-    #[arg(long, default_value_t = 20_000)]
-    untar_files: usize,
+    /// `rm -rf` (0 skips both rows) [default: 20000; 2000 with --quick].
+    #[arg(long)]
+    untar_files: Option<usize>,
     /// fsyncs, each after a 4 KiB write into a 1 MiB file, for the fsync
-    /// latency rows (0 skips them).
-    #[arg(long, default_value_t = 2000)]
-    fsyncs: u64,
-    /// Files in the many-file tree.
-    #[arg(long, default_value_t = 200)]
-    tree_files: usize,
-    /// Smallest tree file, MiB.
-    #[arg(long, default_value_t = 1)]
-    tree_min_mib: u64,
-    /// Largest tree file, MiB.
-    #[arg(long, default_value_t = 20)]
-    tree_max_mib: u64,
-    /// Runs of every workload per target (the median is shown).
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
+    /// latency rows (0 skips them) [default: 2000; 200 with --quick].
+    #[arg(long)]
+    fsyncs: Option<u64>,
+    /// Files in the many-file tree [default: 200; 6 with --quick].
+    #[arg(long)]
+    tree_files: Option<usize>,
+    /// Smallest tree file, MiB [default: 1].
+    #[arg(long)]
+    tree_min_mib: Option<u64>,
+    /// Largest tree file, MiB [default: 20; 2 with --quick].
+    #[arg(long)]
+    tree_max_mib: Option<u64>,
+    /// Runs of every workload per target (the median is shown) [default:
+    /// 3; 1 with --quick].
+    #[arg(long)]
+    runs: Option<usize>,
     /// Idle mounts for the supervisor memory figure (0 skips it). One
-    /// fs-supervisor holds at most 256 mounts (its MOUNTS_MAX).
-    #[arg(long, default_value_t = 100)]
-    idle_mounts: usize,
+    /// fs-supervisor holds at most 256 mounts (its MOUNTS_MAX) [default:
+    /// 100; 3 with --quick].
+    #[arg(long)]
+    idle_mounts: Option<usize>,
     /// Kills for the kill -9 stall figure, and upgrades for the planned-
-    /// upgrade stall figure (0 skips both).
-    #[arg(long, default_value_t = 50)]
-    stall_kills: usize,
+    /// upgrade stall figure (0 skips both) [default: 50; 5 with --quick].
+    #[arg(long)]
+    stall_kills: Option<usize>,
     /// Targets to measure, comma-separated, in this order: plain, bindfs,
     /// rclone, baton.
     #[arg(
@@ -272,7 +277,8 @@ struct FsArgs {
         default_value = "plain,bindfs,rclone,baton"
     )]
     targets: Vec<String>,
-    /// Small sizes for a smoke run (under a minute); overrides the above.
+    /// Small sizes for a smoke run (under a minute): the defaults above
+    /// marked "with --quick"; flags given explicitly still apply.
     #[arg(long)]
     quick: bool,
     /// Seconds to wait at most, before each measurement, for the CPUs to
@@ -290,50 +296,34 @@ struct FsArgs {
 
 impl FsArgs {
     fn options(&self) -> anyhow::Result<compare::Options> {
-        let quiet_wait_s = self.quiet_wait_s.unwrap_or(if self.quick {
-            QUICK_QUIET_WAIT_S
-        } else {
-            QUIET_WAIT_S
-        });
+        // A flag given wins; else the full run's default, or the smoke
+        // run's with --quick.
+        let quick = self.quick;
+        fn pick<T: Copy>(given: Option<T>, quick: bool, full: T, smoke: T) -> T {
+            given.unwrap_or(if quick { smoke } else { full })
+        }
+        let quiet_wait_s = pick(self.quiet_wait_s, quick, QUIET_WAIT_S, QUICK_QUIET_WAIT_S);
+        let cold_seconds = pick(self.cold_seconds, quick, 20.0, 2.0);
         // Checked here so that a bad value fails before any measurement.
-        seconds_arg("--cold-seconds", self.cold_seconds)?;
-        let mut o = compare::Options {
-            size_mib: self.size_mib,
-            files: self.files,
-            seconds: self.seconds,
-            cold_reads: self.cold_reads,
-            cold_seconds: self.cold_seconds,
-            untar_files: self.untar_files,
-            fsyncs: self.fsyncs,
-            tree_files: self.tree_files,
-            tree_min_mib: self.tree_min_mib,
-            tree_max_mib: self.tree_max_mib,
-            runs: self.runs.max(1),
-            idle_mounts: self.idle_mounts,
-            stall_kills: self.stall_kills,
+        seconds_arg("--cold-seconds", cold_seconds)?;
+        Ok(compare::Options {
+            size_mib: pick(self.size_mib, quick, 1024, 32),
+            files: pick(self.files, quick, 10_000, 300),
+            seconds: pick(self.seconds, quick, 3.0, 0.3),
+            cold_reads: pick(self.cold_reads, quick, 2000, 200),
+            cold_seconds,
+            untar_files: pick(self.untar_files, quick, 20_000, 2000),
+            fsyncs: pick(self.fsyncs, quick, 2000, 200),
+            tree_files: pick(self.tree_files, quick, 200, 6),
+            tree_min_mib: pick(self.tree_min_mib, quick, 1, 1),
+            tree_max_mib: pick(self.tree_max_mib, quick, 20, 2),
+            runs: pick(self.runs, quick, 3, 1).max(1),
+            idle_mounts: pick(self.idle_mounts, quick, 100, 3),
+            stall_kills: pick(self.stall_kills, quick, 50, 5),
             targets: self.targets.clone(),
             quiet_wait: seconds_arg("--quiet-wait-s", quiet_wait_s)?,
             dir: self.dir.clone(),
-        };
-        if self.quick {
-            o = compare::Options {
-                size_mib: 32,
-                files: 300,
-                seconds: 0.3,
-                cold_reads: 200,
-                cold_seconds: 2.0,
-                untar_files: 2000,
-                fsyncs: 200,
-                tree_files: 6,
-                tree_min_mib: 1,
-                tree_max_mib: 2,
-                runs: 1,
-                idle_mounts: 3,
-                stall_kills: 5,
-                ..o
-            };
-        }
-        Ok(o)
+        })
     }
 }
 
@@ -597,5 +587,40 @@ fn print_table(rows: &[Row], duration: Duration, runs: usize) {
             row.server_rss_kib
                 .map_or("-".to_string(), |k| k.to_string()),
         );
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn fs_options(args: &[&str]) -> compare::Options {
+        let cli = Cli::try_parse_from(["baton-bench", "fs"].iter().chain(args)).unwrap();
+        match cli.command {
+            Bench::Fs(fs) => fs.options().unwrap(),
+            _ => panic!("not the fs bench"),
+        }
+    }
+
+    #[test]
+    fn quick_shrinks_only_what_is_not_given() {
+        let o = fs_options(&["--quick", "--untar-files", "20000", "--runs", "3"]);
+        assert_eq!(o.untar_files, 20_000, "given: kept");
+        assert_eq!(o.runs, 3, "given: kept");
+        assert_eq!(o.files, 300, "not given: the smoke run's");
+        assert_eq!(o.quiet_wait, Duration::from_secs(1));
+        let o = fs_options(&["--files", "50"]);
+        assert_eq!((o.files, o.untar_files, o.runs), (50, 20_000, 3));
+    }
+
+    #[test]
+    fn a_negative_duration_is_refused_before_any_measurement() {
+        let cli = Cli::try_parse_from(["baton-bench", "fs", "--cold-seconds=-1"]).unwrap();
+        let Bench::Fs(fs) = cli.command else {
+            panic!("not the fs bench")
+        };
+        let err = fs.options().unwrap_err().to_string();
+        assert!(err.contains("--cold-seconds"), "{err}");
     }
 }
