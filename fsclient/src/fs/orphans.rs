@@ -301,10 +301,11 @@ impl BatonFs {
         let timer = super::lock(&self.timer_thread);
         match timer.as_ref() {
             Some(thread) => {
-                {
-                    let _guard = self.inode_lock(ino);
-                    self.handles.mark_orphan(ino);
-                }
+                // Without the stripe mutex, which a flush of an inode on the
+                // same stripe may hold through a whole upload: the mark only
+                // makes the last close settle the inode, and that settlement
+                // re-reads the open count under the stripe.
+                self.handles.mark_orphan(ino);
                 let mut queue = super::lock(&self.orphans_to_settle);
                 queue.inos.insert(ino);
                 if queue.since.is_none() || queue.inos.len() >= ORPHAN_QUEUE_MAX {
