@@ -756,6 +756,12 @@ fn the_status_page_in_chromium_shows_a_healthy_mount_and_a_crash_looping_one_wit
         "never gave up: {}",
         fx.status(&broken)
     );
+    // A generation reports its counters about once a second: on a fast
+    // machine the broken mount gives up before the first report.
+    assert!(
+        wait_until(DEADLINE, || fx.get("/").contains("B written")),
+        "the healthy mount's write never reached the page"
+    );
 
     let dom = chromium_dom(&chromium, &format!("http://{}/", fx.metrics_addr));
     let text = visible_text(&dom);
