@@ -540,12 +540,16 @@ fn check_header_once(path: &Path) -> Result<()> {
             reason: "not a SQLite database file".to_owned(),
         });
     }
-    if let Some(expected) = header_file_bytes(&head) {
+    if let Some((page_size, page_count)) = header_pages(&head) {
         // The header's page count is the file's size at the last checkpoint
         // (later pages live in the WAL): a shorter file lost pages, and
         // SQLite would only find out when a query touched them (EIO on rm),
-        // unless a checkpoint is under way (`check_header` waits for it).
-        if file_bytes < expected {
+        // unless a checkpoint is under way (`check_header` waits for it) or
+        // was killed after page 1: the WAL still holds every page it was
+        // copying, and SQLite copies them again.
+        let expected = page_count * page_size;
+        let first_missing = file_bytes / page_size + 1;
+        if file_bytes < expected && !wal_holds(path, page_size, first_missing..=page_count)? {
             return Err(MetaError::corrupt(format!(
                 "{} is truncated: {file_bytes} bytes where its header says {expected}",
                 path.display()
@@ -555,13 +559,57 @@ fn check_header_once(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether the write-ahead log beside `path` (`-wal`) holds every page of
+/// `pages` in a frame of its current generation (the salts of its header;
+/// older frames are dead). No log, or one of another page size: `false`.
+fn wal_holds(path: &Path, page_size: u64, pages: std::ops::RangeInclusive<u64>) -> Result<bool> {
+    use std::os::unix::fs::FileExt;
+    const WAL_HEADER_BYTES: u64 = 32;
+    const FRAME_HEADER_BYTES: u64 = 24;
+    let mut wal_path = path.as_os_str().to_owned();
+    wal_path.push("-wal");
+    let wal_path = std::path::PathBuf::from(wal_path);
+    let io = |source| MetaError::Io {
+        path: wal_path.clone(),
+        source,
+    };
+    let wal = match std::fs::File::open(&wal_path) {
+        Ok(file) => file,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(io(err)),
+    };
+    let wal_bytes = wal.metadata().map_err(io)?.len();
+    let mut header = [0u8; WAL_HEADER_BYTES as usize];
+    if wal_bytes < WAL_HEADER_BYTES || wal.read_exact_at(&mut header, 0).is_err() {
+        return Ok(false);
+    }
+    let be32 = |b: &[u8], at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    if !matches!(be32(&header, 0), 0x377f_0682 | 0x377f_0683)
+        || u64::from(be32(&header, 8)) != page_size
+    {
+        return Ok(false);
+    }
+    let salts = &header[16..24];
+    let mut held = std::collections::BTreeSet::new();
+    let mut at = WAL_HEADER_BYTES;
+    let mut frame = [0u8; FRAME_HEADER_BYTES as usize];
+    while at + FRAME_HEADER_BYTES + page_size <= wal_bytes {
+        wal.read_exact_at(&mut frame, at).map_err(io)?;
+        if &frame[8..16] == salts {
+            held.insert(u64::from(be32(&frame, 0)));
+        }
+        at += FRAME_HEADER_BYTES + page_size;
+    }
+    Ok(pages.into_iter().all(|page| held.contains(&page)))
+}
+
 /// Bytes of the database file header SQLite documents.
 const HEADER_BYTES: usize = 100;
 
-/// The database size the header records (page count times page size), if
-/// the header says that count is valid (written by SQLite 3.7.0 or later:
-/// its version-valid-for number equals the change counter).
-fn header_file_bytes(head: &[u8]) -> Option<u64> {
+/// The page size and page count the header records, if the header says
+/// that count is valid (written by SQLite 3.7.0 or later: its
+/// version-valid-for number equals the change counter).
+fn header_pages(head: &[u8]) -> Option<(u64, u64)> {
     let be32 = |at: usize| -> Option<u32> {
         Some(u32::from_be_bytes(head.get(at..at + 4)?.try_into().ok()?))
     };
@@ -570,7 +618,7 @@ fn header_file_bytes(head: &[u8]) -> Option<u64> {
         n => u64::from(n),
     };
     let page_count = u64::from(be32(28)?);
-    (page_count > 0 && be32(24)? == be32(92)?).then_some(page_count * page_size)
+    (page_size > 0 && page_count > 0 && be32(24)? == be32(92)?).then_some((page_size, page_count))
 }
 
 fn read_volume(conn: &Connection) -> Result<VolumeRecord> {
@@ -656,5 +704,48 @@ mod tests {
         let err = check_header(&path).unwrap_err();
         assert!(err.to_string().contains("is truncated"), "{err}");
         assert!(started.elapsed() >= CHECKPOINT_GROWTH_WAIT);
+    }
+
+    /// A WAL of 4 KiB pages whose header has `salts`, with a frame per
+    /// `(page, frame salts)`.
+    fn wal_file(db: &Path, salts: [u8; 8], frames: &[(u32, [u8; 8])]) {
+        let mut wal = vec![0u8; 32];
+        wal[0..4].copy_from_slice(&0x377f_0682u32.to_be_bytes());
+        wal[4..8].copy_from_slice(&3_007_000u32.to_be_bytes());
+        wal[8..12].copy_from_slice(&4096u32.to_be_bytes());
+        wal[16..24].copy_from_slice(&salts);
+        for &(page, frame_salts) in frames {
+            let mut header = vec![0u8; 24];
+            header[0..4].copy_from_slice(&page.to_be_bytes());
+            header[8..16].copy_from_slice(&frame_salts);
+            wal.extend_from_slice(&header);
+            wal.extend_from_slice(&[0u8; 4096]);
+        }
+        let mut path = db.as_os_str().to_owned();
+        path.push("-wal");
+        std::fs::write(path, wal).unwrap();
+    }
+
+    #[test]
+    fn a_file_a_killed_checkpoint_left_short_passes_when_its_wal_holds_the_missing_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta.db");
+        // A checkpoint killed after page 1: the header says 4 pages, the
+        // file has 2, and the WAL holds pages 3 and 4.
+        database_file(&path, 4, 2);
+        let live = [1, 2, 3, 4, 5, 6, 7, 8];
+        wal_file(&path, live, &[(3, live), (1, live), (4, live)]);
+        let started = std::time::Instant::now();
+        check_header(&path).unwrap();
+        assert!(started.elapsed() < CHECKPOINT_GROWTH_WAIT, "no wait");
+
+        // Page 4 only in a dead frame (older salts): truncated.
+        let old = [9, 9, 9, 9, 9, 9, 9, 9];
+        wal_file(&path, live, &[(3, live), (4, old)]);
+        let err = check_header_once(&path).unwrap_err();
+        assert!(err.to_string().contains("is truncated"), "{err}");
+        // Page 4 missing from the WAL: truncated.
+        wal_file(&path, live, &[(3, live)]);
+        assert!(check_header_once(&path).is_err());
     }
 }
