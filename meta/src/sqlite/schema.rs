@@ -726,6 +726,67 @@ mod tests {
         std::fs::write(path, wal).unwrap();
     }
 
+    /// A real SQLite database whose checkpoint was killed after it wrote
+    /// page 1: a copy taken while the writer is open (the WAL holds every
+    /// page since the file was made), then page 1 copied from the WAL
+    /// into the file, as a checkpoint does first. It opens, and every row
+    /// reads back.
+    #[test]
+    fn a_database_whose_checkpoint_was_killed_after_page_1_opens_with_every_row() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let live = dir.path().join("live.db");
+        let c = Connection::open(&live).unwrap();
+        c.pragma_update(None, "journal_mode", "wal").unwrap();
+        c.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB)")
+            .unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        for i in 0..200 {
+            c.execute("INSERT INTO t VALUES (?1, zeroblob(3000))", [i])
+                .unwrap();
+        }
+        let path = dir.path().join("meta.db");
+        std::fs::copy(&live, &path).unwrap();
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::copy(dir.path().join("live.db-wal"), &wal).unwrap();
+        drop(c);
+
+        // The newest frame of page 1, written over the file's page 1.
+        let wal = std::fs::read(&wal).unwrap();
+        let frame_bytes = 24 + 4096;
+        let page_1 = (0..(wal.len() - 32) / frame_bytes)
+            .map(|i| 32 + i * frame_bytes)
+            .filter(|&at| {
+                wal[at..at + 4] == 1u32.to_be_bytes() && wal[at + 8..at + 16] == wal[16..24]
+            })
+            .last()
+            .unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.write_all_at(&wal[page_1 + 24..page_1 + frame_bytes], 0)
+            .unwrap();
+        drop(file);
+        let head = std::fs::read(&path).unwrap();
+        let (page_size, pages) = header_pages(&head).unwrap();
+        assert!(
+            (head.len() as u64) < page_size * pages,
+            "the file is shorter than its header says"
+        );
+
+        check_header(&path).unwrap();
+        let c = Connection::open(&path).unwrap();
+        let rows: i64 = c
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 200);
+        assert_eq!(
+            c.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+                .unwrap(),
+            "ok"
+        );
+    }
+
     #[test]
     fn a_file_a_killed_checkpoint_left_short_passes_when_its_wal_holds_the_missing_pages() {
         let dir = tempfile::tempdir().unwrap();
