@@ -761,7 +761,7 @@ mod tests {
             .filter(|&at| {
                 wal[at..at + 4] == 1u32.to_be_bytes() && wal[at + 8..at + 16] == wal[16..24]
             })
-            .last()
+            .next_back()
             .unwrap();
         let file = std::fs::File::options().write(true).open(&path).unwrap();
         file.write_all_at(&wal[page_1 + 24..page_1 + frame_bytes], 0)
