@@ -758,10 +758,9 @@ mod tests {
         let frame_bytes = 24 + 4096;
         let page_1 = (0..(wal.len() - 32) / frame_bytes)
             .map(|i| 32 + i * frame_bytes)
-            .filter(|&at| {
+            .rfind(|&at| {
                 wal[at..at + 4] == 1u32.to_be_bytes() && wal[at + 8..at + 16] == wal[16..24]
             })
-            .next_back()
             .unwrap();
         let file = std::fs::File::options().write(true).open(&path).unwrap();
         file.write_all_at(&wal[page_1 + 24..page_1 + frame_bytes], 0)
