@@ -68,10 +68,13 @@ impl Drop for RequestTimer<'_> {
         let end = Instant::now();
         let latency_us = end.duration_since(self.start).as_micros() as u64;
         self.counters.record(self.opcode, latency_us);
+        // A plain store, not a compare-and-swap loop on the request path:
+        // two workers ending at once may leave the earlier end, a few µs
+        // off a pause measured in ms.
         let end_us = end.duration_since(self.counters.started).as_micros() as u64;
         self.counters
             .last_request_end_us
-            .fetch_max(end_us, Ordering::Relaxed);
+            .store(end_us, Ordering::Relaxed);
     }
 }
 
