@@ -590,13 +590,19 @@ fn wal_holds(path: &Path, page_size: u64, pages: std::ops::RangeInclusive<u64>) 
         return Ok(false);
     }
     let salts = &header[16..24];
+    // Frames count once a commit frame (a non-zero database size) follows:
+    // SQLite ignores those after the last commit.
     let mut held = std::collections::BTreeSet::new();
+    let mut uncommitted = Vec::new();
     let mut at = WAL_HEADER_BYTES;
     let mut frame = [0u8; FRAME_HEADER_BYTES as usize];
     while at + FRAME_HEADER_BYTES + page_size <= wal_bytes {
         wal.read_exact_at(&mut frame, at).map_err(io)?;
         if &frame[8..16] == salts {
-            held.insert(u64::from(be32(&frame, 0)));
+            uncommitted.push(u64::from(be32(&frame, 0)));
+            if be32(&frame, 4) != 0 {
+                held.extend(uncommitted.drain(..));
+            }
         }
         at += FRAME_HEADER_BYTES + page_size;
     }
@@ -714,9 +720,13 @@ mod tests {
         wal[4..8].copy_from_slice(&3_007_000u32.to_be_bytes());
         wal[8..12].copy_from_slice(&4096u32.to_be_bytes());
         wal[16..24].copy_from_slice(&salts);
-        for &(page, frame_salts) in frames {
+        for (i, &(page, frame_salts)) in frames.iter().enumerate() {
             let mut header = vec![0u8; 24];
             header[0..4].copy_from_slice(&page.to_be_bytes());
+            // The last frame commits the transaction.
+            if i + 1 == frames.len() {
+                header[4..8].copy_from_slice(&4u32.to_be_bytes());
+            }
             header[8..16].copy_from_slice(&frame_salts);
             wal.extend_from_slice(&header);
             wal.extend_from_slice(&[0u8; 4096]);
