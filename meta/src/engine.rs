@@ -36,10 +36,12 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// The connection or open transaction the operations run on.
     type Conn<'c>: Db;
 
-    /// Whether [`Engine::read_one`] is cheaper than [`Engine::read`] (it
-    /// runs outside any transaction): `lookup` then tries the
-    /// one-statement path first and falls back to the full read.
-    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool;
+    /// Whether each statement is a round trip to a server. Then one
+    /// statement that reads more beats two simple ones: a `lookup` that may
+    /// miss reads the entry and its parent in one
+    /// (`namespace::lookup_one_plus`). In process (SQLite), the simple
+    /// statement is cheaper for the common case, a name that is there.
+    const STATEMENT_IS_ROUND_TRIP: bool;
 
     /// [`MetaStore::shared_by_hosts`].
     const SHARED_BY_HOSTS: bool;
@@ -117,11 +119,9 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
-        if E::ONE_STATEMENT_READS_SKIP_TRANSACTION {
-            let entry = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))?;
-            if let Some(attr) = entry {
-                return Ok(attr);
-            }
+        let entry = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))?;
+        if let Some(attr) = entry {
+            return Ok(attr);
         }
         self.read("lookup", |c| namespace::lookup(c, parent, name))
     }
@@ -152,13 +152,17 @@ impl<E: Engine> MetaStore for E {
 
     fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)> {
         let bs = self.volume_record().block_size_bytes;
-        if E::ONE_STATEMENT_READS_SKIP_TRANSACTION {
-            let entry = self.read_one("lookup", |c| {
+        let entry = if E::STATEMENT_IS_ROUND_TRIP {
+            self.read_one("lookup", |c| {
+                namespace::lookup_one_plus(c, parent, name, bs)
+            })?
+        } else {
+            self.read_one("lookup", |c| {
                 namespace::lookup_entry_plus(c, parent, name, bs)
-            })?;
-            if let Some(found) = entry {
-                return Ok(found);
-            }
+            })?
+        };
+        if let Some(found) = entry {
+            return Ok(found);
         }
         self.read("lookup", |c| {
             let attr = namespace::lookup(c, parent, name)?;
@@ -319,7 +323,7 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
-        self.read("getxattr", |c| xattr::get(c, ino, name))
+        self.read_one("getxattr", |c| xattr::get(c, ino, name))
     }
 
     fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {

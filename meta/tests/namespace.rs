@@ -5,7 +5,7 @@
 mod common;
 
 use baton_meta::limits::{NAME_LEN_MAX, NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
-use baton_meta::{CreateArgs, FileKind, MetaError, ROOT_INO};
+use baton_meta::{CreateArgs, FileKind, MetaError, XattrFlags, ROOT_INO};
 use common::*;
 
 #[test]
@@ -270,6 +270,55 @@ fn unlink_errors() {
         m.unlink(77, n("x"), None).unwrap_err().errno(),
         libc::ENOENT
     );
+}
+
+/// Every answer a lookup can give, on both paths of each engine (PostgreSQL
+/// reads an entry and its parent in one statement; SQLite asks the parent
+/// only after a miss), and getxattr's, which reads the inode and the value
+/// in one statement.
+#[test]
+fn lookups_and_getxattr_tell_each_kind_of_miss_apart() {
+    let v = fresh();
+    let m = v.meta.as_ref();
+    let d = dir(m, ROOT_INO, "d");
+    let f = file(m, d.ino, "f");
+    for found in [
+        m.lookup(d.ino, n("f")).unwrap(),
+        m.lookup_plus(d.ino, n("f")).unwrap().0,
+    ] {
+        assert_eq!(found, m.getattr(f.ino).unwrap());
+    }
+    assert_eq!(m.lookup_plus(d.ino, n(".")).unwrap().0.ino, d.ino);
+    assert_eq!(m.lookup_plus(d.ino, n("..")).unwrap().0.ino, ROOT_INO);
+    let missing = m.lookup_plus(d.ino, n("nope")).unwrap_err();
+    assert!(
+        matches!(&missing, MetaError::NotFound { ino, name: Some(name) } if *ino == d.ino && name == "nope"),
+        "{missing}"
+    );
+    for (parent, errno) in [(f.ino, libc::ENOTDIR), (999_999, libc::ENOENT)] {
+        assert_eq!(
+            m.lookup_plus(parent, n("x")).unwrap_err().errno(),
+            errno,
+            "lookup_plus in {parent}"
+        );
+        assert_eq!(
+            m.lookup(parent, n("x")).unwrap_err().errno(),
+            errno,
+            "lookup in {parent}"
+        );
+    }
+    let e = m
+        .lookup_plus(d.ino, n(&"x".repeat(NAME_LEN_MAX + 1)))
+        .unwrap_err();
+    assert_eq!(e.errno(), libc::ENAMETOOLONG, "{e}");
+
+    m.setxattr(f.ino, n("user.a"), b"1", XattrFlags::default(), None)
+        .unwrap();
+    assert_eq!(m.getxattr(f.ino, n("user.a")).unwrap(), b"1");
+    let e = m.getxattr(f.ino, n("user.b")).unwrap_err();
+    assert!(matches!(e, MetaError::NoXattr { .. }), "{e}");
+    let e = m.getxattr(999_999, n("user.a")).unwrap_err();
+    assert!(matches!(e, MetaError::NotFound { ino: 999_999, .. }), "{e}");
 }
 
 #[test]

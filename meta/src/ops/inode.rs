@@ -214,7 +214,13 @@ pub(crate) fn insert<C: Db>(c: &C, a: &Attr, dir_parent: Option<u64>) -> Result<
 /// Adds `delta` to the link count of `ino` (a directory gaining or losing a
 /// subdirectory), and sets its mtime and ctime to `now`.
 pub(crate) fn adjust_dir<C: Db>(c: &C, ino: u64, delta: i64, now: Timespec) -> Result<()> {
-    let mut a = attr(c, ino)?;
+    adjust_read_dir(c, attr(c, ino)?, delta, now)
+}
+
+/// [`adjust_dir`] of a directory whose row `a` this transaction read and
+/// has not changed since (one statement fewer).
+pub(crate) fn adjust_read_dir<C: Db>(c: &C, mut a: Attr, delta: i64, now: Timespec) -> Result<()> {
+    let ino = a.ino;
     let nlink = i64::from(a.nlink) + delta;
     if nlink > i64::from(NLINK_MAX) {
         return Err(MetaError::TooManyLinks {

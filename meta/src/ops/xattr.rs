@@ -64,8 +64,16 @@ pub(crate) fn set<C: Db>(
 /// Value of `name` on `ino`.
 pub(crate) fn get<C: Db>(c: &C, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
     let b = check_name(ino, name)?;
-    inode::attr(c, ino)?;
-    value_of(c, ino, b)?.ok_or_else(|| no_xattr(ino, name))
+    // ONE statement (`Engine::read_one`): the inode, and its value if any.
+    let value: Option<Vec<u8>> = c
+        .prepare_cached(
+            "SELECT x.value FROM inodes i LEFT JOIN xattrs x ON x.ino = i.ino AND x.name = ?2
+             WHERE i.ino = ?1",
+        )?
+        .query_row(params![ino, b], |r| r.get(0))
+        .optional()?
+        .ok_or(MetaError::NotFound { ino, name: None })?;
+    value.ok_or_else(|| no_xattr(ino, name))
 }
 
 /// Names on `ino`, sorted bytewise.

@@ -289,28 +289,110 @@ impl<T> OptionalExtension<T> for RowResult<T> {
 /// Prepared statements of one client, by SQL text.
 pub(crate) type StatementCache = HashMap<String, Statement>;
 
-/// One open transaction, shared by the operation code (`&Connection`).
+/// Where a [`Connection`]'s statements run.
+enum Session<'t> {
+    /// One open transaction: every write, and every read of several
+    /// statements.
+    Transaction(::postgres::Transaction<'t>),
+    /// The client outside any transaction: each statement is its own
+    /// snapshot, one round trip instead of three (`BEGIN`, the statement,
+    /// `COMMIT`). Only for reads of one statement (`Engine::read_one`).
+    OneStatement(&'t mut ::postgres::Client),
+}
+
+impl Session<'_> {
+    fn client(&mut self) -> &mut dyn ClientCalls {
+        match self {
+            Session::Transaction(tx) => tx,
+            Session::OneStatement(client) => *client,
+        }
+    }
+}
+
+/// The calls a [`Session`] makes, on a transaction or on the client.
+trait ClientCalls {
+    fn batch_execute(&mut self, sql: &str) -> Result<(), ::postgres::Error>;
+    fn prepare(&mut self, sql: &str) -> Result<Statement, ::postgres::Error>;
+    fn query(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<::postgres::Row>, ::postgres::Error>;
+    fn execute(
+        &mut self,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, ::postgres::Error>;
+}
+
+/// `postgres::GenericClient` has these, but its generic methods make it
+/// unusable as `dyn`: this is the part of it a [`Session`] needs.
+macro_rules! client_calls {
+    ($($t:ty),*) => {$(
+        impl ClientCalls for $t {
+            fn batch_execute(&mut self, sql: &str) -> Result<(), ::postgres::Error> {
+                <$t>::batch_execute(self, sql)
+            }
+            fn prepare(&mut self, sql: &str) -> Result<Statement, ::postgres::Error> {
+                <$t>::prepare(self, sql)
+            }
+            fn query(
+                &mut self,
+                statement: &Statement,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Vec<::postgres::Row>, ::postgres::Error> {
+                <$t>::query(self, statement, params)
+            }
+            fn execute(
+                &mut self,
+                statement: &Statement,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<u64, ::postgres::Error> {
+                <$t>::execute(self, statement, params)
+            }
+        }
+    )*};
+}
+client_calls!(::postgres::Transaction<'_>, ::postgres::Client);
+
+/// One open transaction, or one statement outside any, shared by the
+/// operation code (`&Connection`).
 pub(crate) struct Connection<'t> {
-    tx: RefCell<::postgres::Transaction<'t>>,
+    session: RefCell<Session<'t>>,
     cache: RefCell<&'t mut StatementCache>,
 }
 
 impl<'t> Connection<'t> {
     pub(crate) fn new(tx: ::postgres::Transaction<'t>, cache: &'t mut StatementCache) -> Self {
         Connection {
-            tx: RefCell::new(tx),
+            session: RefCell::new(Session::Transaction(tx)),
             cache: RefCell::new(cache),
         }
     }
 
-    /// Commits the transaction.
+    /// Statements on `client` outside any transaction (each its own
+    /// snapshot): for a read of ONE statement.
+    pub(crate) fn one_statement(
+        client: &'t mut ::postgres::Client,
+        cache: &'t mut StatementCache,
+    ) -> Self {
+        Connection {
+            session: RefCell::new(Session::OneStatement(client)),
+            cache: RefCell::new(cache),
+        }
+    }
+
+    /// Commits the transaction (nothing to commit outside one).
     pub(crate) fn commit(self) -> RowResult<()> {
-        Ok(self.tx.into_inner().commit()?)
+        match self.session.into_inner() {
+            Session::Transaction(tx) => Ok(tx.commit()?),
+            Session::OneStatement(_) => Ok(()),
+        }
     }
 
     /// Runs statements without parameters (DDL, locks).
     pub(crate) fn batch_execute(&self, sql: &str) -> RowResult<()> {
-        Ok(self.tx.borrow_mut().batch_execute(sql)?)
+        Ok(self.session.borrow_mut().client().batch_execute(sql)?)
     }
 
     /// A cached prepared statement for `sql` (`?N` placeholders).
@@ -321,7 +403,11 @@ impl<'t> Connection<'t> {
                 statement: statement.clone(),
             });
         }
-        let statement = self.tx.borrow_mut().prepare(&dollar_placeholders(sql))?;
+        let statement = self
+            .session
+            .borrow_mut()
+            .client()
+            .prepare(&dollar_placeholders(sql))?;
         self.cache
             .borrow_mut()
             .insert(sql.to_string(), statement.clone());
@@ -349,7 +435,7 @@ impl<'t> Connection<'t> {
     fn rows(&self, statement: &Statement, values: &[Value]) -> RowResult<Vec<::postgres::Row>> {
         let refs: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        Ok(self.tx.borrow_mut().query(statement, &refs)?)
+        Ok(self.session.borrow_mut().client().query(statement, &refs)?)
     }
 }
 
@@ -392,7 +478,12 @@ impl Stmt<'_, '_> {
     fn execute_values(&mut self, values: &[Value]) -> RowResult<usize> {
         let refs: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        let n = self.conn.tx.borrow_mut().execute(&self.statement, &refs)?;
+        let n = self
+            .conn
+            .session
+            .borrow_mut()
+            .client()
+            .execute(&self.statement, &refs)?;
         usize::try_from(n).map_err(|_| DbError::Range(format!("{n} rows")))
     }
 }

@@ -11,7 +11,9 @@
 //! on a serialization failure or deadlock (SQLSTATE 40001 / 40P01) up to
 //! [`WRITE_ATTEMPT_COUNT_MAX`] times, so concurrent hosts see the same
 //! one-writer-at-a-time semantics SQLite's `BEGIN IMMEDIATE` gives; reads
-//! run in REPEATABLE READ READ ONLY transactions (one snapshot per call).
+//! run in REPEATABLE READ READ ONLY transactions (one snapshot per call),
+//! except a read of one statement (`getattr`, `lookup`, `getxattr`), which
+//! is its own snapshot outside any transaction: one round trip, not three.
 //! Connections: a pool of [`PG_CONNECTIONS_MAX`] clients; a closed client
 //! (server restart) is reconnected before its next use. TLS by the URL's
 //! `sslmode=` and `sslrootcert=` ([`tls`]).
@@ -224,6 +226,27 @@ impl PostgresMeta {
         })
     }
 
+    /// Runs `f` on a pool client as one read: counted, and its errors
+    /// carry `op`.
+    fn read_on_client<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut Client, &mut StatementCache) -> Result<T>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let mut guard = match self.conn() {
+            Ok(guard) => guard,
+            Err(e) => {
+                self.tx.record(TxKind::Read, start, false);
+                return Err(e.in_op(op));
+            }
+        };
+        let PgConn { client, cache } = &mut *guard;
+        let result = f(client, cache);
+        self.tx.record(TxKind::Read, start, result.is_ok());
+        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+    }
+
     /// The schema version recorded in the database.
     pub fn schema_version(&self) -> Result<i64> {
         let mut conn = self.conn()?;
@@ -278,9 +301,7 @@ fn random_u128() -> Result<u128> {
 impl Engine for PostgresMeta {
     type Conn<'c> = Connection<'c>;
 
-    /// Every read is a transaction: a one-statement read gains nothing by
-    /// going first.
-    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = false;
+    const STATEMENT_IS_ROUND_TRIP: bool = true;
     const SHARED_BY_HOSTS: bool = true;
 
     fn volume_record(&self) -> &VolumeRecord {
@@ -359,16 +380,7 @@ impl Engine for PostgresMeta {
 
     /// Runs `f` in a REPEATABLE READ, READ ONLY transaction.
     fn read<T>(&self, op: &'static str, f: impl FnOnce(&Connection<'_>) -> Result<T>) -> Result<T> {
-        let start = Instant::now();
-        let mut guard = match self.conn() {
-            Ok(guard) => guard,
-            Err(e) => {
-                self.tx.record(TxKind::Read, start, false);
-                return Err(e.in_op(op));
-            }
-        };
-        let PgConn { client, cache } = &mut *guard;
-        let run = || -> Result<T> {
+        self.read_on_client(op, |client, cache| {
             let tx = client
                 .build_transaction()
                 .isolation_level(IsolationLevel::RepeatableRead)
@@ -379,10 +391,20 @@ impl Engine for PostgresMeta {
             let out = f(&c)?;
             c.commit()?;
             Ok(out)
-        };
-        let result = run();
-        self.tx.record(TxKind::Read, start, result.is_ok());
-        result.map_err(|e| self.quarantine.observe(log_store_error(e.in_op(op))))
+        })
+    }
+
+    /// Runs `f`, ONE statement, on a pool client outside any transaction:
+    /// the statement is its own snapshot, and costs one round trip where
+    /// [`Engine::read`] costs three (`getattr`, `lookup`, `getxattr`).
+    fn read_one<T>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&Connection<'_>) -> Result<T>,
+    ) -> Result<T> {
+        self.read_on_client(op, |client, cache| {
+            f(&Connection::one_statement(client, cache))
+        })
     }
 
     fn make_durable(&self) -> Result<()> {

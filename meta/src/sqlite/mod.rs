@@ -486,7 +486,7 @@ impl Drop for SqliteMeta {
 impl Engine for SqliteMeta {
     type Conn<'c> = Connection;
 
-    const ONE_STATEMENT_READS_SKIP_TRANSACTION: bool = true;
+    const STATEMENT_IS_ROUND_TRIP: bool = false;
     const SHARED_BY_HOSTS: bool = false;
 
     fn volume_record(&self) -> &VolumeRecord {
