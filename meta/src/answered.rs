@@ -50,9 +50,14 @@ impl AnsweredQueue {
         due
     }
 
-    /// Puts back keys taken for a write that rolled back (due at once).
+    /// Puts back keys taken for a write that rolled back: in front, due at
+    /// once (behind a key answered since, they would wait for it).
     pub(crate) fn put_back(&self, due: Vec<RequestKey>) {
-        let long_ago = Instant::now() - ANSWERED_RECORD_KEEP;
-        self.lock().extend(due.into_iter().map(|k| (long_ago, k)));
+        let now = Instant::now();
+        let long_ago = now.checked_sub(ANSWERED_RECORD_KEEP).unwrap_or(now);
+        let mut keys = self.lock();
+        for key in due.into_iter().rev() {
+            keys.push_front((long_ago, key));
+        }
     }
 }

@@ -163,9 +163,17 @@ fn the_same_unique_on_another_connection_is_another_request() {
 fn answered_records_go_with_the_next_recorded_write() {
     let v = fresh();
     let m = &v.meta;
-    m.create(ROOT_INO, n("a"), &args(), Some(RequestKey::new(1, 2)))
-        .unwrap();
-    m.request_answered(RequestKey::new(1, 2));
+    // Several answered keys, one of another connection.
+    let answered = [
+        RequestKey::new(1, 2),
+        RequestKey::new(1, 6),
+        RequestKey::new(9, 2),
+    ];
+    for (i, key) in answered.into_iter().enumerate() {
+        m.create(ROOT_INO, n(&format!("a{i}")), &args(), Some(key))
+            .unwrap();
+        m.request_answered(key);
+    }
     // Kept a while (a handover may still replay it), then deleted by a
     // later recorded write.
     m.create(ROOT_INO, n("b"), &args(), Some(RequestKey::new(1, 4)))
@@ -175,11 +183,25 @@ fn answered_records_go_with_the_next_recorded_write() {
         .unwrap()
         .is_some());
     std::thread::sleep(baton_meta::ANSWERED_RECORD_KEEP);
+    m.request_answered(RequestKey::new(1, 4));
+    // A replay of a recorded request is refused as one, with keys to forget
+    // riding along; the refusal rolls back and puts them back, due before
+    // the key answered since (they used to wait behind it).
+    let e = m
+        .create(ROOT_INO, n("b1"), &args(), Some(RequestKey::new(9, 2)))
+        .unwrap_err();
+    assert!(matches!(e, MetaError::DuplicateRequest { .. }), "{e}");
     m.create(ROOT_INO, n("b2"), &args(), Some(RequestKey::new(1, 8)))
         .unwrap();
-    assert_eq!(m.completed_request(RequestKey::new(1, 2)).unwrap(), None);
+    for key in answered {
+        assert_eq!(m.completed_request(key).unwrap(), None, "{key:?}");
+    }
     assert!(m
         .completed_request(RequestKey::new(1, 4))
+        .unwrap()
+        .is_some());
+    assert!(m
+        .completed_request(RequestKey::new(1, 8))
         .unwrap()
         .is_some());
 }
