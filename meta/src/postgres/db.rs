@@ -300,60 +300,44 @@ enum Session<'t> {
     OneStatement(&'t mut ::postgres::Client),
 }
 
+/// Each call on the transaction or on the client.
 impl Session<'_> {
-    fn client(&mut self) -> &mut dyn ClientCalls {
+    fn batch_execute(&mut self, sql: &str) -> Result<(), ::postgres::Error> {
         match self {
-            Session::Transaction(tx) => tx,
-            Session::OneStatement(client) => *client,
+            Session::Transaction(tx) => tx.batch_execute(sql),
+            Session::OneStatement(client) => client.batch_execute(sql),
         }
     }
-}
 
-/// The calls a [`Session`] makes, on a transaction or on the client.
-trait ClientCalls {
-    fn batch_execute(&mut self, sql: &str) -> Result<(), ::postgres::Error>;
-    fn prepare(&mut self, sql: &str) -> Result<Statement, ::postgres::Error>;
+    fn prepare(&mut self, sql: &str) -> Result<Statement, ::postgres::Error> {
+        match self {
+            Session::Transaction(tx) => tx.prepare(sql),
+            Session::OneStatement(client) => client.prepare(sql),
+        }
+    }
+
     fn query(
         &mut self,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<::postgres::Row>, ::postgres::Error>;
+    ) -> Result<Vec<::postgres::Row>, ::postgres::Error> {
+        match self {
+            Session::Transaction(tx) => tx.query(statement, params),
+            Session::OneStatement(client) => client.query(statement, params),
+        }
+    }
+
     fn execute(
         &mut self,
         statement: &Statement,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, ::postgres::Error>;
-}
-
-/// `postgres::GenericClient` has these, but its generic methods make it
-/// unusable as `dyn`: this is the part of it a [`Session`] needs.
-macro_rules! client_calls {
-    ($($t:ty),*) => {$(
-        impl ClientCalls for $t {
-            fn batch_execute(&mut self, sql: &str) -> Result<(), ::postgres::Error> {
-                <$t>::batch_execute(self, sql)
-            }
-            fn prepare(&mut self, sql: &str) -> Result<Statement, ::postgres::Error> {
-                <$t>::prepare(self, sql)
-            }
-            fn query(
-                &mut self,
-                statement: &Statement,
-                params: &[&(dyn ToSql + Sync)],
-            ) -> Result<Vec<::postgres::Row>, ::postgres::Error> {
-                <$t>::query(self, statement, params)
-            }
-            fn execute(
-                &mut self,
-                statement: &Statement,
-                params: &[&(dyn ToSql + Sync)],
-            ) -> Result<u64, ::postgres::Error> {
-                <$t>::execute(self, statement, params)
-            }
+    ) -> Result<u64, ::postgres::Error> {
+        match self {
+            Session::Transaction(tx) => tx.execute(statement, params),
+            Session::OneStatement(client) => client.execute(statement, params),
         }
-    )*};
+    }
 }
-client_calls!(::postgres::Transaction<'_>, ::postgres::Client);
 
 /// One open transaction, or one statement outside any, shared by the
 /// operation code (`&Connection`).
@@ -392,7 +376,7 @@ impl<'t> Connection<'t> {
 
     /// Runs statements without parameters (DDL, locks).
     pub(crate) fn batch_execute(&self, sql: &str) -> RowResult<()> {
-        Ok(self.session.borrow_mut().client().batch_execute(sql)?)
+        Ok(self.session.borrow_mut().batch_execute(sql)?)
     }
 
     /// A cached prepared statement for `sql` (`?N` placeholders).
@@ -406,7 +390,6 @@ impl<'t> Connection<'t> {
         let statement = self
             .session
             .borrow_mut()
-            .client()
             .prepare(&dollar_placeholders(sql))?;
         self.cache
             .borrow_mut()
@@ -435,7 +418,7 @@ impl<'t> Connection<'t> {
     fn rows(&self, statement: &Statement, values: &[Value]) -> RowResult<Vec<::postgres::Row>> {
         let refs: Vec<&(dyn ToSql + Sync)> =
             values.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        Ok(self.session.borrow_mut().client().query(statement, &refs)?)
+        Ok(self.session.borrow_mut().query(statement, &refs)?)
     }
 }
 
@@ -482,7 +465,6 @@ impl Stmt<'_, '_> {
             .conn
             .session
             .borrow_mut()
-            .client()
             .execute(&self.statement, &refs)?;
         usize::try_from(n).map_err(|_| DbError::Range(format!("{n} rows")))
     }

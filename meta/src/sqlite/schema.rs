@@ -566,9 +566,7 @@ fn wal_holds(path: &Path, page_size: u64, pages: std::ops::RangeInclusive<u64>) 
     use std::os::unix::fs::FileExt;
     const WAL_HEADER_BYTES: u64 = 32;
     const FRAME_HEADER_BYTES: u64 = 24;
-    let mut wal_path = path.as_os_str().to_owned();
-    wal_path.push("-wal");
-    let wal_path = std::path::PathBuf::from(wal_path);
+    let wal_path = super::wal_path(path);
     let io = |source| MetaError::Io {
         path: wal_path.clone(),
         source,
