@@ -62,6 +62,57 @@ fn names_and_their_errors() {
     m.stop();
 }
 
+/// A name a directory lacks is answered by the kernel the next time
+/// (a negative entry: `stat` of a missing module or header, as an
+/// interpreter or a compiler searching its paths makes, costs no request),
+/// and every way of making the name through the mount replaces it.
+#[test]
+fn a_missing_name_is_remembered_until_the_mount_makes_it() {
+    let vol = Volume::new();
+    let m = vol.mount(&vol.mountpoint("mnt"));
+    fs::create_dir(m.p("d")).unwrap();
+    for name in ["f", "dir", "moved", "link", "sym", "node"] {
+        assert_eq!(
+            err_of(fs::symlink_metadata(m.p(&format!("d/{name}")))),
+            libc::ENOENT
+        );
+    }
+    // With the server stopped, the kernel answers from its entry alone.
+    let pid = m.child.pid();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let (answered, _, stderr) = sh(&format!(
+        "timeout 5 stat {} 2>&1; test $? -eq 1",
+        s(&m.p("d/f"))
+    ));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(
+        answered,
+        "stat of a remembered missing name waited for the server: {stderr}"
+    );
+
+    fs::write(m.p("d/f"), b"made").unwrap();
+    fs::create_dir(m.p("d/dir")).unwrap();
+    fs::write(m.p("src"), b"moved").unwrap();
+    fs::rename(m.p("src"), m.p("d/moved")).unwrap();
+    fs::hard_link(m.p("d/f"), m.p("d/link")).unwrap();
+    std::os::unix::fs::symlink("f", m.p("d/sym")).unwrap();
+    let (made, _, stderr) = sh(&format!("mkfifo {}", s(&m.p("d/node"))));
+    assert!(made, "mkfifo: {stderr}");
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), b"made");
+    assert!(fs::metadata(m.p("d/dir")).unwrap().is_dir());
+    assert_eq!(fs::read(m.p("d/moved")).unwrap(), b"moved");
+    assert_eq!(fs::read(m.p("d/link")).unwrap(), b"made");
+    assert_eq!(fs::read(m.p("d/sym")).unwrap(), b"made");
+    assert!(fs::symlink_metadata(m.p("d/node")).is_ok());
+    assert_eq!(err_of(fs::symlink_metadata(m.p("src"))), libc::ENOENT);
+
+    // Gone again, and made again.
+    fs::remove_file(m.p("d/f")).unwrap();
+    assert_eq!(err_of(fs::symlink_metadata(m.p("d/f"))), libc::ENOENT);
+    fs::write(m.p("d/f"), b"again").unwrap();
+    assert_eq!(fs::read(m.p("d/f")).unwrap(), b"again");
+}
+
 fn renameat2(from: &std::path::Path, to: &std::path::Path, flags: u32) -> i32 {
     let (a, b) = (cstr(from), cstr(to));
     // SAFETY: valid NUL-terminated paths; plain syscall.

@@ -12,6 +12,7 @@
 //! PostgreSQL's transaction of any lifetime.
 
 use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
 use crate::answered::AnsweredQueue;
@@ -19,6 +20,7 @@ use crate::error::{MetaError, Result};
 use crate::ops::{acl, locks, quota, sessions, setattr, xattr};
 use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, reserve, scan};
 use crate::record::Recorded;
+use crate::row_cache::RowCache;
 use crate::sql::Db;
 use crate::store::MetaStore;
 use crate::types::{
@@ -111,6 +113,12 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     fn replay_log(&self) -> Result<u64> {
         Ok(0)
     }
+
+    /// The rows served from memory once this process serves the volume as
+    /// its only writer (`row_cache.rs`); engines shared by hosts have none.
+    fn row_cache(&self) -> Option<&RowCache> {
+        None
+    }
 }
 
 impl<E: Engine> MetaStore for E {
@@ -119,6 +127,11 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
+        if let Some(cache) = self.row_cache() {
+            if let Some(attr) = cache.lookup(parent, name.as_bytes()) {
+                return Ok(attr);
+            }
+        }
         let entry = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))?;
         if let Some(attr) = entry {
             return Ok(attr);
@@ -127,7 +140,16 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn getattr(&self, ino: u64) -> Result<Attr> {
-        self.read_one("getattr", |c| inode::attr(c, ino))
+        let Some(cache) = self.row_cache() else {
+            return self.read_one("getattr", |c| inode::attr(c, ino));
+        };
+        if let Some(attr) = cache.attr(ino) {
+            return Ok(attr);
+        }
+        let epoch = cache.epoch();
+        let attr = self.read_one("getattr", |c| inode::attr(c, ino))?;
+        cache.fill_attr(epoch, &attr, None);
+        Ok(attr)
     }
 
     fn warm_up(&self) -> Result<()> {
@@ -152,6 +174,11 @@ impl<E: Engine> MetaStore for E {
 
     fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)> {
         let bs = self.volume_record().block_size_bytes;
+        let cache = self.row_cache();
+        if let Some(found) = cache.and_then(|c| c.lookup_plus(parent, name.as_bytes())) {
+            return Ok(found);
+        }
+        let epoch = cache.map(RowCache::epoch);
         let entry = if E::STATEMENT_IS_ROUND_TRIP {
             self.read_one("lookup", |c| {
                 namespace::lookup_one_plus(c, parent, name, bs)
@@ -161,6 +188,11 @@ impl<E: Engine> MetaStore for E {
                 namespace::lookup_entry_plus(c, parent, name, bs)
             })?
         };
+        if let Some((attr, bytes)) = &entry {
+            if let (Some(cache), Some(epoch)) = (cache, epoch) {
+                cache.fill_entry(epoch, parent, name.as_bytes(), attr, *bytes);
+            }
+        }
         if let Some(found) = entry {
             return Ok(found);
         }
@@ -172,7 +204,16 @@ impl<E: Engine> MetaStore for E {
 
     fn getattr_plus(&self, ino: u64) -> Result<(Attr, u64)> {
         let bs = self.volume_record().block_size_bytes;
-        self.read_one("getattr", |c| inode::attr_plus(c, ino, bs))
+        let Some(cache) = self.row_cache() else {
+            return self.read_one("getattr", |c| inode::attr_plus(c, ino, bs));
+        };
+        if let Some(found) = cache.attr_plus(ino) {
+            return Ok(found);
+        }
+        let epoch = cache.epoch();
+        let (attr, bytes) = self.read_one("getattr", |c| inode::attr_plus(c, ino, bs))?;
+        cache.fill_attr(epoch, &attr, Some(bytes));
+        Ok((attr, bytes))
     }
 
     fn setattr(
@@ -323,7 +364,18 @@ impl<E: Engine> MetaStore for E {
     }
 
     fn getxattr(&self, ino: u64, name: &OsStr) -> Result<Vec<u8>> {
-        self.read_one("getxattr", |c| xattr::get(c, ino, name))
+        let Some(cache) = self.row_cache() else {
+            return self.read_one("getxattr", |c| xattr::get(c, ino, name));
+        };
+        if cache.xattr_absent(ino, xattr::check_name(ino, name)?) {
+            return Err(xattr::no_xattr(ino, name));
+        }
+        let epoch = cache.epoch();
+        let got = self.read_one("getxattr", |c| xattr::get(c, ino, name));
+        if let Err(MetaError::NoXattr { .. }) = &got {
+            cache.fill_absent_xattr(epoch, ino, name.as_bytes());
+        }
+        got
     }
 
     fn listxattr(&self, ino: u64) -> Result<Vec<OsString>> {
@@ -546,6 +598,12 @@ impl<E: Engine> MetaStore for E {
 
     fn replay_log(&self) -> Result<u64> {
         Engine::replay_log(self)
+    }
+
+    fn serve_as_only_writer(&self) {
+        if let Some(cache) = self.row_cache() {
+            cache.enable();
+        }
     }
 
     fn open_session(&self, info: &SessionInfo) -> Result<()> {

@@ -93,6 +93,7 @@ mod ops;
 pub mod postgres;
 mod quarantine;
 pub mod record;
+mod row_cache;
 mod sql;
 pub mod sqlite;
 pub mod store;

@@ -345,6 +345,15 @@ pub trait MetaStore: Send + Sync + std::fmt::Debug {
     /// this store was opened. Opening the store does it too.
     fn replay_log(&self) -> Result<u64>;
 
+    /// This process now serves the volume and is its only writer (a
+    /// generation that adopted or mounted it, after [`MetaStore::replay_log`]):
+    /// attributes, directory entries and absent xattrs are served from
+    /// memory from here on, kept exact by the process's own writes
+    /// (`row_cache.rs`). Only SQLite volumes have one writer; on an engine
+    /// shared by hosts this does nothing. Call it again after a rolled-back
+    /// handover: it starts from nothing.
+    fn serve_as_only_writer(&self);
+
     // Sessions: one per mount (FUSE connection), with a heartbeat. The
     // transaction that brings an inode to nlink 0 makes every registered
     // session hold it; a session drops the holds on inodes it has no handle

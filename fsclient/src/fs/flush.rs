@@ -155,6 +155,9 @@ impl BatonFs {
                 "metadata changes of a dead generation committed from the operation log"
             );
         }
+        // From here this process is the volume's writer: what it reads it
+        // may keep, as every later change is its own.
+        self.meta.serve_as_only_writer();
         Ok(())
     }
 

@@ -14,8 +14,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStringExt;
 
 use baton_meta::{
-    CreateArgs, FileKind, Recorded, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked, S_ISGID,
-    S_ISUID, S_IXGRP,
+    CreateArgs, FileKind, MetaError, Recorded, RenameFlags, SetAttr, TimeOrNow, Timespec, Unlinked,
+    S_ISGID, S_ISUID, S_IXGRP,
 };
 use fuse_wire::abi::opcode;
 use fuse_wire::{AttrOut, EntryOut, Errno, MkdirIn, MknodIn, Request, SetattrIn, SetattrValid};
@@ -27,9 +27,27 @@ use crate::error::{Error, Result};
 impl BatonFs {
     /// LOOKUP reads the committed bytes (`st_blocks`) with the attributes:
     /// one statement instead of two after each commit.
+    ///
+    /// A name a directory lacks is a negative entry the kernel keeps as
+    /// long as a positive one, on a volume only this mount serves: every
+    /// name made later is made through this mount, and the kernel turns
+    /// its own negative entry into the new one. Not on a volume shared by
+    /// hosts: a file another host made would stay invisible here for the
+    /// entry's life (close-to-open).
     pub(super) fn do_lookup(&self, parent: u64, name: &OsStr) -> Result<EntryOut> {
         let token = self.committed_bytes.token();
-        let (attr, committed_bytes) = self.meta.lookup_plus(parent, name)?;
+        let (attr, committed_bytes) = match self.meta.lookup_plus(parent, name) {
+            Ok(found) => found,
+            Err(MetaError::NotFound { name: Some(_), .. }) if !self.meta.shared_by_hosts() => {
+                let (secs, nanos) = self.ttl();
+                return Ok(EntryOut {
+                    entry_valid: secs,
+                    entry_valid_nsec: nanos,
+                    ..EntryOut::default()
+                });
+            }
+            Err(err) => return Err(err.into()),
+        };
         if attr.kind == FileKind::Regular {
             self.committed_bytes
                 .remember(attr.ino, committed_bytes, token);

@@ -114,14 +114,14 @@ pub(super) fn count<C: Db>(c: &C, ino: u64) -> Result<u64> {
     )
 }
 
-pub(super) fn no_xattr(ino: u64, name: &OsStr) -> MetaError {
+pub(crate) fn no_xattr(ino: u64, name: &OsStr) -> MetaError {
     MetaError::NoXattr {
         ino,
         name: name.to_owned(),
     }
 }
 
-fn check_name(ino: u64, name: &OsStr) -> Result<&[u8]> {
+pub(crate) fn check_name(ino: u64, name: &OsStr) -> Result<&[u8]> {
     let b = name.as_bytes();
     if b.len() > XATTR_NAME_LEN_MAX {
         return Err(MetaError::XattrTooLarge {

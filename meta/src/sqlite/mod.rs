@@ -38,13 +38,14 @@ mod checkpointer;
 mod oplog;
 mod reserve;
 mod row_changes;
+mod row_events;
 mod schema;
 
 use std::fs::OpenOptions;
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -59,6 +60,7 @@ use crate::error::{MetaError, Result};
 use crate::limits::READ_CONNECTIONS_MAX;
 use crate::ops::requests;
 use crate::record::Recorded;
+use crate::row_cache::RowCache;
 use crate::store::Location;
 use crate::tx_stats::{TxCounters, TxKind};
 use crate::types::{RequestKey, Timespec, VolumeConfig, VolumeRecord};
@@ -87,6 +89,12 @@ pub struct SqliteMeta {
     batching: Arc<Batching>,
     /// The rows the writer's current request changed.
     capture: Capture,
+    /// Attributes, entries and absent xattrs served from memory once this
+    /// process serves the volume (`row_cache.rs`).
+    rows: Arc<RowCache>,
+    /// The writer's `PRAGMA data_version` when its last batch began: it
+    /// changes when another connection commits.
+    data_version: AtomicI64,
     /// Commits a batch that is due when no write comes to do it.
     _flusher: Flusher,
     /// Room for deletions on a full disk (`reserve.rs`).
@@ -204,7 +212,14 @@ impl SqliteMeta {
         replayed.map_err(|e| e.in_op("open: replay the operation log"))?;
         let batching = Arc::new(Batching::new(log));
         let capture = Capture::default();
-        capture.install(&mut writer).map_err(|e| e.in_op("open"))?;
+        let rows = Arc::new(RowCache::new(volume.block_size_bytes));
+        if !row_events::layout_matches(&writer) {
+            tracing::warn!(path = %path.display(), "metadata tables laid out unlike this build's: attributes are not served from memory");
+            rows.disable_for_good();
+        }
+        capture
+            .install(&mut writer, Arc::clone(&rows))
+            .map_err(|e| e.in_op("open"))?;
         let reserve = Arc::new(reserve::DiskReserve::open(&path));
         let writer = Arc::new(Mutex::new(writer));
         let flusher = Flusher::start(
@@ -234,6 +249,8 @@ impl SqliteMeta {
             checkpointer,
             batching,
             capture,
+            rows,
+            data_version: AtomicI64::new(0),
             _flusher: flusher,
             reserve,
         })
@@ -244,6 +261,26 @@ impl SqliteMeta {
         let conn = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let replayed = self.batching.lock().replay_unless_open(&conn);
         replayed.map_err(|e| log_store_error(e.in_op("replay the operation log")))
+    }
+
+    /// Forgets the rows served from memory if another connection committed
+    /// since the writer's last batch began (run as a batch begins: from
+    /// then on, until it commits, nobody else can), or if it cannot tell.
+    fn forget_rows_if_others_wrote(&self, conn: &Connection) {
+        if !self.rows.is_enabled() {
+            return;
+        }
+        let version = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get::<_, i64>(0)));
+        match version {
+            Ok(version) if self.data_version.swap(version, Ordering::SeqCst) == version => {}
+            Ok(_) => self.rows.clear(),
+            Err(err) => {
+                tracing::warn!(%err, "cannot read the metadata's data version; forgetting the rows kept in memory");
+                self.rows.clear();
+            }
+        }
     }
 
     /// Commits the writer's open batch, if any (`oplog.rs`).
@@ -527,9 +564,13 @@ impl Engine for SqliteMeta {
         };
         let run = || -> Result<T> {
             let mut batch = self.batching.lock();
-            batch.begin(&conn, &self.batching)?;
+            if !batch.is_open() {
+                batch.begin(&conn, &self.batching)?;
+                self.forget_rows_if_others_wrote(&conn);
+            }
             let request = Savepoint::begin(&conn)?;
             self.capture.clear();
+            let rows = self.rows.begin_request();
             let outcome = (|| -> Result<(T, Logged)> {
                 let out = f(&conn)?;
                 if let Some(key) = req {
@@ -543,27 +584,32 @@ impl Engine for SqliteMeta {
                 // SQLite rolled the whole batch back (it may, on a full
                 // disk): what it held is in the log.
                 request.gone();
+                rows.end(false);
+                self.rows.clear();
                 batch.lost(&conn, &self.batching);
                 return outcome.map(|(out, _)| out);
             }
-            match outcome {
-                Ok((out, Logged::TooBig)) => {
-                    request.release()?;
-                    batch.commit_now(&conn, &self.batching, &self.reserve)?;
-                    Ok(out)
-                }
-                Ok((out, Logged::Yes)) => {
-                    request.release()?;
-                    if batch.due() {
-                        batch.commit(&conn, &self.batching, &self.reserve);
-                    }
-                    Ok(out)
-                }
+            let ended = match outcome {
+                Ok((out, Logged::TooBig)) => request
+                    .release()
+                    .and_then(|()| batch.commit_now(&conn, &self.batching, &self.reserve))
+                    .map(|()| out),
+                Ok((out, Logged::Yes)) => request.release().map(|()| out),
                 Err(e) => {
+                    rows.end(false);
                     request.roll_back()?;
-                    Err(e)
+                    return Err(e);
                 }
+            };
+            // The request's changes stand once released (and, too big for
+            // the log, committed): served from memory before the reply.
+            rows.end(ended.is_ok());
+            if ended.is_err() {
+                self.rows.clear();
+            } else if batch.due() {
+                batch.commit(&conn, &self.batching, &self.reserve);
             }
+            ended
         };
         let mut result = run();
         // Out of space: the reserve makes room for this write and the
@@ -652,11 +698,17 @@ impl Engine for SqliteMeta {
     }
 
     fn unfence_writes(&self) {
+        // A successor may have written before the handover rolled back.
+        self.rows.clear();
         self.fenced.store(false, Ordering::SeqCst);
     }
 
     fn replay_log(&self) -> Result<u64> {
         self.replay_dead_writer()
+    }
+
+    fn row_cache(&self) -> Option<&RowCache> {
+        Some(&self.rows)
     }
 }
 

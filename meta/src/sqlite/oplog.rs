@@ -447,6 +447,11 @@ impl Batch {
         replay(conn, &mut self.log)
     }
 
+    /// Whether a batch is open.
+    pub(crate) fn is_open(&self) -> bool {
+        self.opened_at.is_some()
+    }
+
     /// Whether the batch should commit now.
     pub(crate) fn due(&self) -> bool {
         self.opened_at

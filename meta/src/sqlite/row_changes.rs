@@ -15,6 +15,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 
 use crate::error::Result;
+use crate::row_cache::RowCache;
 
 /// Collects the rows the writer connection changes, from SQLite's
 /// pre-update hook, as one record's bytes. Per change: the operation
@@ -27,8 +28,9 @@ pub(crate) struct Capture {
 }
 
 impl Capture {
-    /// Installs the hook on `conn` (the writer).
-    pub(crate) fn install(&self, conn: &mut Connection) -> Result<()> {
+    /// Installs the hook on `conn` (the writer); each change also reaches
+    /// `cache` (`row_events.rs`).
+    pub(crate) fn install(&self, conn: &mut Connection, cache: Arc<RowCache>) -> Result<()> {
         let changes = Arc::clone(&self.changes);
         conn.preupdate_hook(Some(
             move |_: Action, db: &str, table: &str, case: &PreUpdateCase| {
@@ -37,6 +39,8 @@ impl Capture {
                 }
                 let mut out = changes.lock().unwrap_or_else(PoisonError::into_inner);
                 encode_change(&mut out, table, case);
+                drop(out);
+                super::row_events::observe(&cache, table, case);
             },
         ))?;
         Ok(())

@@ -62,6 +62,8 @@ pub fn fresh_sqlite() -> Vol {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.db");
     let meta = baton_meta::format(path.to_str().unwrap(), &config()).unwrap();
+    // As a mount serves it: attributes and entries from memory.
+    meta.serve_as_only_writer();
     Vol {
         dir,
         meta,

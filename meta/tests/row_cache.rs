@@ -1,0 +1,254 @@
+//! Attributes, entries and absent xattrs served from memory on a SQLite
+//! volume its process serves (`MetaStore::serve_as_only_writer`): they
+//! answer what the database holds after every kind of change, failed ones
+//! included, and after a change they come from memory, not a read.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::ffi::OsStr;
+
+use baton_meta::{
+    BlockRef, CommitBlocks, CreateArgs, FileKind, MetaStore, RenameFlags, SetAttr, TimeOrNow,
+    TxKind, XattrFlags, ROOT_INO,
+};
+use common::*;
+
+/// Read transactions the store ran so far.
+fn reads(m: &dyn MetaStore) -> u64 {
+    m.transaction_stats()
+        .iter()
+        .find(|(kind, _)| *kind == TxKind::Read)
+        .map_or(0, |(_, s)| s.count)
+}
+
+fn inline_block(index: u64, len: u32) -> BlockRef {
+    BlockRef {
+        index,
+        object_key: format!("obj-{index}-{len}"),
+        len,
+        inline: None,
+    }
+}
+
+#[test]
+fn after_a_create_a_write_and_a_setattr_the_reads_come_from_memory() {
+    let v = fresh_sqlite();
+    let m = v.meta.as_ref();
+    let d = dir(m, ROOT_INO, "d");
+    let f = file(m, d.ino, "f");
+    let commit = CommitBlocks {
+        new_size: Some(1),
+        blocks: vec![inline_block(0, 1)],
+        ..Default::default()
+    };
+    m.commit_blocks(f.ino, &commit, None).unwrap();
+    let set = SetAttr {
+        mtime: Some(TimeOrNow::Now),
+        ..Default::default()
+    };
+    let (after, _) = m.setattr(f.ino, &set, None).unwrap();
+
+    let before = reads(m);
+    assert_eq!(m.getattr_plus(f.ino).unwrap(), (after.clone(), 1));
+    assert_eq!(m.lookup_plus(d.ino, n("f")).unwrap(), (after.clone(), 1));
+    assert_eq!(m.getattr(f.ino).unwrap(), after);
+    let capability = m.getxattr(f.ino, n("security.capability"));
+    assert!(matches!(
+        capability,
+        Err(baton_meta::MetaError::NoXattr { .. })
+    ));
+    assert_eq!(m.getattr_plus(d.ino).unwrap().0.ino, d.ino);
+    assert_eq!(
+        reads(m),
+        before,
+        "a read ran for what the writer had just written"
+    );
+
+    // A second store on the file (another process, no cache) agrees.
+    m.sync().unwrap();
+    let other = baton_meta::open(&v.url()).unwrap();
+    assert_eq!(other.getattr_plus(f.ino).unwrap(), (after, 1));
+}
+
+#[test]
+fn another_writer_is_noticed_at_the_next_batch() {
+    let v = fresh_sqlite();
+    let m = v.meta.as_ref();
+    let f = file(m, ROOT_INO, "f");
+    assert_eq!(m.getattr(f.ino).unwrap().mode, 0o644);
+    m.sync().unwrap();
+    let other = baton_meta::open(&v.url()).unwrap();
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    other.setattr(f.ino, &chmod, None).unwrap();
+    other.sync().unwrap();
+    // The store's next write begins a batch, which sees the other commit.
+    file(m, ROOT_INO, "g");
+    assert_eq!(m.getattr(f.ino).unwrap().mode, 0o600);
+    assert_eq!(m.getattr_plus(f.ino).unwrap().0.mode, 0o600);
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+/// Runs one random change; failures (a name taken, a directory not empty)
+/// are part of the test: a refused request must leave nothing behind.
+fn random_change(m: &dyn MetaStore, rng: &mut Rng, dirs: &mut Vec<u64>, inos: &mut Vec<u64>) {
+    let parent = dirs[rng.below(dirs.len() as u64) as usize];
+    let name = n(NAMES[rng.below(NAMES.len() as u64) as usize]);
+    let ino = inos[rng.below(inos.len() as u64) as usize];
+    match rng.below(12) {
+        0 | 1 => {
+            if let Ok(a) = m.create(
+                parent,
+                name,
+                &CreateArgs::new(FileKind::Regular, 0o644),
+                None,
+            ) {
+                inos.push(a.ino);
+            }
+        }
+        2 => {
+            if let Ok(a) = m.create(
+                parent,
+                name,
+                &CreateArgs::new(FileKind::Directory, 0o755),
+                None,
+            ) {
+                dirs.push(a.ino);
+                inos.push(a.ino);
+            }
+        }
+        3 => drop(m.unlink(parent, name, None)),
+        4 => drop(m.rmdir(parent, name, None)),
+        5 => {
+            let to = dirs[rng.below(dirs.len() as u64) as usize];
+            let flags = RenameFlags {
+                noreplace: rng.below(4) == 0,
+                exchange: rng.below(4) == 0,
+            };
+            let new_name = n(NAMES[rng.below(NAMES.len() as u64) as usize]);
+            drop(m.rename(parent, name, to, new_name, flags, None));
+        }
+        6 => {
+            let set = SetAttr {
+                mode: Some(0o600 | rng.below(0o100) as u32),
+                size: (rng.below(2) == 0).then(|| rng.below(3 * u64::from(BS))),
+                mtime: Some(TimeOrNow::Now),
+                ..Default::default()
+            };
+            drop(m.setattr(ino, &set, None));
+        }
+        7 | 8 => {
+            let blocks = rng.below(3);
+            let size = blocks * u64::from(BS) + rng.below(u64::from(BS));
+            let rows = (0..=blocks)
+                .map(|i| {
+                    let len = if i == blocks {
+                        (size % u64::from(BS)) as u32
+                    } else {
+                        BS
+                    };
+                    inline_block(i, len.max(1))
+                })
+                .filter(|b| b.index * u64::from(BS) + u64::from(b.len) <= size.max(1))
+                .collect();
+            let commit = CommitBlocks {
+                new_size: Some(size.max(1)),
+                blocks: rows,
+                punched: if rng.below(3) == 0 { vec![0] } else { vec![] },
+                ..Default::default()
+            };
+            drop(m.commit_blocks(ino, &commit, None));
+        }
+        9 => {
+            let flags = XattrFlags {
+                create: rng.below(2) == 0,
+                ..Default::default()
+            };
+            drop(m.setxattr(ino, n("user.a"), b"v", flags, None));
+        }
+        10 => drop(m.removexattr(ino, n("user.a"), None)),
+        _ => {
+            let to = dirs[rng.below(dirs.len() as u64) as usize];
+            drop(m.link(ino, to, name, None));
+        }
+    }
+    if rng.below(8) == 0 {
+        for orphan in m.orphans().unwrap() {
+            m.reclaim(orphan, None).unwrap();
+        }
+    }
+}
+
+/// Every answer the cache can give, for comparison.
+fn answers(m: &dyn MetaStore, dirs: &[u64], inos: &[u64]) -> Vec<String> {
+    let mut out = Vec::new();
+    for &d in dirs {
+        for name in NAMES {
+            out.push(format!(
+                "lookup {d}/{name}: {:?}",
+                m.lookup_plus(d, n(name))
+            ));
+            out.push(format!(
+                "lookup attr {d}/{name}: {:?}",
+                m.lookup(d, n(name))
+            ));
+        }
+    }
+    for &ino in inos {
+        out.push(format!("getattr {ino}: {:?}", m.getattr_plus(ino)));
+        out.push(format!("getattr attr {ino}: {:?}", m.getattr(ino)));
+        for name in ["user.a", "security.capability"] {
+            let got = m.getxattr(ino, OsStr::new(name));
+            out.push(format!("getxattr {ino} {name}: {got:?}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn what_memory_answers_is_what_the_database_holds_through_random_changes() {
+    for seed in [1u64, 7, 42] {
+        let v = fresh_sqlite();
+        let m = v.meta.as_ref();
+        let other = baton_meta::open(&v.url()).unwrap();
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut dirs = vec![ROOT_INO];
+        let mut inos = vec![ROOT_INO];
+        for step in 0..300 {
+            if step % 50 == 25 {
+                // Start from nothing, as after a handover: what is known
+                // now comes from reads (sums of committed bytes), not from
+                // creates (block rows).
+                m.serve_as_only_writer();
+            }
+            random_change(m, &mut rng, &mut dirs, &mut inos);
+            // Read through the cache (filling it) before and after commit.
+            let cached = answers(m, &dirs, &inos);
+            m.sync().unwrap();
+            let stored = answers(other.as_ref(), &dirs, &inos);
+            for (c, s) in cached.iter().zip(&stored) {
+                assert_eq!(
+                    c, s,
+                    "seed {seed}, step {step}: memory and database disagree"
+                );
+            }
+            assert_eq!(answers(m, &dirs, &inos), stored, "seed {seed}, step {step}");
+        }
+    }
+}
