@@ -13,7 +13,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
 
 use crate::answered::AnsweredQueue;
 use crate::error::{MetaError, Result};
@@ -23,6 +23,7 @@ use crate::record::Recorded;
 use crate::row_cache::RowCache;
 use crate::sql::Db;
 use crate::store::MetaStore;
+use crate::tx_stats::TxKind;
 use crate::types::{
     Attr, BlockRef, CommitBlocks, CreateArgs, DirEntry, DirEntryPlus, LockSpace, LockWait,
     ObjectRef, Parked, Quota, QuotaDrift, RangeLock, RenameFlags, Renamed, RequestKey, SessionInfo,
@@ -119,6 +120,15 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     fn row_cache(&self) -> Option<&RowCache> {
         None
     }
+
+    /// `found` (what memory answered, if anything), counted as a read
+    /// from memory that started at `start` when there is one.
+    fn served_from_memory<T>(&self, start: Instant, found: Option<T>) -> Option<T> {
+        if found.is_some() {
+            self.tx_counters().record(TxKind::Memory, start, true);
+        }
+        found
+    }
 }
 
 impl<E: Engine> MetaStore for E {
@@ -128,7 +138,10 @@ impl<E: Engine> MetaStore for E {
 
     fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr> {
         if let Some(cache) = self.row_cache() {
-            if let Some(attr) = cache.lookup(parent, name.as_bytes()) {
+            let start = Instant::now();
+            if let Some(attr) =
+                self.served_from_memory(start, cache.lookup(parent, name.as_bytes()))
+            {
                 return Ok(attr);
             }
         }
@@ -143,7 +156,7 @@ impl<E: Engine> MetaStore for E {
         let Some(cache) = self.row_cache() else {
             return self.read_one("getattr", |c| inode::attr(c, ino));
         };
-        if let Some(attr) = cache.attr(ino) {
+        if let Some(attr) = self.served_from_memory(Instant::now(), cache.attr(ino)) {
             return Ok(attr);
         }
         let epoch = cache.epoch();
@@ -175,7 +188,9 @@ impl<E: Engine> MetaStore for E {
     fn lookup_plus(&self, parent: u64, name: &OsStr) -> Result<(Attr, u64)> {
         let bs = self.volume_record().block_size_bytes;
         let cache = self.row_cache();
-        if let Some(found) = cache.and_then(|c| c.lookup_plus(parent, name.as_bytes())) {
+        let start = Instant::now();
+        let known = cache.and_then(|c| c.lookup_plus(parent, name.as_bytes()));
+        if let Some(found) = self.served_from_memory(start, known) {
             return Ok(found);
         }
         let epoch = cache.map(RowCache::epoch);
@@ -207,7 +222,7 @@ impl<E: Engine> MetaStore for E {
         let Some(cache) = self.row_cache() else {
             return self.read_one("getattr", |c| inode::attr_plus(c, ino, bs));
         };
-        if let Some(found) = cache.attr_plus(ino) {
+        if let Some(found) = self.served_from_memory(Instant::now(), cache.attr_plus(ino)) {
             return Ok(found);
         }
         let epoch = cache.epoch();
@@ -367,7 +382,11 @@ impl<E: Engine> MetaStore for E {
         let Some(cache) = self.row_cache() else {
             return self.read_one("getxattr", |c| xattr::get(c, ino, name));
         };
-        if cache.xattr_absent(ino, xattr::check_name(ino, name)?) {
+        let start = Instant::now();
+        let absent = cache
+            .xattr_absent(ino, xattr::check_name(ino, name)?)
+            .then_some(());
+        if self.served_from_memory(start, absent).is_some() {
             return Err(xattr::no_xattr(ino, name));
         }
         let epoch = cache.epoch();

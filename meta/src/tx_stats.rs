@@ -1,6 +1,7 @@
-//! Counters of metadata transactions (read and write): calls, errors and a
-//! latency histogram, kept by each engine for the generation's metrics
-//! report. A few relaxed atomic adds per transaction.
+//! Counters of metadata transactions (read and write), and of reads
+//! answered from memory without one: calls, errors and a latency
+//! histogram, kept by each engine for the generation's metrics report. A
+//! few relaxed atomic adds per transaction.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -16,6 +17,8 @@ const BUCKET_COUNT: usize = TX_LATENCY_BOUNDS_US.len() + 1;
 /// A kind of metadata transaction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TxKind {
+    /// A read answered from memory, with no transaction (`row_cache.rs`).
+    Memory,
     /// A read-only snapshot (or one read statement outside a transaction).
     Read,
     /// A write transaction (its retries after conflicts count once).
@@ -23,12 +26,13 @@ pub enum TxKind {
 }
 
 impl TxKind {
-    /// Both kinds, in name order.
-    pub const ALL: [TxKind; 2] = [TxKind::Read, TxKind::Write];
+    /// Every kind, in name order.
+    pub const ALL: [TxKind; 3] = [TxKind::Memory, TxKind::Read, TxKind::Write];
 
     /// Its name, a metric label value.
     pub fn name(self) -> &'static str {
         match self {
+            TxKind::Memory => "memory",
             TxKind::Read => "read",
             TxKind::Write => "write",
         }
@@ -38,6 +42,7 @@ impl TxKind {
         match self {
             TxKind::Read => 0,
             TxKind::Write => 1,
+            TxKind::Memory => 2,
         }
     }
 }
@@ -73,7 +78,7 @@ struct Slot {
 /// The counters of one engine.
 #[derive(Default)]
 pub(crate) struct TxCounters {
-    slots: [Slot; 2],
+    slots: [Slot; 3],
 }
 
 impl std::fmt::Debug for TxCounters {

@@ -14,11 +14,11 @@ use baton_meta::{
 };
 use common::*;
 
-/// Read transactions the store ran so far.
-fn reads(m: &dyn MetaStore) -> u64 {
+/// Transactions of `kind` the store ran so far.
+fn count(m: &dyn MetaStore, kind: TxKind) -> u64 {
     m.transaction_stats()
         .iter()
-        .find(|(kind, _)| *kind == TxKind::Read)
+        .find(|(k, _)| *k == kind)
         .map_or(0, |(_, s)| s.count)
 }
 
@@ -49,7 +49,8 @@ fn after_a_create_a_write_and_a_setattr_the_reads_come_from_memory() {
     };
     let (after, _) = m.setattr(f.ino, &set, None).unwrap();
 
-    let before = reads(m);
+    let reads = count(m, TxKind::Read);
+    let from_memory = count(m, TxKind::Memory);
     assert_eq!(m.getattr_plus(f.ino).unwrap(), (after.clone(), 1));
     assert_eq!(m.lookup_plus(d.ino, n("f")).unwrap(), (after.clone(), 1));
     assert_eq!(m.getattr(f.ino).unwrap(), after);
@@ -60,10 +61,11 @@ fn after_a_create_a_write_and_a_setattr_the_reads_come_from_memory() {
     ));
     assert_eq!(m.getattr_plus(d.ino).unwrap().0.ino, d.ino);
     assert_eq!(
-        reads(m),
-        before,
+        count(m, TxKind::Read),
+        reads,
         "a read ran for what the writer had just written"
     );
+    assert_eq!(count(m, TxKind::Memory), from_memory + 5);
 
     // A second store on the file (another process, no cache) agrees.
     m.sync().unwrap();
