@@ -186,109 +186,101 @@ impl RowCache {
         self.lock().epoch
     }
 
-    /// The attributes of `ino`, if known.
-    pub(crate) fn attr(&self, ino: u64) -> Option<Attr> {
+    /// What `f` finds in memory, if the cache is on.
+    fn known<T>(&self, f: impl FnOnce(&Inner) -> Option<T>) -> Option<T> {
         if !self.is_enabled() {
             return None;
         }
-        self.lock().inodes.get(&ino).map(|i| i.attr.clone())
+        f(&self.lock())
+    }
+
+    /// Runs `f` on the cache if it is on and no change came in since a
+    /// read began at `epoch` (what that read found is still true).
+    fn fill(&self, epoch: u64, f: impl FnOnce(&mut Inner)) {
+        if !self.is_enabled() {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.epoch == epoch {
+            f(&mut inner);
+        }
+    }
+
+    /// The attributes of `ino`, if known.
+    pub(crate) fn attr(&self, ino: u64) -> Option<Attr> {
+        self.known(|inner| inner.inodes.get(&ino).map(|i| i.attr.clone()))
     }
 
     /// The attributes and committed bytes of `ino`, if both are known.
     pub(crate) fn attr_plus(&self, ino: u64) -> Option<(Attr, u64)> {
-        if !self.is_enabled() {
-            return None;
-        }
-        let inner = self.lock();
-        let inode = inner.inodes.get(&ino)?;
-        Some((inode.attr.clone(), self.bytes_of(inode)?))
+        self.known(|inner| self.attr_plus_in(inner, ino))
     }
 
     /// The attributes of the inode entry `name` of `parent` names, if known.
     pub(crate) fn lookup(&self, parent: u64, name: &[u8]) -> Option<Attr> {
-        if !self.is_enabled() {
-            return None;
-        }
-        let inner = self.lock();
-        let ino = *inner.entries.get(&parent)?.get(name)?;
-        inner.inodes.get(&ino).map(|i| i.attr.clone())
+        self.known(|inner| {
+            let ino = inner.entry(parent, name)?;
+            inner.inodes.get(&ino).map(|i| i.attr.clone())
+        })
     }
 
     /// The inode entry `name` of `parent` names, with its attributes and
     /// committed bytes, if all are known.
     pub(crate) fn lookup_plus(&self, parent: u64, name: &[u8]) -> Option<(Attr, u64)> {
-        if !self.is_enabled() {
-            return None;
-        }
-        let inner = self.lock();
-        let ino = *inner.entries.get(&parent)?.get(name)?;
-        let inode = inner.inodes.get(&ino)?;
-        Some((inode.attr.clone(), self.bytes_of(inode)?))
+        self.known(|inner| self.attr_plus_in(inner, inner.entry(parent, name)?))
     }
 
     /// Whether `ino` is known to have no xattr `name`.
     pub(crate) fn xattr_absent(&self, ino: u64, name: &[u8]) -> bool {
-        if !self.is_enabled() {
-            return false;
-        }
-        match self.lock().xattrs.get(&ino) {
-            Some(Xattrs::None) => true,
-            Some(Xattrs::Absent(names)) => names.iter().any(|n| &**n == name),
-            None => false,
-        }
+        self.known(|inner| match inner.xattrs.get(&ino)? {
+            Xattrs::None => Some(()),
+            Xattrs::Absent(names) => names.iter().any(|n| &**n == name).then_some(()),
+        })
+        .is_some()
     }
 
     /// Keeps what a read that began at `epoch` found: `attr`, with its
     /// committed bytes if read.
     pub(crate) fn fill_attr(&self, epoch: u64, attr: &Attr, bytes: Option<u64>) {
-        if !self.is_enabled() {
-            return;
-        }
-        let mut inner = self.lock();
-        if inner.epoch != epoch {
-            return;
-        }
-        inner.keep_attr(attr, bytes.map_or(Bytes::Unknown, Bytes::Sum));
+        self.fill(epoch, |inner| {
+            inner.keep_attr(attr, bytes.map_or(Bytes::Unknown, Bytes::Sum));
+        });
     }
 
     /// Keeps what a lookup that began at `epoch` found.
     pub(crate) fn fill_entry(&self, epoch: u64, parent: u64, name: &[u8], attr: &Attr, bytes: u64) {
-        if !self.is_enabled() {
-            return;
-        }
-        let mut inner = self.lock();
-        if inner.epoch != epoch {
-            return;
-        }
-        inner.keep_attr(attr, Bytes::Sum(bytes));
-        inner.keep_entry(parent, name, attr.ino);
+        self.fill(epoch, |inner| {
+            inner.keep_attr(attr, Bytes::Sum(bytes));
+            inner.keep_entry(parent, name, attr.ino);
+        });
     }
 
     /// Keeps that a read that began at `epoch` found no xattr `name`.
     pub(crate) fn fill_absent_xattr(&self, epoch: u64, ino: u64, name: &[u8]) {
-        if !self.is_enabled() {
-            return;
-        }
-        let mut inner = self.lock();
-        if inner.epoch != epoch {
-            return;
-        }
-        if inner.xattrs.len() >= CACHED_INODES_MAX && !inner.xattrs.contains_key(&ino) {
-            inner.xattrs.clear();
-        }
-        match inner
-            .xattrs
-            .entry(ino)
-            .or_insert(Xattrs::Absent(Vec::new()))
-        {
-            Xattrs::None => {}
-            Xattrs::Absent(names) => {
-                if names.len() >= CACHED_ABSENT_XATTRS_MAX {
-                    names.remove(0);
-                }
-                names.push(name.into());
+        self.fill(epoch, |inner| {
+            if inner.xattrs.len() >= CACHED_INODES_MAX && !inner.xattrs.contains_key(&ino) {
+                inner.xattrs.clear();
             }
-        }
+            match inner
+                .xattrs
+                .entry(ino)
+                .or_insert(Xattrs::Absent(Vec::new()))
+            {
+                Xattrs::None => {}
+                Xattrs::Absent(names) => {
+                    if names.len() >= CACHED_ABSENT_XATTRS_MAX {
+                        names.remove(0);
+                    }
+                    names.push(name.into());
+                }
+            }
+        });
+    }
+
+    /// The attributes and committed bytes of `ino` in `inner`.
+    fn attr_plus_in(&self, inner: &Inner, ino: u64) -> Option<(Attr, u64)> {
+        let inode = inner.inodes.get(&ino)?;
+        Some((inode.attr.clone(), self.bytes_of(inode)?))
     }
 
     /// Committed bytes as `attr_plus` reads them: block rows below the size.
@@ -336,6 +328,11 @@ impl Drop for Request<'_> {
 }
 
 impl Inner {
+    /// The inode entry `name` of `parent` names, if known.
+    fn entry(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        self.entries.get(&parent)?.get(name).copied()
+    }
+
     fn forget_all(&mut self) {
         self.pending.clear();
         self.inodes.clear();

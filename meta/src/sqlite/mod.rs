@@ -564,8 +564,7 @@ impl Engine for SqliteMeta {
         };
         let run = || -> Result<T> {
             let mut batch = self.batching.lock();
-            if !batch.is_open() {
-                batch.begin(&conn, &self.batching)?;
+            if batch.begin(&conn, &self.batching)? {
                 self.forget_rows_if_others_wrote(&conn);
             }
             let request = Savepoint::begin(&conn)?;

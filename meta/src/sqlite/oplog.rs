@@ -362,10 +362,10 @@ impl Batching {
 impl Batch {
     /// Opens a batch on `conn` (the writer, no transaction open) unless
     /// one is open: replays a dead writer's records first, and starts only
-    /// on an empty log.
-    pub(crate) fn begin(&mut self, conn: &Connection, batching: &Batching) -> Result<()> {
+    /// on an empty log. Says whether it opened one.
+    pub(crate) fn begin(&mut self, conn: &Connection, batching: &Batching) -> Result<bool> {
         if self.opened_at.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         // A writer may die between the check and BEGIN: look again with
         // the write lock held, a few times.
@@ -383,7 +383,7 @@ impl Batch {
             self.records = 0;
             batching.open.store(true, Ordering::SeqCst);
             batching.opened.notify_one();
-            return Ok(());
+            return Ok(true);
         }
         Err(MetaError::Corrupt {
             what: format!(
@@ -445,11 +445,6 @@ impl Batch {
             return Ok(0);
         }
         replay(conn, &mut self.log)
-    }
-
-    /// Whether a batch is open.
-    pub(crate) fn is_open(&self) -> bool {
-        self.opened_at.is_some()
     }
 
     /// Whether the batch should commit now.

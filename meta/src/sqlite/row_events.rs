@@ -50,23 +50,62 @@ pub(crate) fn layout_matches(conn: &Connection) -> bool {
 }
 
 /// Hands `cache` what a change to `table` means for it (nothing for the
-/// tables it does not follow).
+/// tables it does not follow): what the old row's key no longer holds,
+/// then what the new row holds. A side it cannot read makes the cache
+/// forget everything.
 pub(crate) fn observe(cache: &RowCache, table: &str, case: &PreUpdateCase) {
     let followed = matches!(table, "inodes" | "dentries" | "blocks" | "xattrs");
     if !followed || !cache.is_enabled() {
         return;
     }
     let (old, new) = rows(case);
-    let events = match table {
-        "inodes" => inode_events(old.as_ref(), new.as_ref()),
-        "dentries" => entry_events(old.as_ref(), new.as_ref()),
-        "blocks" => block_events(old.as_ref(), new.as_ref()),
-        _ => xattr_events(old.as_ref(), new.as_ref()),
-    };
-    match events {
-        Some(events) => events.into_iter().for_each(|e| cache.observe(e)),
-        None => cache.observe(RowEvent::Unknown),
+    let inserted = old.is_none();
+    let mut gone = old.map(|row| event(table, &row, None));
+    let now = new.map(|row| event(table, &row, Some(inserted)));
+    // An inode updated in place: its new row says all (a removal first
+    // would forget its committed bytes).
+    if let (
+        Some(Some(RowEvent::Inode { ino: a, .. })),
+        Some(Some(RowEvent::Inode { ino: b, .. })),
+    ) = (&gone, &now)
+    {
+        if a == b {
+            gone = None;
+        }
     }
+    for side in [gone, now].into_iter().flatten() {
+        cache.observe(side.unwrap_or(RowEvent::Unknown));
+    }
+}
+
+/// What one row of `table` tells the cache: the old row of a change
+/// (`now: None`), whose key holds nothing any more, or the new row
+/// (`now: Some(inserted)`).
+fn event(table: &str, row: &Row, now: Option<bool>) -> Option<RowEvent> {
+    Some(match table {
+        "inodes" => RowEvent::Inode {
+            ino: row.rowid()?,
+            attr: now.and_then(|_| row.attr()),
+            inserted: now == Some(true),
+        },
+        "dentries" => RowEvent::Entry {
+            parent: row.int(1)?,
+            name: row.blob(2)?,
+            ino: match now {
+                Some(_) => Some(row.int(3)?),
+                None => None,
+            },
+        },
+        "blocks" => RowEvent::Block {
+            ino: row.int(0)?,
+            idx: row.int(1)?,
+            len: match now {
+                Some(_) => Some(row.int(3)?),
+                None => None,
+            },
+        },
+        _ => RowEvent::Xattr { ino: row.int(0)? },
+    })
 }
 
 /// One side of a change: a row's values by column position.
@@ -147,74 +186,4 @@ fn rows(case: &PreUpdateCase) -> (Option<Row<'_>>, Option<Row<'_>>) {
         ),
         PreUpdateCase::Unknown => (None, None),
     }
-}
-
-fn inode_events(old: Option<&Row>, new: Option<&Row>) -> Option<Vec<RowEvent>> {
-    let mut events = Vec::with_capacity(2);
-    if let Some(old) = old {
-        let ino = old.rowid()?;
-        // Renumbered: the old number is gone.
-        if new.and_then(|n| n.rowid::<u64>()) != Some(ino) {
-            events.push(RowEvent::Inode {
-                ino,
-                attr: None,
-                inserted: false,
-            });
-        }
-    }
-    if let Some(new) = new {
-        let ino = new.rowid()?;
-        events.push(RowEvent::Inode {
-            ino,
-            attr: new.attr(),
-            inserted: old.is_none(),
-        });
-    }
-    (!events.is_empty()).then_some(events)
-}
-
-fn entry_events(old: Option<&Row>, new: Option<&Row>) -> Option<Vec<RowEvent>> {
-    let mut events = Vec::with_capacity(2);
-    if let Some(old) = old {
-        events.push(RowEvent::Entry {
-            parent: old.int(1)?,
-            name: old.blob(2)?,
-            ino: None,
-        });
-    }
-    if let Some(new) = new {
-        events.push(RowEvent::Entry {
-            parent: new.int(1)?,
-            name: new.blob(2)?,
-            ino: Some(new.int(3)?),
-        });
-    }
-    (!events.is_empty()).then_some(events)
-}
-
-fn block_events(old: Option<&Row>, new: Option<&Row>) -> Option<Vec<RowEvent>> {
-    let mut events = Vec::with_capacity(2);
-    if let Some(old) = old {
-        events.push(RowEvent::Block {
-            ino: old.int(0)?,
-            idx: old.int(1)?,
-            len: None,
-        });
-    }
-    if let Some(new) = new {
-        events.push(RowEvent::Block {
-            ino: new.int(0)?,
-            idx: new.int(1)?,
-            len: Some(new.int(3)?),
-        });
-    }
-    (!events.is_empty()).then_some(events)
-}
-
-fn xattr_events(old: Option<&Row>, new: Option<&Row>) -> Option<Vec<RowEvent>> {
-    let mut events = Vec::with_capacity(2);
-    for row in [old, new].into_iter().flatten() {
-        events.push(RowEvent::Xattr { ino: row.int(0)? });
-    }
-    (!events.is_empty()).then_some(events)
 }
