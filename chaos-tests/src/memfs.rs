@@ -17,7 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use fuse_wire::reply::{
     DirentBuf, DirentRecord, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyWrite,
+    ReplyWrite, ReplyXattr,
 };
 use fuse_wire::{
     Attr, AttrOut, CreateIn, EntryOut, Errno, FileHandle, Filesystem, FopenFlags, MkdirIn, MknodIn,
@@ -48,6 +48,13 @@ pub struct MemFsOptions {
     pub direct_io: bool,
     /// Attribute and entry cache time in seconds (0: every stat asks).
     pub cache_secs: u64,
+    /// Answer as Baton does on a volume only it serves, so that a mount
+    /// of this filesystem with Baton's INIT flags costs what the kernel
+    /// and the transport cost Baton, and nothing of its storage (the
+    /// bench's floor): missing names as negative entries, files opened
+    /// with `KEEP_CACHE` and directories with `CACHE_DIR | KEEP_CACHE`,
+    /// absent xattrs as `ENODATA`, the umask applied (`DONT_MASK`).
+    pub like_baton: bool,
 }
 
 #[derive(Debug)]
@@ -166,6 +173,25 @@ impl MemFs {
             attr_valid: self.options.cache_secs,
             attr: self.attr_of(ino, node),
             ..Default::default()
+        }
+    }
+
+    /// The kernel keeps "no such name" for the entry timeout.
+    fn negative_entry(&self) -> EntryOut {
+        EntryOut {
+            entry_valid: self.options.cache_secs,
+            ..Default::default()
+        }
+    }
+
+    /// The mode bits of a new node: with `DONT_MASK` the kernel leaves the
+    /// umask to the filesystem.
+    fn new_mode(&self, mode: u32, umask: u32) -> u32 {
+        let mode = mode & 0o7777;
+        if self.options.like_baton {
+            mode & !umask
+        } else {
+            mode
         }
     }
 
@@ -321,6 +347,8 @@ impl MemFs {
     fn open_flags(&self) -> FopenFlags {
         if self.options.direct_io {
             FopenFlags::DIRECT_IO
+        } else if self.options.like_baton {
+            FopenFlags::KEEP_CACHE
         } else {
             FopenFlags::empty()
         }
@@ -356,6 +384,7 @@ impl Filesystem for MemFs {
         };
         match found {
             Some((ino, node)) => reply.entry(&self.entry(ino, node)),
+            None if self.options.like_baton => reply.entry(&self.negative_entry()),
             None => reply.error(Errno::ENOENT),
         }
     }
@@ -453,7 +482,8 @@ impl Filesystem for MemFs {
         if arg.mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
-        match self.insert(req, parent, name, file_node(Vec::new(), arg.mode & 0o7777)) {
+        let mode = self.new_mode(arg.mode, arg.umask);
+        match self.insert(req, parent, name, file_node(Vec::new(), mode)) {
             Ok(entry) => reply.entry(&entry),
             Err(errno) => reply.error(errno),
         }
@@ -469,7 +499,7 @@ impl Filesystem for MemFs {
     ) {
         let parent = parent.get();
         let mut node = file_node(Vec::new(), 0);
-        node.mode = libc::S_IFDIR | (arg.mode & 0o7777);
+        node.mode = libc::S_IFDIR | self.new_mode(arg.mode, arg.umask);
         node.nlink = 2;
         node.content = Content::Dir(BTreeMap::new());
         match self.insert(req, parent, name, node) {
@@ -548,8 +578,43 @@ impl Filesystem for MemFs {
         }
     }
 
-    fn open(&self, _req: &Request<'_>, _nodeid: NodeId, _arg: &OpenIn, reply: ReplyOpen) {
+    fn open(&self, _req: &Request<'_>, nodeid: NodeId, arg: &OpenIn, reply: ReplyOpen) {
+        // ATOMIC_O_TRUNC: the kernel leaves O_TRUNC to the open.
+        if arg.flags & libc::O_TRUNC as u32 != 0 {
+            let mut state = self.lock();
+            if let Some(node) = state.nodes.get_mut(&nodeid.get()) {
+                if let Content::File(data) = &mut node.content {
+                    data.clear();
+                    node.mtime = now();
+                    node.ctime = node.mtime;
+                }
+            }
+        }
         reply.opened(FileHandle::default(), self.open_flags());
+    }
+
+    fn opendir(&self, _req: &Request<'_>, _nodeid: NodeId, _arg: &OpenIn, reply: ReplyOpen) {
+        let flags = if self.options.like_baton {
+            FopenFlags::CACHE_DIR | FopenFlags::KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
+        reply.opened(FileHandle::default(), flags);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request<'_>,
+        _nodeid: NodeId,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        if self.options.like_baton {
+            reply.error(Errno::ENODATA);
+        } else {
+            reply.error(Errno::EOPNOTSUPP);
+        }
     }
 
     fn read(&self, req: &Request<'_>, nodeid: NodeId, arg: &ReadIn, reply: ReplyData) {
@@ -603,7 +668,8 @@ impl Filesystem for MemFs {
         reply: ReplyCreate,
     ) {
         let parent = parent.get();
-        match self.insert(req, parent, name, file_node(Vec::new(), arg.mode & 0o7777)) {
+        let mode = self.new_mode(arg.mode, arg.umask);
+        match self.insert(req, parent, name, file_node(Vec::new(), mode)) {
             Ok(entry) => reply.created(&entry, FileHandle::default(), self.open_flags()),
             Err(errno) => reply.error(errno),
         }
@@ -622,12 +688,9 @@ impl Filesystem for MemFs {
         let Some(Content::Dir(children)) = state.nodes.get(&nodeid).map(|n| &n.content) else {
             return reply.error(Errno::ENOTDIR);
         };
-        let listing = [
-            (OsString::from("."), nodeid),
-            (OsString::from(".."), nodeid),
-        ]
-        .into_iter()
-        .chain(children.iter().map(|(name, ino)| (name.clone(), *ino)));
+        let listing = [(OsStr::new("."), nodeid), (OsStr::new(".."), nodeid)]
+            .into_iter()
+            .chain(children.iter().map(|(name, ino)| (name.as_os_str(), *ino)));
         for (index, (name, ino)) in listing.enumerate().skip(arg.offset as usize) {
             let Some(node) = state.nodes.get(&ino) else {
                 continue;

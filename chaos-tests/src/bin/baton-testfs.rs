@@ -153,6 +153,11 @@ struct Serving {
     /// Attribute and entry cache seconds.
     #[arg(long, default_value_t = 1)]
     cache_secs: u64,
+    /// Negotiate Baton's INIT flags and answer as Baton does on a volume
+    /// only it serves (`MemFsOptions::like_baton`; with `serve`): what the
+    /// kernel and the transport cost Baton, without its storage.
+    #[arg(long)]
+    like_baton: bool,
 }
 
 impl Serving {
@@ -163,7 +168,17 @@ impl Serving {
             stall_marker: self.stall_marker.clone(),
             direct_io: self.direct_io,
             cache_secs: self.cache_secs,
+            like_baton: self.like_baton,
         }))
+    }
+
+    /// What INIT asks the kernel for.
+    fn init_config(&self) -> InitConfig {
+        if self.like_baton {
+            InitConfig::baton()
+        } else {
+            InitConfig::simple()
+        }
     }
 }
 
@@ -267,14 +282,14 @@ fn control_signals() -> SigSet {
     set
 }
 
-fn mount_and_init(mount: &Path) -> anyhow::Result<(Arc<Channel>, InitParams)> {
+fn mount_and_init(mount: &Path, config: &InitConfig) -> anyhow::Result<(Arc<Channel>, InitParams)> {
     let options = fuse_wire::MountOptions {
         source: "baton-testfs".into(),
         ..Default::default()
     };
     let fd = fuse_wire::mount_fuse(mount, &options)?;
     let channel = Arc::new(Channel::new(fd));
-    let params = fuse_wire::initialize(&channel, &InitConfig::simple())
+    let params = fuse_wire::initialize(&channel, config)
         .with_context(|| format!("answering FUSE_INIT on {}", mount.display()))?;
     Ok((channel, params))
 }
@@ -285,7 +300,7 @@ fn serve(
     serving: &Serving,
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
-    let (channel, params) = mount_and_init(mount)?;
+    let (channel, params) = mount_and_init(mount, &serving.init_config())?;
     let session = Session::new(Arc::clone(&channel), params, serving.memfs());
     let workers = session.start(serving.threads)?;
     let stopper = workers.stopper();
@@ -342,7 +357,7 @@ fn hold(
     unanswered: Unanswered,
     signals: &SigSet,
 ) -> anyhow::Result<ExitCode> {
-    let (channel, params) = mount_and_init(mount)?;
+    let (channel, params) = mount_and_init(mount, &InitConfig::simple())?;
     let listener = listen_seqpacket(socket_path, 0o600)
         .with_context(|| format!("binding {}", socket_path.display()))?;
     let generation = Arc::new(AtomicU64::new(1));

@@ -270,11 +270,12 @@ struct FsArgs {
     #[arg(long)]
     stall_kills: Option<usize>,
     /// Targets to measure, comma-separated, in this order: plain, bindfs,
-    /// rclone, baton.
+    /// rclone, floor (the in-memory test filesystem with Baton's protocol
+    /// settings: what the kernel and the transport cost), baton.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "plain,bindfs,rclone,baton"
+        default_value = "plain,bindfs,rclone,floor,baton"
     )]
     targets: Vec<String>,
     /// Small sizes for a smoke run (under a minute): the defaults above
