@@ -20,7 +20,7 @@ use crate::error::{MetaError, Result};
 use crate::ops::{acl, locks, quota, sessions, setattr, xattr};
 use crate::ops::{blockmap, inode, namespace, orphan, readdir, rename, requests, reserve, scan};
 use crate::record::Recorded;
-use crate::row_cache::RowCache;
+use crate::row_cache::{Known, RowCache};
 use crate::sql::Db;
 use crate::store::MetaStore;
 use crate::tx_stats::TxKind;
@@ -121,6 +121,11 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// What memory knows for a write request before its first change.
+    fn known(&self) -> Known<'_> {
+        Known::new(self.row_cache())
+    }
+
     /// `found` (what memory answered, if anything), counted as a read
     /// from memory that started at `start` when there is one.
     fn served_from_memory<T>(&self, start: Instant, found: Option<T>) -> Option<T> {
@@ -129,6 +134,19 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         }
         found
     }
+}
+
+/// The error a lookup of `name` in `parent` answers when memory knows the
+/// directory lacks it (as the lookup's statements would), if it knows.
+fn known_missing(cache: &RowCache, parent: u64, name: &OsStr) -> Option<MetaError> {
+    let b = inode::check_name(parent, name).ok()?;
+    if inode::is_dot(b) || !cache.entry_absent(parent, b) {
+        return None;
+    }
+    Some(MetaError::NotFound {
+        ino: parent,
+        name: Some(name.to_owned()),
+    })
 }
 
 impl<E: Engine> MetaStore for E {
@@ -143,6 +161,11 @@ impl<E: Engine> MetaStore for E {
                 self.served_from_memory(start, cache.lookup(parent, name.as_bytes()))
             {
                 return Ok(attr);
+            }
+            if let Some(missing) =
+                self.served_from_memory(start, known_missing(cache, parent, name))
+            {
+                return Err(missing);
             }
         }
         let entry = self.read_one("lookup", |c| namespace::lookup_entry(c, parent, name))?;
@@ -193,6 +216,10 @@ impl<E: Engine> MetaStore for E {
         if let Some(found) = self.served_from_memory(start, known) {
             return Ok(found);
         }
+        let missing = cache.and_then(|c| known_missing(c, parent, name));
+        if let Some(missing) = self.served_from_memory(start, missing) {
+            return Err(missing);
+        }
         let epoch = cache.map(RowCache::epoch);
         let entry = if E::STATEMENT_IS_ROUND_TRIP {
             self.read_one("lookup", |c| {
@@ -241,7 +268,7 @@ impl<E: Engine> MetaStore for E {
         self.write(
             "setattr",
             req,
-            |c| setattr::setattr(c, ino, set, bs),
+            |c| setattr::setattr(c, self.known(), ino, set, bs),
             |(a, t)| Recorded::SetAttr(a.clone(), t.clone()),
         )
     }
@@ -256,7 +283,7 @@ impl<E: Engine> MetaStore for E {
         self.write(
             "create",
             req,
-            |c| namespace::create(c, parent, name, args),
+            |c| namespace::create(c, self.known(), parent, name, args),
             |a| Recorded::Attr(a.clone()),
         )
     }
@@ -537,7 +564,7 @@ impl<E: Engine> MetaStore for E {
         self.write(
             "commit_blocks",
             req,
-            |c| blockmap::commit(c, ino, commit, bs),
+            |c| blockmap::commit(c, self.known(), ino, commit, bs),
             |(a, v)| Recorded::Committed(a.clone(), v.clone()),
         )
     }

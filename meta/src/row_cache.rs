@@ -14,12 +14,21 @@
 //! The committed bytes of an inode (`st_blocks`) are known as a sum read
 //! with the attributes (until its block rows or its size change), or, for
 //! an inode created here, as its block rows themselves (while it has few).
+//!
+//! A directory created here is *complete*: every entry it has was made by
+//! this writer and is kept, so a name it lacks is known to be missing (a
+//! LOOKUP of it, or a CREATE's check for it, runs no statement).
+//!
+//! The writer's own requests read what memory knows through [`Known`]
+//! until they change a row: the attributes a WRITE's commit or a SETATTR
+//! starts from, and what a CREATE checks (its directory, the name's
+//! absence, a default ACL's absence).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::types::Attr;
+use crate::types::{Attr, FileKind};
 
 /// Inodes whose attributes are kept at most (all are forgotten when the
 /// limit is reached, as are entries and xattr facts at theirs).
@@ -80,6 +89,8 @@ struct Inner {
     inodes: HashMap<u64, Inode>,
     entries: HashMap<u64, HashMap<Box<[u8]>, u64>>,
     entry_count: usize,
+    /// Directories whose every entry is in `entries` (created here).
+    complete_dirs: HashSet<u64>,
     xattrs: HashMap<u64, Xattrs>,
 }
 
@@ -232,11 +243,31 @@ impl RowCache {
 
     /// Whether `ino` is known to have no xattr `name`.
     pub(crate) fn xattr_absent(&self, ino: u64, name: &[u8]) -> bool {
-        self.known(|inner| match inner.xattrs.get(&ino)? {
-            Xattrs::None => Some(()),
-            Xattrs::Absent(names) => names.iter().any(|n| &**n == name).then_some(()),
+        self.known(|inner| inner.xattr_absent(ino, name).then_some(()))
+            .is_some()
+    }
+
+    /// Whether directory `parent` is known to have no entry `name`.
+    pub(crate) fn entry_absent(&self, parent: u64, name: &[u8]) -> bool {
+        self.known(|inner| inner.entry_absent(parent, name).then_some(()))
+            .is_some()
+    }
+
+    /// What `f` finds in memory for the writer's request, which must not
+    /// have changed a row yet: its changes reach memory when it ends, and
+    /// until then memory answers for the rows as they were before it.
+    fn known_before_change<T>(&self, f: impl FnOnce(&Inner) -> Option<T>) -> Option<T> {
+        self.known(|inner| {
+            assert!(
+                inner.in_request,
+                "a fact for a write asked outside a request"
+            );
+            if inner.pending.is_empty() {
+                f(inner)
+            } else {
+                None
+            }
         })
-        .is_some()
     }
 
     /// Keeps what a read that began at `epoch` found: `attr`, with its
@@ -327,10 +358,70 @@ impl Drop for Request<'_> {
     }
 }
 
+/// What memory knows of the rows a write request is about to read, while
+/// the request has changed none (module documentation); nothing on an
+/// engine without a cache. Each answer stands in for one statement and
+/// must equal what that statement would read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Known<'c>(Option<&'c RowCache>);
+
+impl<'c> Known<'c> {
+    pub(crate) fn new(cache: Option<&'c RowCache>) -> Known<'c> {
+        Known(cache)
+    }
+
+    /// Nothing is known (PostgreSQL, or a caller with no cache).
+    pub(crate) fn nothing() -> Known<'static> {
+        Known(None)
+    }
+
+    fn ask<T>(&self, f: impl FnOnce(&Inner) -> Option<T>) -> Option<T> {
+        self.0?.known_before_change(f)
+    }
+
+    /// The attributes of `ino`.
+    pub(crate) fn attr(&self, ino: u64) -> Option<Attr> {
+        self.ask(|inner| inner.inodes.get(&ino).map(|i| i.attr.clone()))
+    }
+
+    /// Whether directory `parent` has no entry `name`.
+    pub(crate) fn entry_absent(&self, parent: u64, name: &[u8]) -> bool {
+        self.ask(|inner| inner.entry_absent(parent, name).then_some(()))
+            .is_some()
+    }
+
+    /// Whether `ino` has no xattr `name`.
+    pub(crate) fn xattr_absent(&self, ino: u64, name: &[u8]) -> bool {
+        self.ask(|inner| inner.xattr_absent(ino, name).then_some(()))
+            .is_some()
+    }
+
+    /// Whether `ino` has no block row `idx`.
+    pub(crate) fn block_row_absent(&self, ino: u64, idx: u64) -> bool {
+        self.ask(|inner| match &inner.inodes.get(&ino)?.bytes {
+            Bytes::Rows(rows) => rows.iter().all(|(i, _)| *i != idx).then_some(()),
+            Bytes::Unknown | Bytes::Sum(_) => None,
+        })
+        .is_some()
+    }
+}
+
 impl Inner {
     /// The inode entry `name` of `parent` names, if known.
     fn entry(&self, parent: u64, name: &[u8]) -> Option<u64> {
         self.entries.get(&parent)?.get(name).copied()
+    }
+
+    fn entry_absent(&self, parent: u64, name: &[u8]) -> bool {
+        self.complete_dirs.contains(&parent) && self.entry(parent, name).is_none()
+    }
+
+    fn xattr_absent(&self, ino: u64, name: &[u8]) -> bool {
+        match self.xattrs.get(&ino) {
+            Some(Xattrs::None) => true,
+            Some(Xattrs::Absent(names)) => names.iter().any(|n| &**n == name),
+            None => false,
+        }
     }
 
     fn forget_all(&mut self) {
@@ -338,6 +429,7 @@ impl Inner {
         self.inodes.clear();
         self.entries.clear();
         self.entry_count = 0;
+        self.complete_dirs.clear();
         self.xattrs.clear();
     }
 
@@ -370,6 +462,7 @@ impl Inner {
         if self.entry_count >= CACHED_ENTRIES_MAX {
             self.entries.clear();
             self.entry_count = 0;
+            self.complete_dirs.clear();
         }
         if self
             .entries
@@ -403,6 +496,7 @@ impl Inner {
             } => {
                 self.inodes.remove(&ino);
                 self.xattrs.remove(&ino);
+                self.complete_dirs.remove(&ino);
             }
             RowEvent::Inode {
                 ino: _,
@@ -413,6 +507,9 @@ impl Inner {
                     self.xattrs.clear();
                 }
                 self.xattrs.insert(attr.ino, Xattrs::None);
+                if attr.kind == FileKind::Directory {
+                    self.complete_dirs.insert(attr.ino);
+                }
                 self.inodes.remove(&attr.ino);
                 self.keep_attr(&attr, Bytes::Rows(Vec::new()));
             }
@@ -637,5 +734,93 @@ mod tests {
         request(&c, events, true);
         assert_eq!(c.attr_plus(10), None);
         assert_eq!(c.attr(10), Some(attr(10, 0)));
+    }
+
+    fn created_dir(ino: u64) -> RowEvent {
+        RowEvent::Inode {
+            ino,
+            attr: Some(Attr {
+                kind: FileKind::Directory,
+                nlink: 2,
+                ..attr(ino, 0)
+            }),
+            inserted: true,
+        }
+    }
+
+    fn entry(parent: u64, name: &[u8], ino: Option<u64>) -> RowEvent {
+        RowEvent::Entry {
+            parent,
+            name: name.into(),
+            ino,
+        }
+    }
+
+    #[test]
+    fn a_directory_made_here_knows_the_names_it_lacks() {
+        let c = cache();
+        request(
+            &c,
+            vec![created_dir(5), created(6), entry(5, b"f", Some(6))],
+            true,
+        );
+        assert!(c.entry_absent(5, b"g"));
+        assert!(!c.entry_absent(5, b"f"), "f is there");
+        assert!(!c.entry_absent(1, b"g"), "the root was not made here");
+        request(&c, vec![entry(5, b"f", None)], true);
+        assert!(c.entry_absent(5, b"f"));
+        // Gone, or forgotten: nothing is known of its names.
+        request(
+            &c,
+            vec![RowEvent::Inode {
+                ino: 5,
+                attr: None,
+                inserted: false,
+            }],
+            true,
+        );
+        assert!(!c.entry_absent(5, b"f"));
+        request(&c, vec![created_dir(7)], true);
+        c.clear();
+        assert!(!c.entry_absent(7, b"f"));
+        // Past the entry bound every entry is dropped: no directory is
+        // complete any more.
+        request(&c, vec![created_dir(8)], true);
+        let names: Vec<RowEvent> = (0..=CACHED_ENTRIES_MAX as u64)
+            .map(|i| entry(1, format!("n{i}").as_bytes(), Some(100 + i)))
+            .collect();
+        request(&c, names, true);
+        assert!(!c.entry_absent(8, b"f"));
+    }
+
+    #[test]
+    fn a_write_knows_rows_only_until_it_changes_one() {
+        let c = cache();
+        request(
+            &c,
+            vec![created_dir(5), created(6), entry(5, b"f", Some(6))],
+            true,
+        );
+        let write = c.begin_request();
+        let known = Known::new(Some(&c));
+        assert_eq!(known.attr(6), Some(attr(6, 0)));
+        assert!(known.entry_absent(5, b"g"));
+        assert!(known.block_row_absent(6, 0));
+        assert!(known.xattr_absent(5, b"system.posix_acl_default"));
+        c.observe(RowEvent::Block {
+            ino: 6,
+            idx: 0,
+            len: Some(1),
+        });
+        // Changed by this request, not yet in memory: nothing is known.
+        assert_eq!(known.attr(6), None);
+        assert!(!known.block_row_absent(6, 0));
+        assert!(!known.entry_absent(5, b"g"));
+        write.end(true);
+        let write = c.begin_request();
+        assert!(!known.block_row_absent(6, 0), "the row is there now");
+        assert!(known.block_row_absent(6, 1));
+        write.end(true);
+        assert_eq!(Known::nothing().attr(6), None);
     }
 }

@@ -107,36 +107,67 @@ impl Rng {
 
 const NAMES: [&str; 5] = ["a", "b", "c", "d", "e"];
 
-/// Runs one random change; failures (a name taken, a directory not empty)
-/// are part of the test: a refused request must leave nothing behind.
-fn random_change(m: &dyn MetaStore, rng: &mut Rng, dirs: &mut Vec<u64>, inos: &mut Vec<u64>) {
+/// What a mount that enforces ACLs asks for: a default ACL inherited, the
+/// umask applied otherwise.
+fn create_args(kind: FileKind, mode: u32) -> CreateArgs {
+    let mut args = CreateArgs::new(kind, mode);
+    args.inherit_acl = true;
+    args.umask = 0o022;
+    args
+}
+
+/// A default ACL (xattr bytes): owner rwx, a named user rx, group rx,
+/// mask rx, others nothing.
+fn default_acl() -> Vec<u8> {
+    use baton_meta::acl::{
+        ID_UNDEFINED, TAG_GROUP_OBJ, TAG_MASK, TAG_OTHER, TAG_USER, TAG_USER_OBJ,
+    };
+    let entries = [
+        (TAG_USER_OBJ, 7u16, ID_UNDEFINED),
+        (TAG_USER, 5, 1000),
+        (TAG_GROUP_OBJ, 5, ID_UNDEFINED),
+        (TAG_MASK, 5, ID_UNDEFINED),
+        (TAG_OTHER, 0, ID_UNDEFINED),
+    ];
+    let mut out = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in entries {
+        out.extend_from_slice(&tag.to_le_bytes());
+        out.extend_from_slice(&perm.to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+/// Runs one random change and says what it answered; failures (a name
+/// taken, a directory not empty) are part of the test: a refused request
+/// must leave nothing behind.
+fn random_change(
+    m: &dyn MetaStore,
+    rng: &mut Rng,
+    dirs: &mut Vec<u64>,
+    inos: &mut Vec<u64>,
+) -> String {
     let parent = dirs[rng.below(dirs.len() as u64) as usize];
     let name = n(NAMES[rng.below(NAMES.len() as u64) as usize]);
     let ino = inos[rng.below(inos.len() as u64) as usize];
-    match rng.below(12) {
+    let mut answer = match rng.below(12) {
         0 | 1 => {
-            if let Ok(a) = m.create(
-                parent,
-                name,
-                &CreateArgs::new(FileKind::Regular, 0o644),
-                None,
-            ) {
+            let made = m.create(parent, name, &create_args(FileKind::Regular, 0o666), None);
+            if let Ok(a) = &made {
                 inos.push(a.ino);
             }
+            format!("create {parent}/{name:?}: {made:?}")
         }
         2 => {
-            if let Ok(a) = m.create(
-                parent,
-                name,
-                &CreateArgs::new(FileKind::Directory, 0o755),
-                None,
-            ) {
+            let made = m.create(parent, name, &create_args(FileKind::Directory, 0o777), None);
+            if let Ok(a) = &made {
                 dirs.push(a.ino);
                 inos.push(a.ino);
             }
+            format!("mkdir {parent}/{name:?}: {made:?}")
         }
-        3 => drop(m.unlink(parent, name, None)),
-        4 => drop(m.rmdir(parent, name, None)),
+        3 => format!("unlink: {:?}", m.unlink(parent, name, None)),
+        4 => format!("rmdir: {:?}", m.rmdir(parent, name, None)),
         5 => {
             let to = dirs[rng.below(dirs.len() as u64) as usize];
             let flags = RenameFlags {
@@ -144,7 +175,10 @@ fn random_change(m: &dyn MetaStore, rng: &mut Rng, dirs: &mut Vec<u64>, inos: &m
                 exchange: rng.below(4) == 0,
             };
             let new_name = n(NAMES[rng.below(NAMES.len() as u64) as usize]);
-            drop(m.rename(parent, name, to, new_name, flags, None));
+            format!(
+                "rename: {:?}",
+                m.rename(parent, name, to, new_name, flags, None)
+            )
         }
         6 => {
             let set = SetAttr {
@@ -153,7 +187,7 @@ fn random_change(m: &dyn MetaStore, rng: &mut Rng, dirs: &mut Vec<u64>, inos: &m
                 mtime: Some(TimeOrNow::Now),
                 ..Default::default()
             };
-            drop(m.setattr(ino, &set, None));
+            format!("setattr {ino}: {:?}", m.setattr(ino, &set, None))
         }
         7 | 8 => {
             let blocks = rng.below(3);
@@ -175,26 +209,55 @@ fn random_change(m: &dyn MetaStore, rng: &mut Rng, dirs: &mut Vec<u64>, inos: &m
                 punched: if rng.below(3) == 0 { vec![0] } else { vec![] },
                 ..Default::default()
             };
-            drop(m.commit_blocks(ino, &commit, None));
+            format!("commit {ino}: {:?}", m.commit_blocks(ino, &commit, None))
         }
         9 => {
             let flags = XattrFlags {
                 create: rng.below(2) == 0,
                 ..Default::default()
             };
-            drop(m.setxattr(ino, n("user.a"), b"v", flags, None));
+            if rng.below(2) == 0 {
+                let acl = OsStr::new("system.posix_acl_default");
+                format!(
+                    "default acl {parent}: {:?}",
+                    m.setxattr(parent, acl, &default_acl(), flags, None)
+                )
+            } else {
+                format!(
+                    "setxattr {ino}: {:?}",
+                    m.setxattr(ino, n("user.a"), b"v", flags, None)
+                )
+            }
         }
-        10 => drop(m.removexattr(ino, n("user.a"), None)),
+        10 => format!(
+            "removexattr {ino}: {:?}",
+            m.removexattr(ino, n("user.a"), None)
+        ),
         _ => {
             let to = dirs[rng.below(dirs.len() as u64) as usize];
-            drop(m.link(ino, to, name, None));
+            format!("link {ino}: {:?}", m.link(ino, to, name, None))
         }
-    }
+    };
     if rng.below(8) == 0 {
         for orphan in m.orphans().unwrap() {
-            m.reclaim(orphan, None).unwrap();
+            answer += &format!("; reclaim {orphan}: {:?}", m.reclaim(orphan, None).unwrap());
         }
     }
+    answer
+}
+
+/// `s` with every time in it written `T`: two volumes changed alike
+/// differ only in when.
+fn untimed(s: &str) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find("Timespec {") {
+        out.push_str(&rest[..at]);
+        out.push('T');
+        rest = rest[at..].find('}').map_or("", |end| &rest[at + end + 1..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Every answer the cache can give, for comparison.
@@ -215,7 +278,7 @@ fn answers(m: &dyn MetaStore, dirs: &[u64], inos: &[u64]) -> Vec<String> {
     for &ino in inos {
         out.push(format!("getattr {ino}: {:?}", m.getattr_plus(ino)));
         out.push(format!("getattr attr {ino}: {:?}", m.getattr(ino)));
-        for name in ["user.a", "security.capability"] {
+        for name in ["user.a", "security.capability", "system.posix_acl_access"] {
             let got = m.getxattr(ino, OsStr::new(name));
             out.push(format!("getxattr {ino} {name}: {got:?}"));
         }
@@ -252,5 +315,41 @@ fn what_memory_answers_is_what_the_database_holds_through_random_changes() {
             }
             assert_eq!(answers(m, &dirs, &inos), stored, "seed {seed}, step {step}");
         }
+    }
+}
+
+/// The same random changes on two volumes, one served from memory and one
+/// not: every change answers the same and leaves the same rows (times
+/// aside). A write reads its file's attributes, its directory, the name's
+/// absence and a default ACL's absence from memory before it changes a
+/// row (`row_cache::Known`): what it read there is what the database held.
+#[test]
+fn writes_that_read_from_memory_do_what_writes_that_read_the_database_do() {
+    for seed in [3u64, 11, 99] {
+        let cached = fresh_sqlite();
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("meta.db");
+        let database_only = baton_meta::format(db.to_str().unwrap(), &config()).unwrap();
+        let volumes = [cached.meta.as_ref(), database_only.as_ref()];
+        let mut rngs = [1, 2].map(|_| Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1));
+        let mut dirs = [vec![ROOT_INO], vec![ROOT_INO]];
+        let mut inos = [vec![ROOT_INO], vec![ROOT_INO]];
+        for step in 0..300 {
+            if step % 100 == 50 {
+                volumes[0].serve_as_only_writer();
+            }
+            let answered: Vec<String> = (0..2)
+                .map(|i| {
+                    let answer =
+                        random_change(volumes[i], &mut rngs[i], &mut dirs[i], &mut inos[i]);
+                    untimed(&answer)
+                })
+                .collect();
+            assert_eq!(answered[0], answered[1], "seed {seed}, step {step}");
+            let rows = volumes.map(|m| untimed(&answers(m, &dirs[0], &inos[0]).join("\n")));
+            assert_eq!(rows[0], rows[1], "seed {seed}, step {step}");
+        }
+        assert_eq!(dirs[0], dirs[1]);
+        assert_eq!(count(volumes[1], TxKind::Memory), 0);
     }
 }

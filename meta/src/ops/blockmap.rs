@@ -13,6 +13,7 @@ use crate::error::{MetaError, Result};
 use crate::limits::{
     BLOCKS_QUERY_COUNT_MAX, COMMIT_BLOCKS_ROWS_MAX, FILE_SIZE_BYTES_MAX, INLINE_STORED_BYTES_MAX,
 };
+use crate::row_cache::Known;
 use crate::types::{
     is_inline_key, Attr, BlockRef, CommitBlocks, FileKind, ObjectRef, ShareBlocks, Timespec,
 };
@@ -67,11 +68,12 @@ pub(crate) fn regular(a: &Attr) -> Result<()> {
 /// objects no row references any more.
 pub(crate) fn commit<C: Db>(
     c: &C,
+    known: Known<'_>,
     ino: u64,
     commit: &CommitBlocks,
     block_size: u32,
 ) -> Result<(Attr, Vec<ObjectRef>)> {
-    let mut a = inode::attr(c, ino)?;
+    let mut a = inode::attr_known(c, known, ino)?;
     regular(&a)?;
     check_commit(ino, commit, block_size)?;
     let mut removed = BTreeSet::new();
@@ -86,7 +88,7 @@ pub(crate) fn commit<C: Db>(
     for &index in &commit.punched {
         removed.extend(delete_row(c, ino, index)?);
     }
-    removed.extend(replace_rows(c, ino, &commit.blocks)?);
+    removed.extend(replace_rows(c, known, ino, &commit.blocks)?);
     // The rows already there end within the old size (every change of the
     // map checks it), and a shrink dropped or clamped those past the new
     // one: only the new rows can end past it. Checked without a statement
@@ -154,7 +156,7 @@ pub(crate) fn share<C: Db>(
             "DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2 AND idx < ?3 RETURNING object_key",
         )?
         .collect_rows(params![ino, first, end], |r| r.get(0))?;
-    replace_rows(c, ino, &mapped)?;
+    replace_rows(c, Known::nothing(), ino, &mapped)?;
     let size = a.size.max(share.size_min);
     check_rows_within(c, ino, size, block_size)?;
     // As a commit: 0 without a reservation (almost every file).
@@ -363,13 +365,23 @@ pub(crate) fn truncate<C: Db>(
 /// Writes `rows` of `ino` over whatever rows had their indices (a later
 /// row wins over an earlier one with the same index). Returns the replaced
 /// rows' object keys.
-fn replace_rows<C: Db>(c: &C, ino: u64, rows: &[BlockRef]) -> Result<BTreeSet<String>> {
+fn replace_rows<C: Db>(
+    c: &C,
+    known: Known<'_>,
+    ino: u64,
+    rows: &[BlockRef],
+) -> Result<BTreeSet<String>> {
     match C::DIALECT {
-        // A statement costs no round trip: one pair per row.
+        // A statement costs no round trip: one pair per row (one if memory
+        // knows there is no row to replace).
         Dialect::Sqlite => {
             let mut replaced = BTreeSet::new();
             for b in rows {
-                let old = delete_row(c, ino, b.index)?;
+                let old = if known.block_row_absent(ino, b.index) {
+                    None
+                } else {
+                    delete_row(c, ino, b.index)?
+                };
                 c.prepare_cached(
                     "INSERT INTO blocks (ino, idx, object_key, len, inline_data)
                      VALUES (?1, ?2, ?3, ?4, ?5)",

@@ -8,6 +8,7 @@ use crate::sql::{params, Db, Dialect, OptionalExtension, Row, SqlResult, Stmt};
 
 use crate::error::{MetaError, Result};
 use crate::limits::{NAME_LEN_MAX, NLINK_MAX};
+use crate::row_cache::Known;
 use crate::types::{Attr, FileKind, StatFs, Timespec};
 
 /// The `inodes` columns [`row_attr`] reads, in its order, each prefixed by
@@ -130,9 +131,22 @@ pub(crate) fn attr<C: Db>(c: &C, ino: u64) -> Result<Attr> {
     try_attr(c, ino)?.ok_or(MetaError::NotFound { ino, name: None })
 }
 
+/// [`attr`], from memory if it knows them (a write before its first change).
+pub(crate) fn attr_known<C: Db>(c: &C, known: Known<'_>, ino: u64) -> Result<Attr> {
+    match known.attr(ino) {
+        Some(a) => Ok(a),
+        None => attr(c, ino),
+    }
+}
+
 /// Attributes of a live directory (nlink > 0): `NotFound`, `NotDirectory`.
 pub(crate) fn live_dir<C: Db>(c: &C, ino: u64) -> Result<Attr> {
-    let a = attr(c, ino)?;
+    live_dir_of(attr(c, ino)?)
+}
+
+/// [`live_dir`] of attributes already read.
+pub(crate) fn live_dir_of(a: Attr) -> Result<Attr> {
+    let ino = a.ino;
     if a.kind != FileKind::Directory {
         return Err(MetaError::NotDirectory { ino, name: None });
     }

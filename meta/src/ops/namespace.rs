@@ -11,6 +11,7 @@ use super::quota;
 use crate::acl::Acl;
 use crate::error::{MetaError, Result};
 use crate::limits::{NLINK_MAX, SYMLINK_TARGET_LEN_MAX};
+use crate::row_cache::Known;
 use crate::types::{Attr, CreateArgs, FileKind, Timespec, Unlinked, MODE_PERMISSION_MASK, S_ISGID};
 
 /// The common case of [`lookup`] in one statement: `Some` when `name` (not
@@ -113,10 +114,16 @@ pub(crate) fn lookup<C: Db>(c: &C, parent: u64, name: &OsStr) -> Result<Attr> {
 }
 
 /// Creates an inode of any kind and its entry `name` in `parent`.
-pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs) -> Result<Attr> {
+pub(crate) fn create<C: Db>(
+    c: &C,
+    known: Known<'_>,
+    parent: u64,
+    name: &OsStr,
+    args: &CreateArgs,
+) -> Result<Attr> {
     let b = check_name(parent, name)?;
-    let dir = inode::live_dir(c, parent)?;
-    if is_dot(b) || inode::find_entry(c, parent, b)?.is_some() {
+    let dir = inode::live_dir_of(inode::attr_known(c, known, parent)?)?;
+    if is_dot(b) || (!known.entry_absent(parent, b) && inode::find_entry(c, parent, b)?.is_some()) {
         return Err(MetaError::Exists {
             ino: parent,
             name: Some(name.to_owned()),
@@ -124,7 +131,7 @@ pub(crate) fn create<C: Db>(c: &C, parent: u64, name: &OsStr, args: &CreateArgs)
     }
     let target = check_target(parent, args)?;
     let now = Timespec::now();
-    let default_acl = inherited_acl(c, parent, args)?;
+    let default_acl = inherited_acl(c, known, parent, args)?;
     let (new, access_acl) = new_attr_with_acl(
         &dir,
         args,
@@ -176,7 +183,7 @@ pub(crate) fn tmpfile<C: Db>(
     }
     let dir = inode::live_dir(c, parent)?;
     let now = Timespec::now();
-    let default_acl = inherited_acl(c, parent, args)?;
+    let default_acl = inherited_acl(c, Known::nothing(), parent, args)?;
     let (mut new, access_acl) = new_attr_with_acl(&dir, args, 0, now, default_acl.as_ref());
     new.nlink = 0;
     let ino = inode::insert(c, &new, linkable.then_some(parent))?;
@@ -218,8 +225,13 @@ fn check_target(parent: u64, args: &CreateArgs) -> Result<Option<&[u8]>> {
 
 /// The parent's default ACL when the new inode inherits it
 /// (`args.inherit_acl`: the mount enforces ACLs).
-fn inherited_acl<C: Db>(c: &C, parent: u64, args: &CreateArgs) -> Result<Option<Acl>> {
-    if !args.inherit_acl {
+fn inherited_acl<C: Db>(
+    c: &C,
+    known: Known<'_>,
+    parent: u64,
+    args: &CreateArgs,
+) -> Result<Option<Acl>> {
+    if !args.inherit_acl || known.xattr_absent(parent, crate::acl::ACL_DEFAULT_XATTR) {
         return Ok(None);
     }
     super::acl::inherited(c, parent, args.kind)

@@ -5,6 +5,7 @@ use crate::sql::Db;
 use super::{blockmap, inode, quota};
 use crate::error::{MetaError, Result};
 use crate::limits::FILE_SIZE_BYTES_MAX;
+use crate::row_cache::Known;
 use crate::types::{
     Attr, FileKind, SetAttr, Timespec, TruncatedBlocks, MODE_PERMISSION_MASK, S_ISGID, S_ISUID,
     S_IXGRP,
@@ -13,11 +14,12 @@ use crate::types::{
 /// Applies `set` to `ino` in the caller's transaction.
 pub(crate) fn setattr<C: Db>(
     c: &C,
+    known: Known<'_>,
     ino: u64,
     set: &SetAttr,
     block_size: u32,
 ) -> Result<(Attr, TruncatedBlocks)> {
-    let mut a = inode::attr(c, ino)?;
+    let mut a = inode::attr_known(c, known, ino)?;
     let now = Timespec::now();
     let mut truncated = TruncatedBlocks::default();
     if let Some(size) = set.size {
