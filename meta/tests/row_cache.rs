@@ -116,26 +116,9 @@ fn create_args(kind: FileKind, mode: u32) -> CreateArgs {
     args
 }
 
-/// A default ACL (xattr bytes): owner rwx, a named user rx, group rx,
-/// mask rx, others nothing.
+/// A default ACL (xattr bytes): owner rwx, group rx, others nothing.
 fn default_acl() -> Vec<u8> {
-    use baton_meta::acl::{
-        ID_UNDEFINED, TAG_GROUP_OBJ, TAG_MASK, TAG_OTHER, TAG_USER, TAG_USER_OBJ,
-    };
-    let entries = [
-        (TAG_USER_OBJ, 7u16, ID_UNDEFINED),
-        (TAG_USER, 5, 1000),
-        (TAG_GROUP_OBJ, 5, ID_UNDEFINED),
-        (TAG_MASK, 5, ID_UNDEFINED),
-        (TAG_OTHER, 0, ID_UNDEFINED),
-    ];
-    let mut out = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in entries {
-        out.extend_from_slice(&tag.to_le_bytes());
-        out.extend_from_slice(&perm.to_le_bytes());
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    out
+    baton_meta::acl::Acl::from_mode(0o750).to_bytes()
 }
 
 /// Runs one random change and says what it answered; failures (a name
