@@ -219,7 +219,7 @@ impl RowCache {
 
     /// The attributes of `ino`, if known.
     pub(crate) fn attr(&self, ino: u64) -> Option<Attr> {
-        self.known(|inner| inner.inodes.get(&ino).map(|i| i.attr.clone()))
+        self.known(|inner| inner.attr(ino))
     }
 
     /// The attributes and committed bytes of `ino`, if both are known.
@@ -231,7 +231,7 @@ impl RowCache {
     pub(crate) fn lookup(&self, parent: u64, name: &[u8]) -> Option<Attr> {
         self.known(|inner| {
             let ino = inner.entry(parent, name)?;
-            inner.inodes.get(&ino).map(|i| i.attr.clone())
+            inner.attr(ino)
         })
     }
 
@@ -381,7 +381,7 @@ impl<'c> Known<'c> {
 
     /// The attributes of `ino`.
     pub(crate) fn attr(&self, ino: u64) -> Option<Attr> {
-        self.ask(|inner| inner.inodes.get(&ino).map(|i| i.attr.clone()))
+        self.ask(|inner| inner.attr(ino))
     }
 
     /// Whether directory `parent` has no entry `name`.
@@ -410,6 +410,11 @@ impl Inner {
     /// The inode entry `name` of `parent` names, if known.
     fn entry(&self, parent: u64, name: &[u8]) -> Option<u64> {
         self.entries.get(&parent)?.get(name).copied()
+    }
+
+    /// The attributes of `ino`, if known.
+    fn attr(&self, ino: u64) -> Option<Attr> {
+        self.inodes.get(&ino).map(|i| i.attr.clone())
     }
 
     fn entry_absent(&self, parent: u64, name: &[u8]) -> bool {
